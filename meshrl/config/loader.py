@@ -1,0 +1,118 @@
+"""Loads a run config: YAML file + dotted `key=value` overrides, validated at once.
+
+Errors name the offending key (`actor_rollout_ref.actor.clip_ratio: Input should be a valid
+number`) so a typo fails at start, not hours into a run.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from meshrl.config.schema import RunConfig
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the key."""
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (["a","b","c"], value parsed as YAML, so 1e-3, true, [a,b] work)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not of the form key=value")
+    key, raw = item.split("=", 1)
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {item!r} has an empty key part")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {key}: cannot parse value {raw!r}: {e}") from None
+    return key.split("."), value
+
+
+def apply_overrides(tree: dict, overrides: list[str]) -> dict:
+    for item in overrides:
+        path, value = parse_override(item)
+        node = tree
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part} is not a section")
+            node = child
+        node[path[-1]] = value
+    return tree
+
+
+_INTERP = re.compile(r"\$\{([a-zA-Z0-9_.]+)\}")
+
+
+def _lookup(tree: dict, dotted: str) -> Any:
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise ConfigError(f"interpolation ${{{dotted}}} names no key")
+        node = node[part]
+    return node
+
+
+def _interpolate(tree: dict) -> dict:
+    """Resolves `${a.b}` references in string values against the validated tree."""
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        if isinstance(node, str):
+            return _INTERP.sub(lambda m: str(_lookup(tree, m.group(1))), node)
+        return node
+
+    return walk(tree)
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<config>"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{key}: unknown config key")
+        else:
+            lines.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def build_config(tree: dict | None = None, overrides: list[str] | None = None) -> RunConfig:
+    tree = apply_overrides(dict(tree or {}), list(overrides or []))
+    try:
+        cfg = RunConfig.model_validate(tree)
+        return RunConfig.model_validate(_interpolate(cfg.model_dump()))
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e)) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+    tree: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            tree = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return build_config(tree, overrides)
+
+
+def config_to_yaml(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def config_from_yaml(text: str) -> RunConfig:
+    """The resolved config as sent to role servers in Initialize."""
+    return build_config(yaml.safe_load(text) or {})

@@ -1,0 +1,328 @@
+"""The run config: typed, validated at start, every field documented.
+
+Keys follow verl's names where they mean the same thing, so a verl user finds
+`data.train_batch_size`, `actor_rollout_ref.actor.clip_ratio`, `algorithm.kl_ctrl.kl_coef`
+where they expect them. Unknown keys are errors (``extra="forbid"``). Values found at run
+time (ports, addresses, versions) live in state objects, never in this config.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Section(BaseModel):
+    """Base of every section: unknown keys fail, field docstrings are the documentation."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class DataConfig(Section):
+    train_files: list[str] = Field(default_factory=list)
+    """Parquet files of training prompts in verl's schema."""
+    val_files: list[str] = Field(default_factory=list)
+    """Parquet files of validation prompts; empty disables validation."""
+    prompt_key: str = "prompt"
+    """Column holding the prompt: a chat message list or a plain string."""
+    max_prompt_length: int = Field(512, gt=0)
+    """Prompt tokens at most (after the chat template)."""
+    max_response_length: int = Field(512, gt=0)
+    """New tokens per response at most."""
+    train_batch_size: int = Field(256, gt=0)
+    """Prompts per PPO step."""
+    val_batch_size: int | None = Field(None, gt=0)
+    """Prompts per validation generate call; None = the whole validation set at once."""
+    shuffle: bool = True
+    """Shuffle the training prompts every epoch (seeded by `data.seed`)."""
+    seed: int = 1
+    """Seed of the data order."""
+    filter_overlong_prompts: bool = True
+    """Drop prompts longer than `max_prompt_length` when the dataset is loaded."""
+    truncation: Literal["error", "left", "right"] = "error"
+    """What to do with a prompt still over the limit: fail, or keep its last/first tokens."""
+    apply_chat_template: bool = True
+    """Render `prompt` with the tokenizer's chat template (a plain string is sent as one user turn)."""
+    max_samples: int = -1
+    """Use at most this many training rows (-1 = all)."""
+
+
+class ModelConfig(Section):
+    path: str = ""
+    """Local Hugging Face model folder (config, weights, tokenizer). No hub downloads."""
+    tokenizer_path: str | None = None
+    """Tokenizer folder if not the model's."""
+    enable_gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype of the trainer (master weights stay float32)."""
+
+
+class OptimConfig(Section):
+    lr: float = Field(1e-6, gt=0)
+    """Peak learning rate."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam betas."""
+    eps: float = Field(1e-8, gt=0)
+    """Adam epsilon."""
+    weight_decay: float = Field(0.01, ge=0)
+    """Decoupled weight decay (AdamW)."""
+    lr_warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up optimizer steps (counted in PPO steps, as verl does)."""
+    lr_scheduler_type: Literal["constant", "cosine"] = "constant"
+    """Schedule after warm-up."""
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """Cosine floor as a fraction of lr."""
+    total_training_steps: int | None = None
+    """Steps the schedule spans; None = the run's total steps."""
+
+
+class ActorConfig(Section):
+    strategy: Literal["fsdp2"] = "fsdp2"
+    """Parallelism of the trainer ranks (FSDP2 `fully_shard`)."""
+    world_size: int = Field(1, ge=1)
+    """Trainer ranks (processes) behind the actor endpoint."""
+    ppo_mini_batch_size: int = Field(64, gt=0)
+    """Prompts per optimizer step (times rollout.n responses)."""
+    ppo_micro_batch_size_per_gpu: int = Field(8, gt=0)
+    """Responses per forward/backward (gradient accumulation over a mini-batch)."""
+    use_dynamic_bsz: bool = False
+    """Pack micro-batches by token budget instead of a fixed count."""
+    ppo_max_token_len_per_gpu: int = Field(16384, gt=0)
+    """Token budget of a packed micro-batch when `use_dynamic_bsz`."""
+    ppo_epochs: int = Field(1, gt=0)
+    """Passes over the rollout batch per PPO step."""
+    shuffle: bool = True
+    """Shuffle the mini-batches every epoch."""
+    clip_ratio: float = Field(0.2, gt=0)
+    """PPO clip ε; the default of clip_ratio_low / clip_ratio_high."""
+    clip_ratio_low: float | None = None
+    """Lower clip ε (ratio ≥ 1 - low); None = clip_ratio."""
+    clip_ratio_high: float | None = None
+    """Upper clip ε (ratio ≤ 1 + high); None = clip_ratio."""
+    clip_ratio_c: float = Field(3.0, gt=1)
+    """Dual-clip bound for negative advantages (Ye et al. 2020)."""
+    entropy_coeff: float = 0.0
+    """Entropy bonus weight (subtracted from the loss)."""
+    use_kl_loss: bool = False
+    """Add β·KL(π‖π_ref) to the actor loss (GRPO style) instead of to the reward."""
+    kl_loss_coef: float = Field(0.001, ge=0)
+    """β of the KL loss."""
+    kl_loss_type: str = "low_var_kl"
+    """KL estimator of the loss: kl, abs, mse, low_var_kl (add '+' for straight-through)."""
+    loss_agg_mode: Literal[
+        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = "token-mean"
+    """How per-token losses become one number (counts over the whole mini-batch)."""
+    grad_clip: float = Field(1.0, gt=0)
+    """Max global gradient norm."""
+    tis_imp_ratio_cap: float = -1.0
+    """Truncated importance sampling cap on π_old/π_rollout; -1 = off."""
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    """Optimizer of the actor."""
+
+
+class WeightSyncConfig(Section):
+    transport: Literal["auto", "gloo", "nccl", "cuda_ipc"] = "auto"
+    """auto = gloo on CPU, cuda_ipc when actor and rollout share a GPU, else nccl."""
+    bucket_size_mb: int = Field(256, gt=0)
+    """Size of the flat buffers weights travel in."""
+    timeout_s: float = Field(120.0, gt=0)
+    """Deadline of each collective of a sync."""
+
+
+class ValKwargs(Section):
+    temperature: float = 0.0
+    """Validation sampling temperature (0 = greedy)."""
+    top_p: float = 1.0
+    top_k: int = -1
+    n: int = 1
+    """Samples per validation prompt."""
+    do_sample: bool = False
+    """False forces greedy decoding."""
+
+
+class RolloutConfig(Section):
+    name: Literal["native", "vllm"] = "native"
+    """Engine: the built-in torch engine, or vLLM on GPU nodes."""
+    replicas: int = Field(1, ge=1)
+    """Rollout servers; prompts are split between them."""
+    n: int = Field(1, ge=1)
+    """Responses sampled per prompt."""
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = -1
+    """-1 = off."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Engine weights dtype."""
+    max_num_seqs: int = Field(1024, gt=0)
+    """Sequences decoded together at most."""
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    """Fraction of GPU memory the engine may take (weights + KV cache)."""
+    enforce_eager: bool = False
+    """Skip CUDA graphs / compilation (debugging)."""
+    free_cache_engine: bool = True
+    """Release the KV cache while trainers run on the same GPU."""
+    log_prob_micro_batch_size_per_gpu: int = Field(16, gt=0)
+    """Responses per forward when computing old log-probs."""
+    weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
+    val_kwargs: ValKwargs = Field(default_factory=ValKwargs)
+
+
+class RefConfig(Section):
+    log_prob_micro_batch_size_per_gpu: int = Field(16, gt=0)
+    """Responses per forward of the frozen reference."""
+    world_size: int = Field(1, ge=1)
+    """Ranks behind the ref endpoint."""
+
+
+class ActorRolloutRefConfig(Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    actor: ActorConfig = Field(default_factory=ActorConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    ref: RefConfig = Field(default_factory=RefConfig)
+
+
+class CriticConfig(Section):
+    enable: bool | None = None
+    """None = on exactly when the advantage estimator is gae."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """Empty path = start from the actor's model with a fresh value head."""
+    world_size: int = Field(1, ge=1)
+    ppo_mini_batch_size: int = Field(64, gt=0)
+    ppo_micro_batch_size_per_gpu: int = Field(8, gt=0)
+    ppo_epochs: int = Field(1, gt=0)
+    shuffle: bool = True
+    cliprange_value: float = Field(0.5, gt=0)
+    """Value clip around the old values."""
+    loss_agg_mode: Literal[
+        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = "token-mean"
+    grad_clip: float = Field(1.0, gt=0)
+    critic_warmup: int = Field(0, ge=0)
+    """PPO steps that train only the critic before the actor starts."""
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5))
+
+
+class RewardModelConfig(Section):
+    enable: bool = False
+    """Score with a model besides (or instead of) the rule scorers."""
+    path: str = ""
+    """Hugging Face sequence- or token-classification model folder."""
+    micro_batch_size: int = Field(16, gt=0)
+    max_length: int = Field(2048, gt=0)
+    weight: float = 1.0
+    """Weight of the model score when combined with a rule score."""
+
+
+class RewardConfig(Section):
+    custom_function: str | None = None
+    """`path/to/file.py:function_name` scoring (data_source, response, ground_truth, extra_info)."""
+    timeout_s: float = Field(10.0, gt=0)
+    """Per-sample scorer limit."""
+    num_workers: int = Field(2, ge=1)
+    """Scorer worker processes."""
+    reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
+
+
+class KLCtrlConfig(Section):
+    type: Literal["fixed", "adaptive"] = "fixed"
+    kl_coef: float = Field(0.001, ge=0)
+    """β (initial β when adaptive)."""
+    target_kl: float = Field(0.1, gt=0)
+    """Adaptive: KL the controller steers towards."""
+    horizon: int = Field(10000, gt=0)
+    """Adaptive: responses over which β moves by at most 20%."""
+
+
+class AlgorithmConfig(Section):
+    adv_estimator: Literal[
+        "gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"
+    ] = "gae"
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(1.0, ge=0, le=1)
+    norm_adv_by_std_in_grpo: bool = True
+    """False = Dr. GRPO (mean-only baseline)."""
+    use_kl_in_reward: bool = False
+    """Subtract β·KL from the token rewards."""
+    kl_penalty: str = "kl"
+    """KL estimator in the reward: kl, abs, mse, low_var_kl."""
+    kl_ctrl: KLCtrlConfig = Field(default_factory=KLCtrlConfig)
+    whiten_advantages: bool = True
+    """Whiten GAE advantages over the batch."""
+
+
+class TrainerConfig(Section):
+    project_name: str = "meshrl"
+    experiment_name: str = "run"
+    total_epochs: int = Field(1, gt=0)
+    total_training_steps: int | None = Field(None, gt=0)
+    """Stop after this many PPO steps (None = total_epochs over the data)."""
+    test_freq: int = -1
+    """Validate every this many steps (and at the end); -1 = never."""
+    val_before_train: bool = False
+    save_freq: int = -1
+    """Checkpoint every this many steps; -1 = only at the end."""
+    max_ckpt_to_keep: int | None = None
+    """Keep the newest N checkpoints; None = all."""
+    resume_mode: str = "auto"
+    """auto (latest complete checkpoint of the run folder), disable, or a checkpoint path."""
+    default_local_dir: str = "runs/${trainer.project_name}/${trainer.experiment_name}"
+    """Run folder: metrics, checkpoints, logs."""
+    logger: list[Literal["console", "jsonl"]] = Field(default_factory=lambda: ["console", "jsonl"])
+    device: Literal["cpu", "cuda"] = "cpu"
+    seed: int = 1
+    """Seed of sampling and of model init where a fresh head is made."""
+    rpc_timeout_s: float = Field(600.0, gt=0)
+    """Deadline of each RPC to a role server."""
+    plot: bool = True
+    """Write metrics.png (score, KL, response length) at the end."""
+
+
+class LauncherConfig(Section):
+    kind: Literal["local", "ray", "external"] = "local"
+    """local subprocesses, Ray actors, or servers already running (addresses below)."""
+    host: str = "127.0.0.1"
+    """Interface the role servers bind to."""
+    startup_timeout_s: float = Field(120.0, gt=0)
+    max_restarts: int = Field(2, ge=0)
+    """Restarts of a dead role server before the run stops."""
+    addresses: dict[str, list[str]] = Field(default_factory=dict)
+    """external: role -> ["host:port", ...] (rollout may have several)."""
+
+
+class RunConfig(Section):
+    data: DataConfig = Field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = Field(default_factory=ActorRolloutRefConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    launcher: LauncherConfig = Field(default_factory=LauncherConfig)
+
+    @model_validator(mode="after")
+    def _check_batch_shapes(self) -> RunConfig:
+        actor = self.actor_rollout_ref.actor
+        if actor.ppo_mini_batch_size > self.data.train_batch_size:
+            raise ValueError(
+                "actor_rollout_ref.actor.ppo_mini_batch_size "
+                f"({actor.ppo_mini_batch_size}) exceeds data.train_batch_size "
+                f"({self.data.train_batch_size})"
+            )
+        if self.data.train_batch_size % actor.ppo_mini_batch_size:
+            raise ValueError(
+                "data.train_batch_size must be a multiple of "
+                "actor_rollout_ref.actor.ppo_mini_batch_size"
+            )
+        return self
+
+    @property
+    def use_critic(self) -> bool:
+        if self.critic.enable is not None:
+            return self.critic.enable
+        return self.algorithm.adv_estimator == "gae"
+
+    @property
+    def use_ref(self) -> bool:
+        return self.algorithm.use_kl_in_reward or self.actor_rollout_ref.actor.use_kl_loss

@@ -1,0 +1,1 @@
+"""gRPC plumbing shared by every service: channels, servers, health, error mapping."""

@@ -1,0 +1,26 @@
+"""Channel and server options, set deliberately in one place.
+
+Rollout batches are large (B·n responses of up to thousands of tokens, plus log-probs), so
+the 4 MiB default message limit of gRPC is far too small; 512 MiB holds a batch of 256×8
+responses of 8k tokens with room to spare while still refusing a runaway message.
+"""
+
+from __future__ import annotations
+
+MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+
+GRPC_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # Detect a dead peer on an idle connection within ~30 s instead of TCP's minutes.
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+SERVER_OPTIONS: list[tuple[str, int]] = GRPC_OPTIONS + [
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    # Refuse to share a port with a stale server left by a crashed run.
+    ("grpc.so_reuseport", 0),
+]

@@ -1,0 +1,1 @@
+"""Tiny models and tokenizers built from configs, for tests and the demo (no downloads)."""
