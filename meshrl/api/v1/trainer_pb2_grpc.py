@@ -65,6 +65,11 @@ class TrainerServiceStub:
                 request_serializer=meshrl_dot_api_dot_v1_dot_trainer__pb2.ValueUpdateRequest.SerializeToString,
                 response_deserializer=meshrl_dot_api_dot_v1_dot_trainer__pb2.UpdateResponse.FromString,
                 _registered_method=True)
+        self.OpenWeightGroup = channel.unary_unary(
+                '/meshrl.api.v1.TrainerService/OpenWeightGroup',
+                request_serializer=meshrl_dot_api_dot_v1_dot_common__pb2.WeightGroupSpec.SerializeToString,
+                response_deserializer=meshrl_dot_api_dot_v1_dot_common__pb2.WeightGroupSpec.FromString,
+                _registered_method=True)
         self.JoinWeightGroup = channel.unary_unary(
                 '/meshrl.api.v1.TrainerService/JoinWeightGroup',
                 request_serializer=meshrl_dot_api_dot_v1_dot_common__pb2.JoinWeightGroupRequest.SerializeToString,
@@ -136,8 +141,16 @@ class TrainerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenWeightGroup(self, request, context):
+        """actor: opens a fresh weight-sync rendezvous (its TCP store on a new port) and returns
+        the filled-in spec (master_addr, master_port, group_id); does not block.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def JoinWeightGroup(self, request, context):
-        """actor: forms the weight-sync group as its rank 0 (blocks until rollouts join).
+        """actor: joins the opened group as its rank 0 (blocks until every rollout has joined).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -203,6 +216,11 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.UpdateValue,
                     request_deserializer=meshrl_dot_api_dot_v1_dot_trainer__pb2.ValueUpdateRequest.FromString,
                     response_serializer=meshrl_dot_api_dot_v1_dot_trainer__pb2.UpdateResponse.SerializeToString,
+            ),
+            'OpenWeightGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenWeightGroup,
+                    request_deserializer=meshrl_dot_api_dot_v1_dot_common__pb2.WeightGroupSpec.FromString,
+                    response_serializer=meshrl_dot_api_dot_v1_dot_common__pb2.WeightGroupSpec.SerializeToString,
             ),
             'JoinWeightGroup': grpc.unary_unary_rpc_method_handler(
                     servicer.JoinWeightGroup,
@@ -392,6 +410,33 @@ class TrainerService:
             '/meshrl.api.v1.TrainerService/UpdateValue',
             meshrl_dot_api_dot_v1_dot_trainer__pb2.ValueUpdateRequest.SerializeToString,
             meshrl_dot_api_dot_v1_dot_trainer__pb2.UpdateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenWeightGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshrl.api.v1.TrainerService/OpenWeightGroup',
+            meshrl_dot_api_dot_v1_dot_common__pb2.WeightGroupSpec.SerializeToString,
+            meshrl_dot_api_dot_v1_dot_common__pb2.WeightGroupSpec.FromString,
             options,
             channel_credentials,
             insecure,
