@@ -1,0 +1,157 @@
+"""PPO clipped policy loss with dual clip, truncated IS weights, mismatch metrics."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshrl.algorithms.aggregation import LOSS_AGG_MODES, aggregate_loss
+from meshrl.algorithms.masked import masked_mean
+from meshrl.algorithms.policy_loss import (
+    ppo_policy_loss,
+    rollout_mismatch_metrics,
+    truncated_is_weights,
+)
+
+NAN = float("nan")
+D = torch.float64
+# Rows of length 3, 1 and 4 (padding in the middle). eps_low = eps_high = 0.2, c = 3.
+# token  A     r     -A*r   -A*clip(r)  max     dual cap -A*3      pg     branch
+#   a   +1    1.5   -1.5    -1.2       -1.2                       -1.2    clipped
+#   b   +1    0.5   -0.5    -0.8       -0.5                       -0.5
+#   c   -1    1.5    1.5     1.2        1.5     3 (not hit)         1.5
+#   d   -1    5.0    5.0     1.2        5.0     3 (hit)             3.0    dual clip
+#   e   -1    0.5    0.5     0.8        0.8     3 (not hit)         0.8    clipped
+#   f   +2    1.0   -2.0    -2.0       -2.0                       -2.0
+#   g    0    2.0    0       0          0                           0
+#   h   +0.5  1.1   -0.55   -0.55      -0.55                      -0.55
+# sum = -1.2 - 0.5 + 1.5 + 3 + 0.8 - 2 + 0 - 0.55 = 1.05 over 8 tokens -> 0.13125
+MASK = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]], dtype=D)
+ADV = torch.tensor([[1, 1, -1, NAN], [-1, NAN, NAN, NAN], [-1, 2, 0, 0.5]], dtype=D)
+RATIO = [[1.5, 0.5, 1.5, 1.0], [5.0, 1.0, 1.0, 1.0], [0.5, 1.0, 2.0, 1.1]]
+OLD = torch.full((3, 4), -1.0, dtype=D)
+LOGP = OLD + torch.tensor(RATIO, dtype=D).log()
+LOGP[0, 3] = LOGP[1, 1:] = NAN  # garbage under padding
+
+
+def test_hand_computed():
+    out = ppo_policy_loss(LOGP, OLD, ADV, MASK)
+    assert out.loss.item() == pytest.approx(1.05 / 8)
+    assert out.clipfrac.item() == pytest.approx(2 / 8)  # a, e
+    assert out.clipfrac_lower.item() == pytest.approx(1 / 8)  # d
+    # approx_kl = mean(old - logp) = -mean(log r) over the 8 valid tokens
+    log_r = [math.log(r) for r in (1.5, 0.5, 1.5, 5.0, 0.5, 1.0, 2.0, 1.1)]
+    assert out.approx_kl.item() == pytest.approx(-sum(log_r) / 8)
+
+
+def test_gradient_is_zero_on_clipped_tokens_and_padding():
+    logp = LOGP.clone().requires_grad_(True)
+    ppo_policy_loss(logp, OLD, ADV, MASK).loss.backward()
+    # unclipped tokens: d(-A r)/d logp = -A r, divided by the 8 tokens
+    # a, d, e clipped -> 0 ; g has A = 0 ; padding -> 0 (not nan)
+    expected = torch.tensor([[0, -0.5, 1.5, 0], [0, 0, 0, 0], [0, -2.0, 0, -0.55]], dtype=D) / 8
+    torch.testing.assert_close(logp.grad, expected)
+
+
+def test_dual_clip_can_be_disabled_and_must_exceed_one():
+    out = ppo_policy_loss(LOGP, OLD, ADV, MASK, clip_ratio_c=None)
+    # d keeps its 5.0: 1.05 - 3 + 5 = 3.05
+    assert out.loss.item() == pytest.approx(3.05 / 8)
+    assert out.clipfrac_lower.item() == 0.0
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        ppo_policy_loss(LOGP, OLD, ADV, MASK, clip_ratio_c=1.0)
+
+
+def test_asymmetric_clip_higher():
+    # clip_ratio_high 0.6: token a (r 1.5 < 1.6) is no longer clipped: -1.5 instead of -1.2
+    out = ppo_policy_loss(LOGP, OLD, ADV, MASK, clip_ratio_high=0.6)
+    assert out.loss.item() == pytest.approx((1.05 - 0.3) / 8)
+    assert out.clipfrac.item() == pytest.approx(1 / 8)
+
+
+def test_is_weights_multiply_per_token_loss_and_are_detached():
+    weights = torch.full((3, 4), 2.0, dtype=D, requires_grad=True)
+    logp = LOGP.clone().requires_grad_(True)
+    out = ppo_policy_loss(logp, OLD, ADV, MASK, is_weights=weights)
+    assert out.loss.item() == pytest.approx(2 * 1.05 / 8)
+    out.loss.backward()
+    assert weights.grad is None  # constants: no gradient flows into the weights
+
+
+def test_global_token_count_and_agg_mode_are_forwarded():
+    out = ppo_policy_loss(LOGP, OLD, ADV, MASK, global_token_count=16)
+    assert out.loss.item() == pytest.approx(1.05 / 16)
+    # per-row pg sums: row 0 -0.2, row 1 3.0, row 2 -1.75 -> seq-mean-token-sum 1.05 / 3
+    out = ppo_policy_loss(LOGP, OLD, ADV, MASK, loss_agg_mode="seq-mean-token-sum")
+    assert out.loss.item() == pytest.approx(1.05 / 3)
+    # Dr. GRPO: sum / (N_seq * T) with a constant T = 8 -> 1.05 / 24
+    out = ppo_policy_loss(
+        LOGP, OLD, ADV, MASK, loss_agg_mode="seq-mean-token-sum-norm", norm_length=8
+    )
+    assert out.loss.item() == pytest.approx(1.05 / 24)
+
+
+def test_log_ratio_is_clamped_before_exp():
+    logp = torch.tensor([[100.0]], dtype=D)
+    out = ppo_policy_loss(
+        logp, torch.zeros(1, 1, dtype=D), torch.ones(1, 1, dtype=D), torch.ones(1, 1)
+    )
+    assert torch.isfinite(out.loss) and out.approx_kl.item() == -20.0
+
+
+@st.composite
+def policy_batches(draw):
+    b, t = draw(st.integers(1, 6)), draw(st.integers(1, 8))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    logp = -torch.rand(b, t, generator=gen, dtype=D) * 5
+    adv = torch.randn(b, t, generator=gen, dtype=D)
+    mask = (torch.rand(b, t, generator=gen) < 0.7).to(D)
+    return logp, adv, mask
+
+
+@settings(max_examples=50, deadline=None)
+@given(policy_batches())
+def test_ratio_one_gives_minus_mean_advantage(batch):
+    logp, adv, mask = batch
+    out = ppo_policy_loss(logp, logp.clone(), adv, mask)
+    torch.testing.assert_close(out.loss, -masked_mean(adv, mask))
+    assert out.clipfrac.item() == 0.0 and out.clipfrac_lower.item() == 0.0
+    assert out.approx_kl.item() == 0.0
+
+
+@settings(max_examples=50, deadline=None)
+@given(policy_batches(), st.sampled_from(LOSS_AGG_MODES))
+def test_ratio_one_matches_aggregate_of_minus_advantage(batch, mode):
+    logp, adv, mask = batch
+    out = ppo_policy_loss(logp, logp.clone(), adv, mask, loss_agg_mode=mode)
+    torch.testing.assert_close(out.loss, aggregate_loss(-adv, mask, mode))
+
+
+def test_truncated_is_weights():
+    # exp(old - rollout): exp(0.5) = 1.6487 -> capped at 1.2 ; exp(-0.5) = 0.6065 ; exp(0) = 1
+    old = torch.tensor([[-1.0, -1.0, -1.0, NAN]], requires_grad=True)
+    rollout = torch.tensor([[-1.5, -0.5, -1.0, NAN]])
+    w = truncated_is_weights(old, rollout, torch.tensor([[1, 1, 1, 0]]), cap=1.2)
+    torch.testing.assert_close(w, torch.tensor([[1.2, math.exp(-0.5), 1.0, 0.0]]))
+    assert not w.requires_grad
+    with pytest.raises(ValueError, match="cap"):
+        truncated_is_weights(old, rollout, torch.ones(1, 4), cap=-1)
+
+
+def test_rollout_mismatch_metrics():
+    # probabilities 0.5 vs 0.4, 0.2 vs 0.2, 0.9 vs 0.6 -> |diff| = 0.1, 0, 0.3 ; padding ignored
+    old = torch.tensor([[0.5, 0.2], [0.9, 0.01]], dtype=D).log()
+    rollout = torch.tensor([[0.4, 0.2], [0.6, 0.99]], dtype=D).log()
+    metrics = rollout_mismatch_metrics(old, rollout, torch.tensor([[1, 1], [1, 0]]))
+    assert metrics["training/rollout_probs_diff_mean"] == pytest.approx(0.4 / 3)
+    assert metrics["training/rollout_probs_diff_max"] == pytest.approx(0.3)
+    assert metrics["training/rollout_probs_diff_std"] == pytest.approx(
+        statistics.stdev([0.1, 0.0, 0.3])
+    )
+    empty = rollout_mismatch_metrics(old, rollout, torch.zeros(2, 2))
+    assert set(empty.values()) == {0.0} and len(empty) == 3

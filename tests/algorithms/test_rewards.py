@@ -1,0 +1,81 @@
+"""Token-level rewards: score on the last valid token, KL penalty, kl_mean."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from meshrl.algorithms.kl import kl_penalty
+from meshrl.algorithms.rewards import last_token_index, place_on_last_token, token_level_rewards
+
+NAN = float("nan")
+# Rows of length 3, 1 and 4: padding in the middle of the batch.
+MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+SCORES = torch.tensor([1.0, 2.0, 3.0])
+
+
+def test_last_token_index_any_mask():
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 0, 1, 0], [0, 0, 0, 0]])
+    # a hole in row 2 (verl's sum - 1 would say 1); an empty row 3 -> -1
+    assert last_token_index(mask).tolist() == [2, 0, 2, -1]
+
+
+def test_scores_on_last_valid_token_without_kl():
+    out = token_level_rewards(SCORES, MASK)
+    expected = torch.tensor([[0.0, 0.0, 1.0, 0.0], [2.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 3.0]])
+    torch.testing.assert_close(out.rewards, expected)
+    torch.testing.assert_close(out.kl, torch.zeros(3, 4))
+    assert out.kl_mean.item() == 0.0
+
+
+def test_empty_row_drops_its_score():
+    mask = MASK.clone()
+    mask[1] = 0.0
+    out = token_level_rewards(SCORES, mask)
+    assert out.rewards[1].abs().sum().item() == 0.0
+    assert out.rewards.sum().item() == 4.0  # 1 + 3
+
+
+def test_kl_in_reward_hand_computed():
+    # logp - ref = d: row 0 [0.1, 0.2, 0.3 | pad], row 1 [0.4 | pad], row 2 [0.1] * 4
+    ref = torch.zeros(3, 4)
+    logp = torch.tensor([[0.1, 0.2, 0.3, NAN], [0.4, NAN, NAN, NAN], [0.1, 0.1, 0.1, 0.1]])
+    out = token_level_rewards(
+        SCORES, MASK, logprobs=logp, ref_logprobs=ref, kl_coef=0.5, kl_kind="kl"
+    )
+    # rewards = score on last token - 0.5 * d
+    expected = torch.tensor(
+        [
+            [-0.05, -0.10, 1.0 - 0.15, 0.0],
+            [2.0 - 0.20, 0.0, 0.0, 0.0],
+            [-0.05, -0.05, -0.05, 3.0 - 0.05],
+        ]
+    )
+    torch.testing.assert_close(out.rewards, expected)
+    torch.testing.assert_close(out.kl, torch.where(MASK.bool(), logp, torch.zeros(())))
+    # per-seq mean KL: 0.6 / 3 = 0.2, 0.4, 0.1 -> mean over sequences 0.7 / 3
+    assert out.kl_mean.item() == pytest.approx(0.7 / 3)
+
+
+def test_kl_kind_is_forwarded_and_output_has_no_grad():
+    logp = torch.full((3, 4), -1.0, requires_grad=True)
+    ref = torch.full((3, 4), -1.5)
+    out = token_level_rewards(
+        SCORES, MASK, logprobs=logp, ref_logprobs=ref, kl_coef=1.0, kl_kind="low_var_kl"
+    )
+    k3 = kl_penalty(logp.detach(), ref, "low_var_kl")[0, 0]
+    assert out.kl[0, 0].item() == pytest.approx(k3.item())
+    assert out.rewards[1, 0].item() == pytest.approx(2.0 - k3.item())
+    assert not out.rewards.requires_grad
+
+
+def test_holes_put_score_on_last_valid_token():
+    mask = torch.tensor([[1.0, 0.0, 1.0, 0.0]])
+    torch.testing.assert_close(
+        place_on_last_token(torch.tensor([5.0]), mask), torch.tensor([[0.0, 0.0, 5.0, 0.0]])
+    )
+
+
+def test_needs_both_logprobs():
+    with pytest.raises(ValueError, match="both"):
+        token_level_rewards(SCORES, MASK, ref_logprobs=torch.zeros(3, 4))
