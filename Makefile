@@ -1,0 +1,38 @@
+# Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CPU build of torch (a local file on our machines); installed first so that nothing
+# pulls a multi-GB CUDA build through a looser requirement.
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: setup demo test test-fast lint protos check-protos clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_PIN)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+demo: setup
+	$(VENV)/bin/meshrl demo --out demo_out
+
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
+
+lint: setup
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+protos: setup
+	$(PY) protos/generate.py
+
+check-protos: setup
+	$(PY) protos/generate.py --check
+
+clean:
+	rm -rf demo_out runs .pytest_cache

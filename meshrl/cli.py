@@ -1,0 +1,130 @@
+"""The `meshrl` command: run, serve, preprocess, reward, demo."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from meshrl.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    from meshrl.launcher.run_local import run_local
+
+    run_local(cfg)
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    if args.service == "rollout":
+        from services.rollout.server import serve
+
+        serve(host=args.host, port=args.port)
+    elif args.service == "trainer":
+        from services.trainer.server import serve
+
+        serve(role=args.role, host=args.host, port=args.port)
+    elif args.service == "reward":
+        from services.reward.server import serve
+
+        serve(host=args.host, port=args.port)
+    return 0
+
+
+def _cmd_preprocess(args: argparse.Namespace) -> int:
+    from meshrl.data.preprocess import run
+
+    counts = run(args.dataset, args.input, args.output)
+    for split, n in counts.items():
+        print(f"{split}: {n} rows -> {args.output}/{split}.parquet")
+    return 0
+
+
+def _cmd_reward(args: argparse.Namespace) -> int:
+    if args.reward_command == "serve":
+        from services.reward.server import serve
+
+        serve(host=args.host, port=args.port, custom_function=args.custom_function,
+              timeout_s=args.timeout_s, num_workers=args.num_workers)
+        return 0
+    from services.reward.evaluate import evaluate, format_table
+
+    report = evaluate(args.data, args.responses, args.server, output_path=args.output)
+    print(format_table(report))
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from meshrl.demo.run import run_demo
+
+    return run_demo(out_dir=args.out, overrides=args.overrides)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="meshrl", description="PPO post-training as a mesh of gRPC role servers")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run PPO from a YAML config (+ key=value overrides)")
+    run.add_argument("config", help="YAML run config")
+    run.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.train_batch_size=64")
+    run.set_defaults(fn=_cmd_run)
+
+    serve = sub.add_parser("serve", help="start one role server")
+    serve.add_argument("service", choices=["rollout", "trainer", "reward"])
+    serve.add_argument("--role", choices=["actor", "critic", "ref"], default="actor")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=0)
+    serve.set_defaults(fn=_cmd_serve)
+
+    pre = sub.add_parser("preprocess", help="convert a raw data set to verl-schema parquet")
+    pre.add_argument("dataset", choices=["gsm8k", "math", "hellaswag", "full_hh_rlhf"])
+    pre.add_argument("--input", required=True, help="raw file or folder on local disk")
+    pre.add_argument("--output", required=True, help="folder for train.parquet / test.parquet")
+    pre.set_defaults(fn=_cmd_preprocess)
+
+    reward = sub.add_parser("reward", help="the reward service on its own")
+    rsub = reward.add_subparsers(dest="reward_command", required=True)
+    rserve = rsub.add_parser("serve", help="start the reward server")
+    rserve.add_argument("--host", default="127.0.0.1")
+    rserve.add_argument("--port", type=int, default=50051)
+    rserve.add_argument("--custom-function", default=None, help="path/to/file.py:function_name")
+    rserve.add_argument("--timeout-s", type=float, default=10.0, help="per-sample scorer limit")
+    rserve.add_argument("--num-workers", type=int, default=2)
+    rserve.set_defaults(fn=_cmd_reward)
+    reval = rsub.add_parser("eval", help="accuracy per data_source of responses to a parquet set")
+    reval.add_argument("--data", required=True, help="verl-schema parquet")
+    reval.add_argument("--responses", required=True, help="responses.jsonl")
+    reval.add_argument("--server", default=None, help="HOST:PORT of a reward server (else in-process)")
+    reval.add_argument("--output", default=None, help="write the table as JSON here")
+    reval.set_defaults(fn=_cmd_reward)
+
+    demo = sub.add_parser("demo", help="the embedded default: PPO on a tiny model learning addition")
+    demo.add_argument("--out", default="demo_out", help="output folder")
+    demo.add_argument("overrides", nargs="*", help="dotted config overrides")
+    demo.set_defaults(fn=_cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from meshrl.config import ConfigError
+
+    try:
+        return args.fn(args)
+    except ConfigError as e:
+        print(f"meshrl: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("meshrl: interrupted; all role servers stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

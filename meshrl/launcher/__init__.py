@@ -1,0 +1,1 @@
+"""Launchers turn a run config into running role servers and hand back their addresses."""

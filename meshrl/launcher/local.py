@@ -1,0 +1,148 @@
+"""Local launcher: every role server is a subprocess on a free loopback port.
+
+Each server runs in its own process session so that stopping it also stops the ranks a
+`torchrun` spawned. `stop()` runs on success, error and Ctrl-C alike and leaves no process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshrl.config import RunConfig
+from meshrl.launcher.ports import free_port
+from meshrl.rpc.client import wait_for_health
+from services.coordinator.run import Endpoints
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RoleProcess:
+    name: str  # "rollout0", "actor", ...
+    command: list[str]
+    address: str
+    log_path: Path
+    threads: int = 1
+    popen: subprocess.Popen | None = None
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+
+def server_command(module: str, host: str, port: int, extra: list[str] | None = None,
+                   world_size: int = 1) -> list[str]:
+    args = ["-m", module, "--host", host, "--port", str(port), *(extra or [])]
+    if world_size <= 1:
+        return [sys.executable, *args]
+    return [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world_size}",
+        "--master_addr=127.0.0.1", f"--master_port={free_port()}", *args,
+    ]
+
+
+class LocalLauncher:
+    """Starts the role servers a config needs; `start()` returns their endpoints."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path):
+        self.cfg = cfg
+        self.host = cfg.launcher.host
+        self.log_dir = Path(run_dir) / "logs"
+        self.processes: dict[str, RoleProcess] = {}
+
+    def plan(self) -> list[RoleProcess]:
+        cfg, host = self.cfg, self.host
+        procs = []
+
+        def add(name, module, extra=None, world_size=1, threads=1):
+            port = free_port(host)
+            procs.append(RoleProcess(
+                name, server_command(module, host, port, extra, world_size), f"{host}:{port}",
+                self.log_dir / f"{name}.log", threads,
+            ))
+
+        for i in range(cfg.actor_rollout_ref.rollout.replicas):
+            add(f"rollout{i}", "services.rollout.server")
+        add("actor", "services.trainer.server", ["--role", "actor"], cfg.actor_rollout_ref.actor.world_size)
+        if cfg.use_critic:
+            add("critic", "services.trainer.server", ["--role", "critic"], cfg.critic.world_size)
+        if cfg.use_ref:
+            add("ref", "services.trainer.server", ["--role", "ref"], cfg.actor_rollout_ref.ref.world_size,
+                threads=1)
+        add("reward", "services.reward.server", ["--num-workers", str(cfg.reward.num_workers)], threads=1)
+        return procs
+
+    def start(self) -> Endpoints:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            for proc in self.plan():
+                self._spawn(proc)
+            for proc in self.processes.values():
+                wait_for_health(proc.address, "", self.cfg.launcher.startup_timeout_s, alive=proc.alive)
+        except BaseException:
+            self.stop()
+            raise
+        return self.endpoints()
+
+    def _spawn(self, proc: RoleProcess) -> None:
+        env = dict(os.environ, OMP_NUM_THREADS=str(proc.threads), PYTHONUNBUFFERED="1",
+                   TOKENIZERS_PARALLELISM="false")
+        log_file = proc.log_path.open("ab")
+        proc.popen = subprocess.Popen(
+            proc.command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True, stdin=subprocess.DEVNULL,
+        )
+        log_file.close()
+        self.processes[proc.name] = proc
+        log.info("started %s (pid %d) at %s", proc.name, proc.popen.pid, proc.address)
+
+    def restart(self, name: str) -> str:
+        """Kills (if needed) and starts a role server again on its address; waits for health."""
+        proc = self.processes[name]
+        self._terminate(proc)
+        self._spawn(proc)
+        wait_for_health(proc.address, "", self.cfg.launcher.startup_timeout_s, alive=proc.alive)
+        return proc.address
+
+    def endpoints(self) -> Endpoints:
+        p = self.processes
+        return Endpoints(
+            rollout=[proc.address for name, proc in p.items() if name.startswith("rollout")],
+            actor=p["actor"].address,
+            reward=p["reward"].address,
+            critic=p["critic"].address if "critic" in p else None,
+            ref=p["ref"].address if "ref" in p else None,
+        )
+
+    @staticmethod
+    def _terminate(proc: RoleProcess, grace_s: float = 5.0) -> None:
+        if proc.popen is None or proc.popen.poll() is not None:
+            return
+        try:
+            os.killpg(proc.popen.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and proc.popen.poll() is None:
+            time.sleep(0.05)
+        try:
+            os.killpg(proc.popen.pid, signal.SIGKILL)  # also any torchrun child left behind
+        except ProcessLookupError:
+            pass
+        proc.popen.wait()
+
+    def stop(self) -> None:
+        for proc in self.processes.values():
+            self._terminate(proc)
+
+    def __enter__(self) -> LocalLauncher:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,254 @@
+"""One synchronous PPO step over the role servers, phase by phase.
+
+    generate -> (score | ref log-probs | values | old log-probs, in parallel)
+             -> advantages -> update critic, update actor (in parallel) -> sync weights
+
+Each phase is a small method around one call, timed under verl's name.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from meshrl.algorithms.metrics import masked_stats
+from meshrl.api.v1 import rollout_pb2
+from meshrl.config.schema import RunConfig
+from meshrl.ragged import Ragged
+from services.coordinator.advantage import AdvantageInputs, compute_advantages
+from services.coordinator.clients import (
+    GenerationBatch,
+    RewardRoleClient,
+    RolloutClient,
+    TrainerClient,
+)
+from services.coordinator.rollout_batch import RolloutBatch, padded
+from services.coordinator.timing import PhaseTimer
+from services.coordinator.weight_sync import WeightSyncer
+
+
+@dataclass
+class Roles:
+    """Clients of every role server a run talks to."""
+
+    rollouts: list[RolloutClient]
+    actor: TrainerClient
+    reward: RewardRoleClient
+    critic: TrainerClient | None = None
+    ref: TrainerClient | None = None
+
+
+def generate_split(
+    rollouts: list[RolloutClient], prompts: Ragged, sampling: rollout_pb2.SamplingParams,
+    pool: ThreadPoolExecutor,
+) -> GenerationBatch:
+    """Splits the prompts over the rollout replicas, generates concurrently, joins in order."""
+    b = len(prompts)
+    k = min(len(rollouts), max(b, 1))
+    bounds = [b * i // k for i in range(k + 1)]
+    parts = [prompts.select(range(bounds[i], bounds[i + 1])) for i in range(k)]
+    futures = [pool.submit(r.generate, p, sampling) for r, p in zip(rollouts, parts, strict=False)]
+    results = [f.result() for f in futures]
+    versions = {r.weight_version for r in results}
+    if len(versions) != 1:
+        raise RuntimeError(f"rollout replicas serve different weight versions: {sorted(versions)}")
+    return GenerationBatch(
+        responses=Ragged.from_tensors([r.responses.row(i) for r in results for i in range(len(r.responses))]),
+        logprobs=Ragged.from_tensors([r.logprobs.row(i) for r in results for i in range(len(r.logprobs))]),
+        finish_reasons=[x for r in results for x in r.finish_reasons],
+        weight_version=versions.pop(),
+    )
+
+
+class PPOStep:
+    """Runs step k of PPO; holds no state across steps beyond the KL controller it is given."""
+
+    def __init__(self, cfg: RunConfig, roles: Roles, tokenizer, syncer: WeightSyncer, kl_ctrl):
+        self.cfg = cfg
+        self.roles = roles
+        self.tokenizer = tokenizer
+        self.syncer = syncer
+        self.kl_ctrl = kl_ctrl
+        self.pool = ThreadPoolExecutor(max_workers=8 + len(roles.rollouts), thread_name_prefix="phase")
+        self.temperature = cfg.actor_rollout_ref.rollout.temperature or 1.0
+
+    # --- step 1: generate -------------------------------------------------------------
+    def sampling_params(self, step: int) -> rollout_pb2.SamplingParams:
+        r = self.cfg.actor_rollout_ref.rollout
+        return rollout_pb2.SamplingParams(
+            temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+            max_tokens=self.cfg.data.max_response_length, n=r.n,
+            seed=self.cfg.trainer.seed * 1_000_003 + step,
+        )
+
+    def generate(self, records: list, step: int) -> RolloutBatch:
+        n = self.cfg.actor_rollout_ref.rollout.n
+        prompts = Ragged.from_lists([rec.prompt_ids for rec in records])
+        out = generate_split(self.roles.rollouts, prompts, self.sampling_params(step), self.pool)
+        repeat = [i for i in range(len(records)) for _ in range(n)]
+        return RolloutBatch(
+            prompts=prompts.select(repeat),
+            responses=out.responses,
+            rollout_logprobs=out.logprobs,
+            finish_reasons=out.finish_reasons,
+            group_ids=torch.tensor(repeat, dtype=torch.int64),
+            data_sources=[records[i].data_source for i in repeat],
+            ground_truths=[records[i].ground_truth for i in repeat],
+            extra_infos=[records[i].extra_info for i in repeat],
+            weight_version=out.weight_version,
+        )
+
+    # --- step 2: score, reference, values, old log-probs (in parallel) ---------------
+    def score(self, batch: RolloutBatch) -> None:
+        results = self.roles.reward.score(batch.reward_items(self.tokenizer))
+        batch.scores = torch.tensor([r.score for r in results], dtype=torch.float32)
+        batch.reward_extra = [r.extra for r in results]
+
+    def ref_log_probs(self, batch: RolloutBatch) -> None:
+        batch.ref_logprobs, _ = self.roles.ref.compute_log_probs(
+            batch.prompts, batch.responses, self.temperature
+        )
+
+    def values(self, batch: RolloutBatch) -> None:
+        batch.values = self.roles.critic.compute_values(batch.prompts, batch.responses)
+
+    def old_log_probs(self, batch: RolloutBatch) -> None:
+        batch.old_logprobs, _ = self.roles.actor.compute_log_probs(
+            batch.prompts, batch.responses, self.temperature
+        )
+
+    def remax_baseline(self, records: list, batch: RolloutBatch, step: int) -> None:
+        """ReMax: greedy responses of the same prompts, scored, as the baseline."""
+        greedy = self.sampling_params(step)
+        greedy.temperature, greedy.n = 0.0, 1
+        prompts = Ragged.from_lists([rec.prompt_ids for rec in records])
+        out = generate_split(self.roles.rollouts, prompts, greedy, self.pool)
+        n = self.cfg.actor_rollout_ref.rollout.n
+        repeat = [i for i in range(len(records)) for _ in range(n)]
+        items = batch.reward_items(self.tokenizer, out.responses.select(repeat))
+        batch.baseline_scores = torch.tensor([r.score for r in self.roles.reward.score(items)])
+
+    def score_and_infer(self, batch: RolloutBatch, timer: PhaseTimer) -> None:
+        phases = [("reward", self.score), ("old_log_prob", self.old_log_probs)]
+        if self.roles.ref is not None:
+            phases.append(("ref", self.ref_log_probs))
+        if self.roles.critic is not None:
+            phases.append(("values", self.values))
+
+        def timed(name, fn):
+            with timer(name):
+                fn(batch)
+
+        for f in [self.pool.submit(timed, name, fn) for name, fn in phases]:
+            f.result()
+
+    # --- step 3: advantages -----------------------------------------------------------
+    def advantages(self, batch: RolloutBatch) -> tuple[Ragged, Ragged, dict[str, float]]:
+        mask = batch.response_mask()
+        width = mask.shape[1]
+        out = compute_advantages(
+            self.cfg.algorithm,
+            AdvantageInputs(
+                scores=batch.scores,
+                mask=mask,
+                group_ids=batch.group_ids,
+                values=padded(batch.values, width) if batch.values is not None else None,
+                old_logprobs=padded(batch.old_logprobs, width),
+                ref_logprobs=padded(batch.ref_logprobs, width) if batch.ref_logprobs is not None else None,
+                baseline_scores=batch.baseline_scores,
+            ),
+            kl_coef=self.kl_ctrl.value,
+        )
+        lengths = batch.responses.lengths
+        metrics = {
+            **masked_stats(out.advantages, mask, "critic/advantages"),
+            **masked_stats(out.returns, mask, "critic/returns"),
+            **masked_stats(out.token_rewards.sum(-1), torch.ones(len(batch)), "critic/rewards"),
+        }
+        if batch.values is not None:
+            metrics.update(masked_stats(padded(batch.values, width), mask, "critic/values"))
+        if self.cfg.algorithm.use_kl_in_reward:
+            metrics["actor/reward_kl_penalty"] = out.kl_mean
+            metrics["actor/reward_kl_penalty_coeff"] = self.kl_ctrl.value
+            self.kl_ctrl.update(out.kl_mean, len(batch))
+        return (
+            Ragged.from_padded(out.advantages, lengths),
+            Ragged.from_padded(out.returns, lengths),
+            metrics,
+        )
+
+    # --- step 4: updates --------------------------------------------------------------
+    def update_critic(self, batch: RolloutBatch, returns: Ragged, step: int) -> dict[str, float]:
+        return self.roles.critic.update_value(batch.prompts, batch.responses, batch.values, returns, step)
+
+    def update_actor(self, batch: RolloutBatch, advantages: Ragged, step: int) -> dict[str, float]:
+        use_kl_loss = self.cfg.actor_rollout_ref.actor.use_kl_loss
+        return self.roles.actor.update_policy(
+            batch.prompts, batch.responses, batch.old_logprobs, advantages, step,
+            ref_logprobs=batch.ref_logprobs if use_kl_loss else None,
+            rollout_logprobs=batch.rollout_logprobs,
+        )
+
+    def updates(self, batch: RolloutBatch, advantages: Ragged, returns: Ragged, step: int,
+                timer: PhaseTimer) -> dict[str, float]:
+        def timed(name, fn, *args):
+            with timer(name):
+                return fn(*args)
+
+        jobs = []
+        if self.roles.critic is not None:
+            jobs.append(self.pool.submit(timed, "update_critic", self.update_critic, batch, returns, step))
+        if step > self.cfg.critic.critic_warmup:
+            jobs.append(self.pool.submit(timed, "update_actor", self.update_actor, batch, advantages, step))
+        metrics: dict[str, float] = {}
+        for f in jobs:
+            metrics.update(f.result())
+        return metrics
+
+    # --- the step -----------------------------------------------------------------------
+    def run(self, records: list, step: int) -> dict[str, float]:
+        """step counts from 1. Returns the step's metrics (verl names)."""
+        timer = PhaseTimer()
+        with timer("step"):
+            with timer("gen"):
+                batch = self.generate(records, step)
+            if self.cfg.algorithm.adv_estimator == "remax":
+                with timer("gen_max"):
+                    self.remax_baseline(records, batch, step)
+            self.score_and_infer(batch, timer)
+            with timer("adv"):
+                advantages, returns, adv_metrics = self.advantages(batch)
+            update_metrics = self.updates(batch, advantages, returns, step, timer)
+            with timer("sync_weights"):
+                sync_metrics = self.syncer.sync(version=step)
+        metrics = {**adv_metrics, **update_metrics, **sync_metrics, **timer.metrics()}
+        metrics.update(self.batch_metrics(batch, timer.seconds["step"]))
+        return metrics
+
+    def batch_metrics(self, batch: RolloutBatch, step_seconds: float) -> dict[str, float]:
+        scores = batch.scores
+        resp_len = batch.responses.lengths.float()
+        prompt_len = batch.prompts.lengths.float()
+        max_resp = self.cfg.data.max_response_length
+        total_tokens = float(resp_len.sum() + prompt_len.sum())
+        return {
+            "critic/score/mean": float(scores.mean()),
+            "critic/score/max": float(scores.max()),
+            "critic/score/min": float(scores.min()),
+            "response_length/mean": float(resp_len.mean()),
+            "response_length/max": float(resp_len.max()),
+            "response_length/min": float(resp_len.min()),
+            "response_length/clip_ratio": float((resp_len >= max_resp).float().mean()),
+            "prompt_length/mean": float(prompt_len.mean()),
+            "prompt_length/max": float(prompt_len.max()),
+            "prompt_length/min": float(prompt_len.min()),
+            "perf/total_num_tokens": total_tokens,
+            "perf/time_per_step": step_seconds,
+            "perf/throughput": total_tokens / max(step_seconds, 1e-9),
+            "rollout/weight_version": float(batch.weight_version),
+        }
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)

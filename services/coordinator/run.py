@@ -1,0 +1,180 @@
+"""A PPO run: connect to the role servers, initialize them, then loop PPO steps with
+validation and metrics. The launcher (local, docker, Ray) only provides the addresses.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+from transformers import AutoTokenizer
+
+from meshrl.algorithms.kl import make_kl_controller
+from meshrl.config import RunConfig, config_to_yaml
+from meshrl.data.dataset import PromptDataset
+from meshrl.data.loader import PromptLoader
+from services.coordinator.clients import RewardRoleClient, RolloutClient, TrainerClient
+from services.coordinator.metrics_sinks import ConsoleSink, JsonlSink, MetricsSink
+from services.coordinator.plot import plot_metrics
+from services.coordinator.ppo_step import PPOStep, Roles
+from services.coordinator.validation import validate
+from services.coordinator.weight_sync import WeightSyncer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Endpoints:
+    """host:port of each role server of a run."""
+
+    rollout: list[str]
+    actor: str
+    reward: str
+    critic: str | None = None
+    ref: str | None = None
+
+
+@dataclass
+class RunState:
+    """What changes as the run goes; never written back into the config."""
+
+    step: int = 0
+    epoch: int = 0
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+def make_dataset(cfg: RunConfig, files: list[str], tokenizer) -> PromptDataset:
+    d = cfg.data
+    return PromptDataset(
+        files, tokenizer, prompt_key=d.prompt_key, max_prompt_length=d.max_prompt_length,
+        filter_overlong_prompts=d.filter_overlong_prompts, truncation=d.truncation,
+        apply_chat_template=d.apply_chat_template, max_samples=d.max_samples,
+    )
+
+
+def connect(cfg: RunConfig, endpoints: Endpoints) -> Roles:
+    t = cfg.trainer.rpc_timeout_s
+    return Roles(
+        rollouts=[RolloutClient(a, t) for a in endpoints.rollout],
+        actor=TrainerClient(endpoints.actor, t, "actor"),
+        reward=RewardRoleClient(endpoints.reward, t),
+        critic=TrainerClient(endpoints.critic, t, "critic") if endpoints.critic else None,
+        ref=TrainerClient(endpoints.ref, t, "ref") if endpoints.ref else None,
+    )
+
+
+class PPORun:
+    """Drives one run end to end; `stop()` from another thread ends it after the current step."""
+
+    def __init__(self, cfg: RunConfig, endpoints: Endpoints, run_dir: Path,
+                 sinks: list[MetricsSink] | None = None, on_step: Callable | None = None):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.roles = connect(cfg, endpoints)
+        self.state = RunState()
+        self.on_step = on_step
+        self._stop = threading.Event()
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="run")
+        self.sinks = sinks if sinks is not None else self._default_sinks()
+
+    def _default_sinks(self) -> list[MetricsSink]:
+        sinks: list[MetricsSink] = []
+        if "console" in self.cfg.trainer.logger:
+            sinks.append(ConsoleSink(write=tqdm.write))
+        if "jsonl" in self.cfg.trainer.logger:
+            sinks.append(JsonlSink(self.run_dir / "metrics.jsonl"))
+        return sinks
+
+    # --- set-up -----------------------------------------------------------------------
+    def setup(self) -> None:
+        cfg = self.cfg
+        model = cfg.actor_rollout_ref.model
+        self.tokenizer = AutoTokenizer.from_pretrained(model.tokenizer_path or model.path)
+        self.train_set = make_dataset(cfg, cfg.data.train_files, self.tokenizer)
+        self.val_set = make_dataset(cfg, cfg.data.val_files, self.tokenizer) if cfg.data.val_files else None
+        self.loader = PromptLoader(
+            self.train_set, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed
+        )
+        self.total_steps = cfg.trainer.total_training_steps or (
+            cfg.trainer.total_epochs * self.loader.steps_per_epoch
+        )
+        self.initialize_roles()
+        kl = cfg.algorithm.kl_ctrl
+        self.kl_ctrl = make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
+        self.syncer = WeightSyncer(cfg, self.roles.actor, self.roles.rollouts)
+        self.syncer.sync(version=0)  # rollout serves exactly the actor's weights from the start
+        self.step_runner = PPOStep(cfg, self.roles, self.tokenizer, self.syncer, self.kl_ctrl)
+
+    def initialize_roles(self) -> None:
+        """Initialize every role concurrently with the resolved config."""
+        text = config_to_yaml(self.cfg)
+        clients = [*self.roles.rollouts, self.roles.actor, self.roles.reward]
+        clients += [c for c in (self.roles.critic, self.roles.ref) if c is not None]
+        futures = [self.pool.submit(c.initialize, text, str(self.run_dir)) for c in clients]
+        for f in futures:
+            f.result()
+
+    # --- the loop ---------------------------------------------------------------------
+    def train(self) -> dict[str, float]:
+        cfg = self.cfg.trainer
+        if cfg.val_before_train and self.val_set is not None:
+            self.log(self.state.step, self.validate())
+        bar = tqdm(total=self.total_steps, initial=self.state.step, desc="PPO", unit="step",
+                   dynamic_ncols=True)
+        try:
+            while self.state.step < self.total_steps and not self._stop.is_set():
+                epoch, records = self.loader.next_batch()
+                self.state.step += 1
+                self.state.epoch = epoch
+                metrics = self.step_runner.run(records, self.state.step)
+                metrics["training/global_step"] = float(self.state.step)
+                metrics["training/epoch"] = float(epoch)
+                last = self.state.step == self.total_steps
+                if self.val_set is not None and cfg.test_freq > 0 and (
+                    self.state.step % cfg.test_freq == 0 or last
+                ):
+                    metrics.update(self.validate())
+                self.state.last_metrics = metrics
+                self.log(self.state.step, metrics)
+                bar.update(1)
+                bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}")
+        finally:
+            bar.close()
+        return self.state.last_metrics
+
+    def validate(self) -> dict[str, float]:
+        with_timer = {}
+        import time
+
+        start = time.perf_counter()
+        metrics = validate(self.cfg, [self.val_set[i] for i in range(len(self.val_set))],
+                           self.roles.rollouts, self.roles.reward, self.tokenizer, self.pool)
+        with_timer["timing_s/testing"] = time.perf_counter() - start
+        return {**metrics, **with_timer}
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for sink in self.sinks:
+            sink.log(step, metrics)
+        if self.on_step is not None:
+            self.on_step(step, metrics)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+        if self.cfg.trainer.plot and (self.run_dir / "metrics.jsonl").exists():
+            try:
+                plot_metrics(self.run_dir / "metrics.jsonl", self.run_dir / "metrics.png")
+            except Exception as e:  # noqa: BLE001 - a plot never fails a finished run
+                log.warning("could not plot metrics: %s", e)
+        for closer in (getattr(self, "step_runner", None), getattr(self, "syncer", None)):
+            if closer is not None:
+                closer.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)

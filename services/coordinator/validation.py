@@ -1,0 +1,53 @@
+"""Validation: greedy (or `val_kwargs`) generation over the validation set, scored per
+data_source, reported as `val-core/<data_source>/acc/mean@1` like verl."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from meshrl.api.v1 import rollout_pb2
+from meshrl.config.schema import RunConfig
+from meshrl.ragged import Ragged
+from services.coordinator.clients import RewardRoleClient, RolloutClient
+from services.coordinator.ppo_step import generate_split
+from services.coordinator.rollout_batch import RolloutBatch
+
+
+def validation_sampling(cfg: RunConfig) -> rollout_pb2.SamplingParams:
+    v = cfg.actor_rollout_ref.rollout.val_kwargs
+    return rollout_pb2.SamplingParams(
+        temperature=v.temperature if v.do_sample else 0.0,
+        top_p=v.top_p, top_k=v.top_k, n=v.n,
+        max_tokens=cfg.data.max_response_length, seed=cfg.trainer.seed,
+    )
+
+
+def validate(cfg: RunConfig, records: list, rollouts: list[RolloutClient],
+             reward: RewardRoleClient, tokenizer, pool) -> dict[str, float]:
+    sampling = validation_sampling(cfg)
+    n = sampling.n
+    size = cfg.data.val_batch_size or len(records)
+    scores_by_source: dict[str, list[float]] = defaultdict(list)
+    acc_by_source: dict[str, list[float]] = defaultdict(list)
+    for start in range(0, len(records), size):
+        chunk = records[start : start + size]
+        prompts = Ragged.from_lists([r.prompt_ids for r in chunk])
+        out = generate_split(rollouts, prompts, sampling, pool)
+        repeat = [i for i in range(len(chunk)) for _ in range(n)]
+        batch = RolloutBatch(
+            prompts=prompts.select(repeat), responses=out.responses,
+            rollout_logprobs=out.logprobs, finish_reasons=out.finish_reasons,
+            group_ids=torch.tensor(repeat), data_sources=[chunk[i].data_source for i in repeat],
+            ground_truths=[chunk[i].ground_truth for i in repeat],
+            extra_infos=[chunk[i].extra_info for i in repeat], weight_version=out.weight_version,
+        )
+        for ds, result in zip(batch.data_sources, reward.score(batch.reward_items(tokenizer)), strict=True):
+            scores_by_source[ds].append(result.score)
+            acc_by_source[ds].append(result.extra.get("acc", float(result.score >= 1.0)))
+    metrics = {}
+    for ds in sorted(scores_by_source):
+        metrics[f"val-core/{ds}/reward/mean@{n}"] = sum(scores_by_source[ds]) / len(scores_by_source[ds])
+        metrics[f"val-core/{ds}/acc/mean@{n}"] = sum(acc_by_source[ds]) / len(acc_by_source[ds])
+    return metrics
