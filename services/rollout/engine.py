@@ -1,0 +1,138 @@
+"""The rollout engine interface and the typed containers that cross it.
+
+The server talks to an engine only through :class:`RolloutEngine`, so the native torch
+engine (``native_engine.py``) and a vLLM engine are interchangeable behind the same gRPC API.
+Token batches are :class:`~meshrl.ragged.Ragged` (flat ids + offsets), never padded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple, Protocol, runtime_checkable
+
+import torch
+
+from meshrl.ragged import Ragged
+
+FinishReason = Literal["stop", "length"]
+
+
+class MemoryReleasedError(RuntimeError):
+    """The engine's memory was released for a co-located trainer; resume it first."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample responses; one set for the whole request.
+
+    temperature 0 means greedy. ``top_k`` <= 0 and ``top_p`` == 1 switch those filters off.
+    The same ``seed`` with the same weights and request gives the same tokens; ``None``
+    draws a fresh seed.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 16
+    n: int = 1
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        # The messages name the proto fields, so a bad request says what to fix.
+        if self.n < 1:
+            raise ValueError(f"sampling.n must be >= 1, got {self.n}")
+        if self.max_tokens < 1:
+            raise ValueError(f"sampling.max_tokens must be >= 1, got {self.max_tokens}")
+        if not self.temperature >= 0:
+            raise ValueError(f"sampling.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature log-probs are computed at: 1 for greedy, else the sampling one."""
+        return 1.0 if self.greedy else self.temperature
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """B*n responses of one generate call; sample j of prompt i is at index ``i*n + j``."""
+
+    responses: Ragged
+    """int64 token ids; a stop/EOS token that ended a response is its last token."""
+    logprobs: Ragged
+    """float32 ``log_softmax(logits / T)`` at each response token, aligned with ``responses``."""
+    finish_reasons: list[FinishReason]
+    """One per response: "stop" (EOS or a stop token sampled) or "length" (max_tokens)."""
+    weight_version: int
+    """The weights that produced every response."""
+
+
+class TokenScores(NamedTuple):
+    """Per-token scores of given responses, each aligned with the responses' ids."""
+
+    logprobs: Ragged
+    """float32 ``log_softmax(logits / T)`` at each response token."""
+    entropy: Ragged | None
+    """float32 entropy of ``softmax(logits / T)`` at each response position, if asked."""
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the rollout server needs from a generation engine."""
+
+    weight_version: int
+    """Version of the weights served: 0 as loaded from disk, the sync's after each sync,
+    -1 when unknown (a sync failed half-way)."""
+
+    @property
+    def num_parameters(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model lives (and where received weights should land)."""
+        ...
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes the engine holds for its KV cache between calls."""
+        ...
+
+    def generate(self, prompts: Ragged, params: SamplingParams) -> GenerationResult:
+        """Samples ``params.n`` responses for each of the B prompts."""
+        ...
+
+    def compute_logprobs(self, prompts: Ragged, responses: Ragged, temperature: float) -> Ragged:
+        """float32 log-probs of each response token given its prompt, as the trainer computes them."""
+        ...
+
+    def score(
+        self, prompts: Ragged, responses: Ragged, temperature: float, with_entropy: bool
+    ) -> TokenScores:
+        """Log-probs (and optionally entropy) of each response token in one forward."""
+        ...
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copies tensors into the model by Hugging Face parameter name, as they arrive."""
+        ...
+
+    def release_memory(self) -> None:
+        """Frees what a co-located trainer needs (the KV cache); generate and score raise
+        :class:`MemoryReleasedError` until :meth:`resume_memory`."""
+        ...
+
+    def resume_memory(self) -> None: ...
+
+    def reset_prefix_cache(self) -> None:
+        """Drops cached prompt prefixes, which are stale after a weight swap."""
+        ...

@@ -1,0 +1,288 @@
+"""The native rollout engine: batched sampling with a KV cache on a Hugging Face causal LM.
+
+Runs on CPU (development, CI) or one GPU, eager. A generate call expands B prompts into
+B*n sequences and decodes them in chunks of at most ``max_num_seqs``:
+
+    prefill   each distinct prompt of the chunk once (left-padded), then copy its KV cache
+              rows to its n samples
+    step()    schedule (drop finished rows) -> run (one decode forward) -> postprocess
+              (sample, record, check stops), until every sequence has stopped
+
+The log-probs returned with the tokens are float32 ``log_softmax(logits / T)``, the same
+quantity :meth:`NativeEngine.compute_logprobs` (and the trainer) get from a full forward.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from transformers import AutoTokenizer
+
+from meshrl.algorithms.entropy import entropy_from_logits, logprobs_from_logits
+from meshrl.ragged import Ragged
+from meshrl.wire import dtype_from_name
+from services.rollout.batch import DecodeBatch, left_pad
+from services.rollout.engine import (
+    FinishReason,
+    GenerationResult,
+    MemoryReleasedError,
+    SamplingParams,
+    TokenScores,
+)
+from services.rollout.model_runner import ModelRunner
+from services.rollout.sampler import sample
+
+log = logging.getLogger(__name__)
+
+_PAD_ID = 0  # any valid id: padded positions are masked out
+
+
+class _Sampling(NamedTuple):
+    """What every step of one generate call samples with."""
+
+    params: SamplingParams
+    generator: torch.Generator
+    stop_ids: torch.Tensor  # (s,) int64: EOS ids + the request's stop ids
+
+
+class NativeEngine:
+    """A :class:`~services.rollout.engine.RolloutEngine` in plain torch + transformers."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        tokenizer_path: str | None = None,
+        dtype: str = "float32",
+        device: str = "cpu",
+        max_num_seqs: int = 256,
+        logprob_batch_size: int = 16,
+    ):
+        if max_num_seqs < 1 or logprob_batch_size < 1:
+            raise ValueError("max_num_seqs and logprob_batch_size must be >= 1")
+        self.runner = ModelRunner(model_path, dtype_from_name(dtype), device)
+        self.model_path = model_path
+        self.max_num_seqs = max_num_seqs
+        self.logprob_batch_size = logprob_batch_size
+        self.eos_token_ids = eos_token_ids(self.runner.model, tokenizer_path or model_path)
+        self.weight_version = 0
+        self._released = False
+        log.info(
+            "native engine: %s (%d parameters, %s, %s), eos ids %s",
+            model_path,
+            self.num_parameters,
+            dtype,
+            device,
+            self.eos_token_ids,
+        )
+
+    @property
+    def num_parameters(self) -> int:
+        return self.runner.num_parameters
+
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.vocab_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return 0  # the KV cache lives only during a generate call
+
+    # --- generation ---
+
+    def generate(self, prompts: Ragged, params: SamplingParams) -> GenerationResult:
+        self._check_memory()
+        self._check_tokens(prompts, "prompts")
+        sampling = self._sampling(params)
+        total = len(prompts) * params.n
+        tokens: list[torch.Tensor] = []
+        logprobs: list[torch.Tensor] = []
+        reasons: list[FinishReason] = []
+        for start in range(0, total, self.max_num_seqs):
+            seqs = range(start, min(total, start + self.max_num_seqs))
+            chunk = self._generate_chunk(prompts, seqs, sampling)
+            t, lp, r = chunk.results()
+            tokens += t
+            logprobs += lp
+            reasons += r
+        return GenerationResult(
+            responses=_ragged(tokens, torch.int64),
+            logprobs=_ragged(logprobs, torch.float32),
+            finish_reasons=reasons,
+            weight_version=self.weight_version,
+        )
+
+    def _generate_chunk(self, prompts: Ragged, seqs: range, sampling: _Sampling) -> DecodeBatch:
+        """Decodes sequences ``seqs`` (sequence k is sample k % n of prompt k // n) to the end."""
+        batch, logits = self._prefill(prompts, seqs, sampling.params)
+        tokens, logprobs = sample(logits, sampling.params, sampling.generator)
+        num_alive = batch.append(tokens, logprobs, sampling.stop_ids)
+        while num_alive:
+            num_alive = self.step(batch, num_alive, sampling)
+        return batch
+
+    def _prefill(
+        self, prompts: Ragged, seqs: range, params: SamplingParams
+    ) -> tuple[DecodeBatch, torch.Tensor]:
+        """Runs each distinct prompt of the chunk once; returns the batch and logits (rows, v)."""
+        n = params.n
+        first = seqs.start // n
+        distinct = prompts.select(range(first, (seqs.stop - 1) // n + 1))
+        ids, mask = left_pad(distinct, _PAD_ID, self.runner.device)  # (u, P)
+        cache = self.runner.new_cache()
+        logits = self.runner.prefill(ids, mask, cache)  # (u, v)
+        rows = torch.arange(seqs.start, seqs.stop, device=ids.device) // n - first  # (rows,)
+        if rows.numel() != len(distinct):
+            # n samples of a prompt share its prefill: copy its KV rows instead of recomputing.
+            cache.batch_select_indices(rows)
+            logits, mask = logits[rows], mask[rows]
+        return DecodeBatch.start(cache, mask, params.max_tokens), logits
+
+    def step(self, batch: DecodeBatch, num_alive: int, sampling: _Sampling) -> int:
+        """One decode step of every row; returns the rows still alive."""
+        # schedule: once half the rows are done, stop paying for them.
+        if num_alive <= len(batch.seq_ids) // 2:
+            batch.compact()
+        # run
+        logits = self.runner.decode(*batch.decode_inputs(), batch.cache)  # (rows, v)
+        # postprocess
+        tokens, logprobs = sample(logits, sampling.params, sampling.generator)
+        return batch.append(tokens, logprobs, sampling.stop_ids)
+
+    def _sampling(self, params: SamplingParams) -> _Sampling:
+        generator = torch.Generator(device=self.runner.device)
+        if params.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(params.seed)
+        stop = sorted(set(self.eos_token_ids) | set(params.stop_token_ids))
+        stop_ids = torch.tensor(stop, dtype=torch.int64, device=self.runner.device)
+        return _Sampling(params, generator, stop_ids)
+
+    # --- scoring ---
+
+    def compute_logprobs(self, prompts: Ragged, responses: Ragged, temperature: float) -> Ragged:
+        return self.score(prompts, responses, temperature, with_entropy=False).logprobs
+
+    def score(
+        self, prompts: Ragged, responses: Ragged, temperature: float, with_entropy: bool
+    ) -> TokenScores:
+        """Log-probs (and entropy) of each response token from a full forward over
+        prompt+response, right-padded, as the trainer computes them."""
+        self._check_memory()
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self._check_tokens(prompts, "prompts")
+        self._check_tokens(responses, "responses", allow_empty=True)
+        logprobs, entropy = [], []
+        for start in range(0, len(prompts), self.logprob_batch_size):
+            rows = range(start, min(len(prompts), start + self.logprob_batch_size))
+            lp, ent = self._score_chunk(
+                prompts.select(rows), responses.select(rows), temperature, with_entropy
+            )
+            logprobs.append(lp)
+            entropy.append(ent)
+        offsets = responses.offsets
+        return TokenScores(
+            logprobs=Ragged(_cat(logprobs), offsets),
+            entropy=Ragged(_cat(entropy), offsets) if with_entropy else None,
+        )
+
+    def _score_chunk(
+        self, prompts: Ragged, responses: Ragged, temperature: float, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flat log-probs and entropy (total_response_tokens,) of one chunk."""
+        p_len, r_len = prompts.lengths, responses.lengths  # (b,)
+        if int(r_len.sum()) == 0:
+            return torch.zeros(0), torch.zeros(0)
+        joined = Ragged.from_tensors(
+            [torch.cat([prompts.row(i), responses.row(i)]) for i in range(len(prompts))]
+        )
+        ids, mask = joined.to_padded(pad_value=_PAD_ID)  # (b, t) right-padded
+        # Response token j of row i is predicted at column p_i - 1 + j; only the columns from
+        # the first such prediction to the last one need logits.
+        lo, hi = int(p_len.min()) - 1, int((p_len + r_len).max()) - 1
+        columns = torch.arange(lo, hi)  # (k,)
+        device = self.runner.device
+        ids, mask, columns = ids.long().to(device), mask.long().to(device), columns.to(device)
+        scaled = self.runner.logits_at(ids, mask, columns).float() / temperature  # (b, k, v)
+        labels = ids[:, lo + 1 : hi + 1]  # (b, k): the token each kept column predicts
+        col = columns[None, :]  # (1, k)
+        p_len, r_len = p_len.to(device)[:, None], r_len.to(device)[:, None]  # (b, 1)
+        wanted = (col >= p_len - 1) & (col < p_len + r_len - 1)  # (b, k) response predictions
+        logprobs = logprobs_from_logits(scaled, labels)[wanted].cpu()
+        entropy = entropy_from_logits(scaled)[wanted].cpu() if with_entropy else torch.zeros(0)
+        return logprobs, entropy
+
+    # --- weights and memory ---
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        count = self.runner.load_weights(named_tensors)
+        log.info("loaded %d tensors", count)
+
+    def release_memory(self) -> None:
+        self._released = True
+        if self.runner.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def resume_memory(self) -> None:
+        self._released = False
+
+    def reset_prefix_cache(self) -> None:
+        """Nothing to drop: prompt prefixes are shared only within one generate call."""
+
+    # --- checks ---
+
+    def _check_memory(self) -> None:
+        if self._released:
+            raise MemoryReleasedError("rollout memory is released: resume it before generating")
+
+    def _check_tokens(self, rows: Ragged, field: str, allow_empty: bool = False) -> None:
+        """Token ids inside the vocabulary, and no empty rows unless allowed."""
+        if not allow_empty and len(rows) and int(rows.lengths.min()) == 0:
+            i = int((rows.lengths == 0).nonzero()[0])
+            raise ValueError(f"{field}[{i}] is empty")
+        if rows.values.numel() == 0:
+            return
+        bad = (rows.values < 0) | (rows.values >= self.vocab_size)
+        if bool(bad.any()):
+            flat = int(bad.nonzero()[0])
+            row = int(torch.searchsorted(rows.offsets, flat, right=True)) - 1
+            raise ValueError(
+                f"{field}[{row}] holds token id {int(rows.values[flat])}, outside the "
+                f"vocabulary [0, {self.vocab_size})"
+            )
+
+
+def eos_token_ids(model, tokenizer_dir: str) -> list[int]:
+    """Every id that ends a response: the generation config's and model config's EOS ids and
+    the tokenizer's EOS (chat models often end a turn with a token only one of them names)."""
+    ids: set[int] = set()
+    sources = [getattr(model, "generation_config", None), model.config]
+    if any((Path(tokenizer_dir) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        sources.append(AutoTokenizer.from_pretrained(tokenizer_dir))
+    for source in sources:
+        eos = getattr(source, "eos_token_id", None)
+        if eos is not None:
+            ids.update([eos] if isinstance(eos, int) else eos)
+    return sorted(ids)
+
+
+def _ragged(rows: list[torch.Tensor], dtype: torch.dtype) -> Ragged:
+    if not rows:
+        return Ragged(torch.zeros(0, dtype=dtype), torch.zeros(1, dtype=torch.int64))
+    return Ragged.from_tensors(rows)
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat(parts) if parts else torch.zeros(0)

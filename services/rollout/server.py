@@ -1,0 +1,196 @@
+"""gRPC glue of the rollout service: protos <-> typed objects, status codes, health.
+
+The logic lives in ``worker.py`` (locking, weight syncs) and the engine; this file only
+converts messages once at the edge and maps failures to status codes:
+not initialized / memory released / no weight group -> FAILED_PRECONDITION, a bad request
+-> INVALID_ARGUMENT, a failed weight sync -> UNAVAILABLE.
+
+    python -m services.rollout.server --host 127.0.0.1 --port 50051
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.metadata
+import logging
+from collections.abc import Callable
+
+import grpc
+
+from meshrl.api.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from meshrl.config import config_from_yaml
+from meshrl.rpc.server import GrpcServer, ServiceError, rpc_method
+from meshrl.weight_sync.group import WeightGroupError
+from meshrl.weight_sync.types import GroupSpec, WeightManifest
+from meshrl.wire import ragged_from_proto, ragged_to_proto, tensor_to_proto
+from services.rollout.engine import MemoryReleasedError, SamplingParams
+from services.rollout.worker import (
+    NotInitializedError,
+    NoWeightGroupError,
+    RolloutWorker,
+    WeightSyncError,
+)
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "meshrl.api.v1.RolloutService"
+API_VERSION = "meshrl.api.v1"
+
+_FINISH_REASONS = {
+    "stop": rollout_pb2.FINISH_REASON_STOP,
+    "length": rollout_pb2.FINISH_REASON_LENGTH,
+}
+
+
+@functools.cache
+def _package_version() -> str:
+    try:
+        return importlib.metadata.version("meshrl")
+    except importlib.metadata.PackageNotFoundError:  # running from a bare checkout
+        return ""
+
+
+def _status_of(e: Exception) -> grpc.StatusCode | None:
+    if isinstance(e, NotInitializedError | MemoryReleasedError | NoWeightGroupError):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    if isinstance(e, WeightSyncError):
+        # A manifest naming parameters the model lacks is the caller's error, not an outage.
+        if isinstance(e.__cause__, ValueError):
+            return grpc.StatusCode.INVALID_ARGUMENT
+        return grpc.StatusCode.UNAVAILABLE
+    if isinstance(e, WeightGroupError):
+        return grpc.StatusCode.UNAVAILABLE
+    return None
+
+
+def _rollout_rpc(fn: Callable) -> Callable:
+    """rpc_method plus the rollout's own failures mapped to status codes."""
+
+    @rpc_method
+    @functools.wraps(fn)
+    def wrapper(self, request, context):
+        try:
+            return fn(self, request, context)
+        except Exception as e:
+            code = _status_of(e)
+            if code is None:
+                raise
+            raise ServiceError(code, str(e)) from e
+
+    return wrapper
+
+
+def sampling_from_proto(msg: rollout_pb2.SamplingParams) -> SamplingParams:
+    """Proto3 has no "unset": top_p 0 means off (1.0) and top_k 0 means off (-1)."""
+    return SamplingParams(
+        temperature=msg.temperature,
+        top_p=msg.top_p if msg.top_p > 0 else 1.0,
+        top_k=msg.top_k if msg.top_k > 0 else -1,
+        max_tokens=msg.max_tokens,
+        n=msg.n,
+        seed=msg.seed,
+        stop_token_ids=tuple(msg.stop_token_ids),
+    )
+
+
+class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
+    def __init__(self, worker: RolloutWorker, on_ready: Callable[[], None] = lambda: None):
+        self.worker = worker
+        self._on_ready = on_ready
+
+    def _info(self) -> common_pb2.ServerInfo:
+        ready = self.worker.ready
+        engine = self.worker.engine if ready else None
+        return common_pb2.ServerInfo(
+            api_version=API_VERSION,
+            service="rollout",
+            model_path=self.worker.model_path,
+            weight_version=engine.weight_version if engine else -1,
+            world_size=1,
+            num_parameters=engine.num_parameters if engine else 0,
+            ready=ready,
+            meshrl_version=_package_version(),
+        )
+
+    @_rollout_rpc
+    def GetInfo(self, request, context):
+        return self._info()
+
+    @_rollout_rpc
+    def Initialize(self, request: common_pb2.InitializeRequest, context):
+        cfg = config_from_yaml(request.config_yaml)
+        self.worker.initialize(cfg)
+        self._on_ready()
+        return common_pb2.InitializeResponse(info=self._info())
+
+    @_rollout_rpc
+    def Generate(self, request: rollout_pb2.GenerateRequest, context):
+        params = sampling_from_proto(request.sampling)
+        prompts = ragged_from_proto(request.prompts)
+        result = self.worker.generate(prompts, params)
+        return rollout_pb2.GenerateResponse(
+            responses=ragged_to_proto(result.responses),
+            logprobs=tensor_to_proto(result.logprobs.values),
+            finish_reasons=[_FINISH_REASONS[r] for r in result.finish_reasons],
+            weight_version=result.weight_version,
+        )
+
+    @_rollout_rpc
+    def ComputeLogProbs(self, request: common_pb2.LogProbsRequest, context):
+        prompts = ragged_from_proto(request.batch.prompts)
+        responses = ragged_from_proto(request.batch.responses)
+        temperature = request.temperature if request.temperature > 0 else 1.0  # 0 = unset
+        scores, version = self.worker.score(prompts, responses, temperature, request.with_entropy)
+        return common_pb2.LogProbsResponse(
+            logprobs=tensor_to_proto(scores.logprobs.values),
+            entropy=tensor_to_proto(scores.entropy.values) if scores.entropy is not None else None,
+            weight_version=version,
+        )
+
+    @_rollout_rpc
+    def JoinWeightGroup(self, request: common_pb2.JoinWeightGroupRequest, context):
+        group_id = self.worker.join_group(GroupSpec.from_proto(request.spec))
+        return common_pb2.JoinWeightGroupResponse(group_id=group_id)
+
+    @_rollout_rpc
+    def ReceiveWeights(self, request: common_pb2.WeightManifest, context):
+        stats = self.worker.receive(WeightManifest.from_proto(request))
+        return common_pb2.WeightSyncResult(
+            version=stats.version, seconds=stats.seconds, bytes=stats.bytes
+        )
+
+    @_rollout_rpc
+    def SetMemoryState(self, request: rollout_pb2.MemoryStateRequest, context):
+        kv_bytes = self.worker.set_memory(request.release)
+        return rollout_pb2.MemoryStateResponse(kv_cache_bytes=kv_bytes)
+
+
+def serve(host: str = "127.0.0.1", port: int = 0) -> None:
+    """Runs the rollout server until SIGTERM/SIGINT; the model loads on Initialize."""
+    server = GrpcServer(SERVICE_NAME, host, port)
+    worker = RolloutWorker()
+    server.add(
+        rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
+        RolloutServicer(worker, on_ready=server.mark_ready),
+    )
+    server.start()
+    try:
+        server.wait()
+    finally:
+        worker.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="meshrl rollout server")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port (logged)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    serve(args.host, args.port)
+
+
+if __name__ == "__main__":
+    main()

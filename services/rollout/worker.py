@@ -1,0 +1,200 @@
+"""What the rollout server does, apart from gRPC: the engine behind a lock, and weight syncs.
+
+One lock serialises everything that touches the engine, so a weight swap never overlaps a
+generation: ReceiveWeights waits for the Generate in flight, and a Generate that arrives
+during a swap waits for it. Failures are typed exceptions; ``server.py`` maps them to
+status codes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from meshrl.config import RunConfig
+from meshrl.ragged import Ragged
+from meshrl.weight_sync.group import WeightGroup
+from meshrl.weight_sync.receiver import receive_weights
+from meshrl.weight_sync.types import GroupSpec, WeightManifest
+from services.rollout.engine import GenerationResult, RolloutEngine, SamplingParams, TokenScores
+
+log = logging.getLogger(__name__)
+
+
+class NotInitializedError(RuntimeError):
+    """A call that needs the model came before Initialize."""
+
+
+class NoWeightGroupError(RuntimeError):
+    """ReceiveWeights without a joined group, or with a manifest for another group."""
+
+
+class WeightSyncError(RuntimeError):
+    """A sync failed half-way (peer died, timeout, bad manifest); the group is closed."""
+
+
+@dataclass(frozen=True)
+class SyncStats:
+    version: int
+    """Weight version served after the sync."""
+    seconds: float
+    """Wall time of receiving and loading."""
+    bytes: int
+    """Bytes received."""
+
+
+def build_engine(cfg: RunConfig) -> RolloutEngine:
+    """The engine the run config asks for, loaded and ready."""
+    model = cfg.actor_rollout_ref.model
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.name != "native":
+        raise ValueError(
+            f"actor_rollout_ref.rollout.name={rollout.name!r}: only the native engine is built yet"
+        )
+    if not model.path or not Path(model.path).is_dir():
+        raise ValueError(f"actor_rollout_ref.model.path={model.path!r} is not a model folder")
+    from services.rollout.native_engine import NativeEngine  # torch + transformers: heavy
+
+    return NativeEngine(
+        model.path,
+        tokenizer_path=model.tokenizer_path,
+        dtype=rollout.dtype,
+        device="cuda" if cfg.trainer.device == "cuda" else "cpu",
+        max_num_seqs=rollout.max_num_seqs,
+        logprob_batch_size=rollout.log_prob_micro_batch_size_per_gpu,
+    )
+
+
+class RolloutWorker:
+    """Owns the engine (once initialized) and the current weight-sync group."""
+
+    def __init__(self) -> None:
+        self._engine: RolloutEngine | None = None
+        self.model_path = ""
+        self._engine_lock = threading.Lock()  # generation, scoring and swaps never overlap
+        self._group: WeightGroup | None = None
+        self._group_lock = threading.Lock()  # taken before _engine_lock, never after
+
+    @property
+    def ready(self) -> bool:
+        return self._engine is not None
+
+    @property
+    def engine(self) -> RolloutEngine:
+        if self._engine is None:
+            raise NotInitializedError("rollout not initialized: call Initialize")
+        return self._engine
+
+    def initialize(self, cfg: RunConfig) -> None:
+        engine = build_engine(cfg)  # slow: load outside the lock, swap in under it
+        with self._engine_lock:
+            self._engine = engine
+            self.model_path = cfg.actor_rollout_ref.model.path
+
+    def generate(self, prompts: Ragged, params: SamplingParams) -> GenerationResult:
+        with self._engine_lock:
+            return self.engine.generate(prompts, params)
+
+    def score(
+        self, prompts: Ragged, responses: Ragged, temperature: float, with_entropy: bool
+    ) -> tuple[TokenScores, int]:
+        """Per-token scores and the weight version that computed them."""
+        with self._engine_lock:
+            engine = self.engine
+            return engine.score(
+                prompts, responses, temperature, with_entropy
+            ), engine.weight_version
+
+    def set_memory(self, release: bool) -> int:
+        """Releases or resumes the engine's memory; returns the KV cache bytes held after."""
+        with self._engine_lock:
+            engine = self.engine
+            engine.release_memory() if release else engine.resume_memory()
+            return engine.kv_cache_bytes
+
+    # --- weight sync ---
+
+    def join_group(self, spec: GroupSpec) -> str:
+        """Joins a (new) weight-sync group, closing the previous one; blocks until all joined."""
+        with self._group_lock:
+            self._close_group()
+            self._group = WeightGroup.join(spec)
+            return spec.group_id
+
+    def receive(self, manifest: WeightManifest) -> SyncStats:
+        """Receives the manifest's buckets and swaps them into the engine.
+
+        On failure the group is closed (the coordinator forms a new one) and the engine's
+        weight version becomes -1 if some tensors were already loaded: the weights are then
+        a mix of two versions and need a full re-sync.
+        """
+        with self._group_lock:
+            group = self._current_group(manifest)
+            with self._engine_lock:
+                engine = self.engine
+                start = time.monotonic()
+                received = _Counted(receive_weights(group, manifest, engine.device))
+                try:
+                    engine.load_weights(received)
+                except Exception as e:
+                    self._close_group()
+                    if received.tensors:
+                        engine.weight_version = -1
+                    raise WeightSyncError(
+                        f"weight sync to version {manifest.version} failed after "
+                        f"{received.tensors} of {len(manifest.param_names)} tensors "
+                        f"({type(e).__name__}: {e}); group {group.group_id} closed, weight "
+                        f"version now {engine.weight_version}"
+                    ) from e
+                engine.reset_prefix_cache()
+                engine.weight_version = manifest.version
+                seconds = time.monotonic() - start
+        log.info(
+            "weights v%d: %d tensors, %.1f MB in %.2fs",
+            manifest.version,
+            received.tensors,
+            received.bytes / 1e6,
+            seconds,
+        )
+        return SyncStats(manifest.version, seconds, received.bytes)
+
+    def close(self) -> None:
+        with self._group_lock:
+            self._close_group()
+
+    def _current_group(self, manifest: WeightManifest) -> WeightGroup:
+        if self._group is None:
+            raise NoWeightGroupError("no weight-sync group: call JoinWeightGroup first")
+        if manifest.group_id and manifest.group_id != self._group.group_id:
+            raise NoWeightGroupError(
+                f"manifest is for weight group {manifest.group_id}, "
+                f"but this server is in group {self._group.group_id}"
+            )
+        return self._group
+
+    def _close_group(self) -> None:
+        group, self._group = self._group, None
+        if group is not None:
+            group.close()
+
+
+class _Counted(Iterable[tuple[str, torch.Tensor]]):
+    """Passes (name, tensor) pairs through, counting those the consumer has taken in."""
+
+    def __init__(self, pairs: Iterator[tuple[str, torch.Tensor]]):
+        self._pairs = pairs
+        self.tensors = 0
+        self.bytes = 0
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in self._pairs:
+            yield name, tensor
+            # Resumed: the consumer has loaded this tensor and asks for the next one.
+            self.tensors += 1
+            self.bytes += tensor.numel() * tensor.element_size()

@@ -1,0 +1,254 @@
+"""The rollout server as a real process: `python -m services.rollout.server` on a free port."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2
+
+from meshrl.api.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from meshrl.config import build_config, config_to_yaml
+from meshrl.ragged import Ragged
+from meshrl.rpc.client import health_status, open_channel, wait_for_health
+from meshrl.testing.tiny_model import make_tiny_model_dir
+from meshrl.weight_sync import GroupSpec, WeightGroup, WeightManifest, plan_buckets, send_weights
+from meshrl.wire import ragged_from_proto, ragged_to_proto, tensor_from_proto
+from services.rollout.engine import SamplingParams
+from services.rollout.native_engine import NativeEngine
+from services.rollout.server import SERVICE_NAME
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+REPO = Path(__file__).resolve().parents[3]
+PROMPTS = [[1, 4, 5, 6], [1, 7], [1, 8, 9]]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, log_path: Path):
+        self.address = f"127.0.0.1:{_free_port()}"
+        self.log_path = log_path
+        self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "services.rollout.server", "--port", self.address.split(":")[1]],
+            cwd=REPO,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.channel = None
+        try:
+            wait_for_health(self.address, "", timeout_s=60, alive=lambda: self.proc.poll() is None)
+        except Exception:
+            self.stop()
+            raise RuntimeError(f"server did not start:\n{log_path.read_text()}") from None
+        self.channel = open_channel(self.address)
+        self.stub = rollout_pb2_grpc.RolloutServiceStub(self.channel)
+
+    def stop(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+def _config_yaml(model_dir: str) -> str:
+    tree = {"actor_rollout_ref": {"model": {"path": model_dir}, "rollout": {"max_num_seqs": 4}}}
+    return config_to_yaml(build_config(tree))
+
+
+def _generate_request(prompts, **sampling) -> rollout_pb2.GenerateRequest:
+    return rollout_pb2.GenerateRequest(
+        prompts=ragged_to_proto(Ragged.from_lists(prompts)),
+        sampling=rollout_pb2.SamplingParams(**sampling),
+    )
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return str(make_tiny_model_dir(root / "a", seed=0)), str(
+        make_tiny_model_dir(root / "b", seed=1)
+    )
+
+
+def _call_error(call, request) -> grpc.RpcError:
+    try:
+        call(request, timeout=30)
+    except grpc.RpcError as e:
+        return e
+    raise AssertionError(f"{call} succeeded")
+
+
+@pytest.fixture(scope="module")
+def server(model_dirs, tmp_path_factory):
+    """One server process for the module. What it answers before Initialize is recorded in
+    ``srv.before_init`` (so that test does not depend on test order); then it is initialized."""
+    srv = Server(tmp_path_factory.mktemp("logs") / "rollout.log")
+    try:
+        srv.before_init = {
+            "info": srv.stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10),
+            "health": health_status(srv.channel, SERVICE_NAME),
+            "generate": _call_error(
+                srv.stub.Generate, _generate_request(PROMPTS, n=1, max_tokens=4)
+            ),
+            "bad_config": _call_error(
+                srv.stub.Initialize, common_pb2.InitializeRequest(config_yaml="trainer: {nope: 1}")
+            ),
+        }
+        request = common_pb2.InitializeRequest(config_yaml=_config_yaml(model_dirs[0]))
+        srv.init_info = srv.stub.Initialize(request, timeout=120).info
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _code(call, request) -> tuple[grpc.StatusCode, str]:
+    err = _call_error(call, request)
+    return err.code(), err.details()
+
+
+def test_uninitialized_server_is_not_ready(server):
+    before = server.before_init
+    info = before["info"]
+    assert (info.service, info.api_version, info.ready, info.weight_version) == (
+        "rollout",
+        "meshrl.api.v1",
+        False,
+        -1,
+    )
+    assert before["health"] == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert before["generate"].code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "rollout not initialized: call Initialize" in before["generate"].details()
+    assert before["bad_config"].code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "trainer.nope" in before["bad_config"].details()
+
+
+def test_initialize_loads_the_model_and_turns_healthy(server, model_dirs):
+    info = server.init_info
+    assert info.ready and info.num_parameters > 0 and info.weight_version == 0
+    assert info.model_path == model_dirs[0]
+    assert health_status(server.channel, SERVICE_NAME) == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_generate_matches_the_engine_in_process(server, model_dirs):
+    request = _generate_request(PROMPTS, temperature=0.8, top_p=0.9, max_tokens=8, n=2, seed=11)
+    reply = server.stub.Generate(request, timeout=60)
+    responses = ragged_from_proto(reply.responses)
+    logprobs = tensor_from_proto(reply.logprobs)
+    assert len(responses) == 6 and len(reply.finish_reasons) == 6
+    assert logprobs.shape == responses.values.shape and logprobs.dtype == torch.float32
+    assert reply.weight_version == 0
+    local = NativeEngine(model_dirs[0], max_num_seqs=4).generate(
+        Ragged.from_lists(PROMPTS),
+        SamplingParams(temperature=0.8, top_p=0.9, max_tokens=8, n=2, seed=11),
+    )
+    assert responses.tolist() == local.responses.tolist()
+    reasons = {rollout_pb2.FINISH_REASON_STOP: "stop", rollout_pb2.FINISH_REASON_LENGTH: "length"}
+    assert [reasons[r] for r in reply.finish_reasons] == local.finish_reasons
+
+
+def test_compute_logprobs_agree_with_generate(server):
+    reply = server.stub.Generate(
+        _generate_request(PROMPTS, temperature=1.0, max_tokens=8, n=2, seed=3), timeout=60
+    )
+    prompts = Ragged.from_lists([p for p in PROMPTS for _ in range(2)])
+    request = common_pb2.LogProbsRequest(
+        batch=common_pb2.SequenceBatch(prompts=ragged_to_proto(prompts), responses=reply.responses),
+        temperature=1.0,
+        with_entropy=True,
+    )
+    scored = server.stub.ComputeLogProbs(request, timeout=60)
+    generated = tensor_from_proto(reply.logprobs)
+    torch.testing.assert_close(tensor_from_proto(scored.logprobs), generated, atol=1e-5, rtol=0)
+    entropy = tensor_from_proto(scored.entropy)
+    assert entropy.shape == generated.shape and bool((entropy >= 0).all())
+    assert scored.weight_version == 0
+
+
+def test_bad_requests_are_invalid_arguments(server):
+    cases = [
+        (_generate_request([[1, 99]], n=1, max_tokens=4), "prompts[0] holds token id 99"),
+        (_generate_request(PROMPTS, n=0, max_tokens=4), "sampling.n must be >= 1"),
+        (_generate_request(PROMPTS, n=1, max_tokens=0), "sampling.max_tokens must be >= 1"),
+        (_generate_request(PROMPTS, n=1, max_tokens=4, top_p=1.5), "sampling.top_p"),
+    ]
+    for request, message in cases:
+        code, details = _code(server.stub.Generate, request)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+        assert message in details
+
+
+def test_empty_prompt_batch_returns_nothing(server):
+    reply = server.stub.Generate(_generate_request([], n=2, max_tokens=4), timeout=30)
+    assert len(ragged_from_proto(reply.responses)) == 0 and len(reply.finish_reasons) == 0
+
+
+def test_released_memory_refuses_generate_until_resumed(server):
+    server.stub.SetMemoryState(rollout_pb2.MemoryStateRequest(release=True), timeout=30)
+    try:
+        code, details = _code(server.stub.Generate, _generate_request(PROMPTS, n=1, max_tokens=2))
+        assert code == grpc.StatusCode.FAILED_PRECONDITION and "released" in details
+    finally:
+        server.stub.SetMemoryState(rollout_pb2.MemoryStateRequest(release=False), timeout=30)
+    server.stub.Generate(_generate_request(PROMPTS, n=1, max_tokens=2), timeout=30)
+
+
+def test_receive_weights_without_a_group_fails_precondition(server):
+    code, details = _code(server.stub.ReceiveWeights, common_pb2.WeightManifest(version=1))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "JoinWeightGroup" in details
+
+
+def _sync(server, model, version: int) -> common_pb2.WeightSyncResult:
+    """Plays the actor over gloo: a fresh group each time, as after every (re)formation."""
+    store, spec = WeightGroup.open("127.0.0.1", timeout_s=30, world_size=2)
+    peer = GroupSpec(**{**spec.__dict__, "rank": 1})
+    joined = server.stub.JoinWeightGroup.future(
+        common_pb2.JoinWeightGroupRequest(spec=peer.to_proto()), timeout=60
+    )
+    group = WeightGroup.join(spec, store)
+    assert joined.result().group_id == spec.group_id
+    named = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    manifest = WeightManifest(version, plan_buckets(named, torch.float32, 32 * 1024), spec.group_id)
+    result = server.stub.ReceiveWeights.future(manifest.to_proto(), timeout=60)
+    send_weights(group, ((n, p.detach()) for n, p in model.named_parameters()), manifest)
+    try:
+        return result.result()
+    finally:
+        group.close()
+
+
+def test_weight_sync_over_grpc_and_gloo(server, model_dirs):
+    request = _generate_request(PROMPTS, temperature=0, max_tokens=8, n=1)
+    params = SamplingParams(temperature=0, max_tokens=8)
+    other = NativeEngine(model_dirs[1])
+    original = NativeEngine(model_dirs[0])
+    result = _sync(server, other.runner.model, version=4)
+    assert result.version == 4 and result.bytes == 4 * other.num_parameters
+    reply = server.stub.Generate(request, timeout=60)
+    assert reply.weight_version == 4
+    expected = other.generate(Ragged.from_lists(PROMPTS), params).responses.tolist()
+    assert ragged_from_proto(reply.responses).tolist() == expected
+    # A second group replaces the first; the original weights come back as version 5.
+    assert _sync(server, original.runner.model, version=5).version == 5
+    reply = server.stub.Generate(request, timeout=60)
+    assert reply.weight_version == 5
+    expected = original.generate(Ragged.from_lists(PROMPTS), params).responses.tolist()
+    assert ragged_from_proto(reply.responses).tolist() == expected
+    info = server.stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10)
+    assert info.weight_version == 5 and info.ready
