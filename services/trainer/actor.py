@@ -1,0 +1,300 @@
+"""The actor: the policy being trained. Scores responses (old log-probs), runs PPO
+updates, and streams its full weights to the rollout servers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from meshrl.algorithms.aggregation import aggregate_loss
+from meshrl.algorithms.kl import kl_penalty
+from meshrl.algorithms.policy_loss import (
+    ppo_policy_loss,
+    rollout_mismatch_metrics,
+    truncated_is_weights,
+)
+from meshrl.config.schema import RunConfig
+from meshrl.ragged import Ragged
+from services.trainer.checkpoint import load_checkpoint, save_checkpoint
+from services.trainer.distributed import World
+from services.trainer.forward import response_logprobs, rollout_temperature
+from services.trainer.fsdp import shard_model
+from services.trainer.micro_batches import MicroBatch, MiniBatch
+from services.trainer.model_loading import load_policy_model
+from services.trainer.optim import LrSchedule, build_optimizer
+from services.trainer.scoring import policy_log_probs
+from services.trainer.sequences import SequenceBatch, pack_sequences, ragged_to_padded
+from services.trainer.update_loop import UpdateSettings, run_update
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PolicyLossSettings:
+    """The actor's loss, from ``actor_rollout_ref.actor``."""
+
+    clip_ratio_low: float
+    clip_ratio_high: float
+    clip_ratio_c: float
+    loss_agg_mode: str
+    entropy_coeff: float
+    use_kl_loss: bool
+    kl_loss_coef: float
+    kl_loss_type: str
+    tis_imp_ratio_cap: float
+    loss_width: int  # response columns of the loss: Dr. GRPO's constant T (max_response_length)
+
+    @staticmethod
+    def from_config(cfg: RunConfig) -> PolicyLossSettings:
+        a = cfg.actor_rollout_ref.actor
+        return PolicyLossSettings(
+            clip_ratio_low=a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low,
+            clip_ratio_high=a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high,
+            clip_ratio_c=a.clip_ratio_c,
+            loss_agg_mode=a.loss_agg_mode,
+            entropy_coeff=a.entropy_coeff,
+            use_kl_loss=a.use_kl_loss,
+            kl_loss_coef=a.kl_loss_coef,
+            kl_loss_type=a.kl_loss_type,
+            tis_imp_ratio_cap=a.tis_imp_ratio_cap,
+            loss_width=cfg.data.max_response_length,
+        )
+
+
+@dataclass(frozen=True)
+class PolicyTargets:
+    """Per-token inputs of one update, ``(b, w)`` padded to the loss width."""
+
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    ref_logprobs: torch.Tensor | None
+    is_weights: torch.Tensor | None  # truncated importance weights, when enabled
+
+
+class ActorRole:
+    name = "actor"
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        schedule: LrSchedule,
+        loss: PolicyLossSettings,
+        update: UpdateSettings,
+        temperature: float,
+        log_prob_micro_batch_rows: int,
+        world: World,
+    ):
+        self.model = model
+        self.optimizer = optimizer
+        self.schedule = schedule
+        self.loss = loss
+        self.update = update
+        self.temperature = temperature
+        self.log_prob_micro_batch_rows = log_prob_micro_batch_rows
+        self.world = world
+        self.weight_version = 0  # update_policy calls so far (checkpointed)
+
+    @staticmethod
+    def build(cfg: RunConfig, world: World) -> ActorRole:
+        arr = cfg.actor_rollout_ref
+        if arr.actor.use_dynamic_bsz:
+            log.warning("use_dynamic_bsz is not implemented yet: micro-batches have a fixed size")
+        model = load_policy_model(
+            arr.model.path, world.device, arr.model.enable_gradient_checkpointing
+        )
+        model = shard_model(model, world.mesh)
+        update = UpdateSettings(
+            mini_batch_rows=arr.actor.ppo_mini_batch_size * arr.rollout.n,
+            micro_batch_rows=arr.actor.ppo_micro_batch_size_per_gpu,
+            epochs=arr.actor.ppo_epochs,
+            shuffle=arr.actor.shuffle,
+            grad_clip=arr.actor.grad_clip,
+            seed=cfg.trainer.seed,
+        )
+        return ActorRole(
+            model=model,
+            optimizer=build_optimizer(model.parameters(), arr.actor.optim),
+            schedule=LrSchedule.from_config(arr.actor.optim, cfg.trainer.total_training_steps),
+            loss=PolicyLossSettings.from_config(cfg),
+            update=update,
+            temperature=rollout_temperature(cfg),
+            log_prob_micro_batch_rows=arr.rollout.log_prob_micro_batch_size_per_gpu,
+            world=world,
+        )
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def compute_log_probs(
+        self, batch: SequenceBatch, temperature: float | None = None, with_entropy: bool = False
+    ) -> tuple[Ragged, Ragged | None]:
+        """Log-probs (and entropies) of every response token, aligned with responses.ids.
+
+        ``temperature`` None uses the rollout's, the one ``update_policy`` uses.
+        """
+        return policy_log_probs(
+            self.model,
+            batch,
+            temperature or self.temperature,
+            with_entropy,
+            self.log_prob_micro_batch_rows,
+            self.world,
+        )
+
+    def update_policy(
+        self,
+        batch: SequenceBatch,
+        old_logprobs: Ragged,
+        advantages: Ragged,
+        ref_logprobs: Ragged | None,
+        rollout_logprobs: Ragged | None,
+        global_step: int,
+    ) -> dict[str, float]:
+        """PPO epochs over the batch; returns verl-named ``actor/*`` metrics.
+
+        ``actor/kl_loss`` and ``actor/kl_coef`` are present when ``use_kl_loss``;
+        ``training/rollout_probs_diff_*`` when ``rollout_logprobs`` is given.
+        """
+        if self.loss.use_kl_loss and ref_logprobs is None:
+            raise ValueError("use_kl_loss is set but the request has no ref_logprobs")
+        targets, extra = self._targets(
+            batch, old_logprobs, advantages, ref_logprobs, rollout_logprobs
+        )
+        self.model.train()
+        metrics = run_update(
+            batch.response_lengths,
+            self.update,
+            global_step,
+            lambda micro, mini: self._micro_loss(batch, targets, micro, mini),
+            self.model,
+            self.optimizer,
+            self.schedule,
+            self.world,
+            "actor",
+        )
+        self.weight_version += 1
+        if self.loss.use_kl_loss:
+            extra["actor/kl_coef"] = self.loss.kl_loss_coef
+        return {**metrics, **extra}
+
+    def _targets(
+        self,
+        batch: SequenceBatch,
+        old_logprobs: Ragged,
+        advantages: Ragged,
+        ref_logprobs: Ragged | None,
+        rollout_logprobs: Ragged | None,
+    ) -> tuple[PolicyTargets, dict[str, float]]:
+        named = {
+            "old_logprobs": old_logprobs,
+            "advantages": advantages,
+            "ref_logprobs": ref_logprobs,
+            "rollout_logprobs": rollout_logprobs,
+        }
+        for name, values in named.items():
+            if values is not None and values.values.numel() != batch.num_response_tokens:
+                raise ValueError(
+                    f"{name} has {values.values.numel()} values for "
+                    f"{batch.num_response_tokens} response tokens"
+                )
+        width = max(self.loss.loss_width, int(batch.response_lengths.max()))
+
+        def padded(values: Ragged | None) -> torch.Tensor | None:
+            return None if values is None else ragged_to_padded(values, width).float()
+
+        old = padded(old_logprobs)
+        mask = batch.responses.to_padded(width=width)[1]  # (b, width)
+        extra: dict[str, float] = {}
+        is_weights = None
+        if rollout_logprobs is not None:
+            rollout = padded(rollout_logprobs)
+            extra = rollout_mismatch_metrics(old, rollout, mask)
+            if self.loss.tis_imp_ratio_cap > 0:
+                is_weights = truncated_is_weights(old, rollout, mask, self.loss.tis_imp_ratio_cap)
+        targets = PolicyTargets(old, padded(advantages), padded(ref_logprobs), is_weights)
+        return targets, extra
+
+    def _micro_loss(
+        self, batch: SequenceBatch, targets: PolicyTargets, micro: MicroBatch, mini: MiniBatch
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        cfg = self.loss
+        width = targets.old_logprobs.shape[1]
+        packed = pack_sequences(batch.select(micro.rows)).to(self.world.device)
+        scores = response_logprobs(
+            self.model,
+            packed,
+            self.temperature,
+            with_entropy=True,
+            entropy_grad=cfg.entropy_coeff != 0,
+        )
+        logprobs = widen(scores.logprobs, width)  # (m, width)
+        entropy = widen(scores.entropy, width)
+        mask = widen(packed.response_mask, width)
+
+        def rows(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x[micro.rows].to(self.world.device)
+
+        counts = {"global_token_count": mini.token_count, "global_seq_count": mini.seq_count}
+        pg = ppo_policy_loss(
+            logprobs,
+            rows(targets.old_logprobs),
+            rows(targets.advantages),
+            mask,
+            clip_ratio_low=cfg.clip_ratio_low,
+            clip_ratio_high=cfg.clip_ratio_high,
+            clip_ratio_c=cfg.clip_ratio_c,
+            loss_agg_mode=cfg.loss_agg_mode,
+            is_weights=rows(targets.is_weights),
+            **counts,
+        )
+        entropy_agg = aggregate_loss(entropy, mask, cfg.loss_agg_mode, **counts)
+        loss = pg.loss - cfg.entropy_coeff * entropy_agg
+        # This micro-batch's share of the mini-batch's tokens turns its token means into
+        # contributions that sum (over micro-batches and ranks) to the mini-batch's mean.
+        share = mask.sum() / max(mini.token_count, 1)
+        metrics = {
+            "actor/pg_loss": pg.loss,
+            "actor/entropy": entropy_agg,
+            "actor/pg_clipfrac": pg.clipfrac * share,
+            "actor/pg_clipfrac_lower": pg.clipfrac_lower * share,
+            "actor/ppo_kl": pg.approx_kl * share,
+        }
+        if cfg.use_kl_loss:
+            kl = kl_penalty(logprobs, rows(targets.ref_logprobs), cfg.kl_loss_type)
+            kl_agg = aggregate_loss(kl, mask, cfg.loss_agg_mode, **counts)
+            loss = loss + cfg.kl_loss_coef * kl_agg
+            metrics["actor/kl_loss"] = kl_agg
+        return loss, metrics
+
+    def named_param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Hugging Face names and full (un-sharded) shapes, in ``iter_full_params`` order."""
+        return [(name, tuple(p.shape)) for name, p in self.model.named_parameters()]
+
+    def iter_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, full tensor), one parameter at a time, so the whole model is never
+        gathered at once. Each gather is a collective: every rank must drain this
+        iterator in step."""
+        for name, param in self.model.named_parameters():
+            # no_grad per item: a `with` around the yields would leak into the caller.
+            with torch.no_grad():
+                full = param.full_tensor() if isinstance(param, DTensor) else param.detach()
+            yield name, full
+
+    def save(self, path: str, with_optimizer: bool) -> None:
+        meta = {"role": self.name, "weight_version": self.weight_version}
+        save_checkpoint(path, self.model, self.optimizer if with_optimizer else None, meta)
+
+    def load(self, path: str, with_optimizer: bool) -> None:
+        meta = load_checkpoint(path, self.model, self.optimizer if with_optimizer else None)
+        self.weight_version = int(meta.get("weight_version", 0))
+
+
+def widen(x: torch.Tensor, width: int) -> torch.Tensor:
+    """(m, r) -> (m, width), zero (False) in the new columns; any dtype."""
+    return torch.cat([x, x.new_zeros(x.shape[0], width - x.shape[1])], dim=1)

@@ -1,0 +1,70 @@
+"""Model (+ optimizer) checkpoints with torch.distributed.checkpoint (DCP).
+
+Every rank writes its own shards; DCP records the global layout, so a checkpoint saved by
+N ranks loads into any number of ranks (it reshards on load). A small ``meta.json`` beside
+the shards carries the role's own counters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+
+META_FILE = "meta.json"
+
+
+def save_checkpoint(
+    path: str | os.PathLike,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    meta: dict | None = None,
+) -> None:
+    """Writes the model's (and optimizer's) state under ``path``; collective over ranks."""
+    Path(path).mkdir(parents=True, exist_ok=True)
+    if optimizer is None:
+        state = {"model": get_model_state_dict(model)}
+    else:
+        model_state, optim_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optimizer": optim_state}
+    dcp.save(state, checkpoint_id=str(path))
+    if dist.get_rank() == 0:
+        meta = {**(meta or {}), "with_optimizer": optimizer is not None}
+        (Path(path) / META_FILE).write_text(json.dumps(meta, indent=1))
+    dist.barrier()  # meta.json exists on return, on every rank
+
+
+def load_checkpoint(
+    path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+) -> dict:
+    """Restores what ``save_checkpoint`` wrote (resharding as needed); returns its meta."""
+    meta_file = Path(path) / META_FILE
+    if not meta_file.is_file():
+        raise ValueError(f"{path} is not a trainer checkpoint (no {META_FILE})")
+    meta = json.loads(meta_file.read_text())
+    if optimizer is not None and not meta.get("with_optimizer"):
+        raise ValueError(f"{path} was saved without optimizer state")
+    if optimizer is None:
+        state = {"model": get_model_state_dict(model)}
+        dcp.load(state, checkpoint_id=str(path))
+        set_model_state_dict(model, state["model"])
+    else:
+        # get_state_dict gives the optimizer's state its full structure (it initialises
+        # an empty one), which DCP then fills in place.
+        model_state, optim_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optimizer": optim_state}
+        dcp.load(state, checkpoint_id=str(path))
+        set_state_dict(
+            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+        )
+    return meta

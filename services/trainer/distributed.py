@@ -1,0 +1,61 @@
+"""The trainer's torch.distributed world: start-up, and who this rank is.
+
+A trainer endpoint is one process per rank. Under ``torchrun`` the environment names the
+world; started plainly, the process forms a world of one on a private TCP store, so the
+same FSDP code path runs in both cases.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+
+def init_distributed() -> None:
+    """Joins (or forms) the default process group; a no-op if it already exists."""
+    if dist.is_initialized():
+        return
+    # gloo moves CPU tensors (and the command channel); NCCL the CUDA ones when there are GPUs.
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    if "WORLD_SIZE" in os.environ:
+        dist.init_process_group(backend)
+        return
+    # Port 0: the store picks a free port itself, so two servers never race for one.
+    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True)
+    dist.init_process_group(backend, store=store, rank=0, world_size=1)
+
+
+@dataclass(frozen=True)
+class World:
+    """This rank's place in the trainer world, and the device its model lives on."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    mesh: DeviceMesh
+
+    @staticmethod
+    def current(device_type: str = "cpu") -> World:
+        """The world of the default process group; ``device_type`` from ``trainer.device``."""
+        rank, size = dist.get_rank(), dist.get_world_size()
+        if device_type == "cuda":
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(local)
+            device = torch.device("cuda", local)
+        else:
+            device = torch.device("cpu")
+        return World(rank, size, device, init_device_mesh(device.type, (size,)))
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """In-place sum over ranks (a no-op on one rank); returns ``tensor``."""
+        if self.world_size > 1:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor

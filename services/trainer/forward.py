@@ -1,0 +1,65 @@
+"""One forward pass of a role model over packed sequences, reduced to response tokens."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from meshrl.algorithms.entropy import entropy_from_logits, logprobs_from_logits
+from meshrl.config.schema import RunConfig
+from services.trainer.sequences import PackedSequences, at_response_positions
+
+
+class TokenScores(NamedTuple):
+    logprobs: torch.Tensor  # (b, r) float32 log pi(token | prefix) at temperature
+    entropy: torch.Tensor | None  # (b, r) float32 entropy of pi at that position
+
+
+def response_logprobs(
+    model: nn.Module,
+    packed: PackedSequences,
+    temperature: float,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+) -> TokenScores:
+    """Log-probs (and entropy) of every response token under ``softmax(logits / T)``.
+
+    Only the trailing positions that predict response tokens get logits
+    (``logits_to_keep``), which skips the LM head over most of a long prompt.
+    ``entropy_grad=False`` computes the entropy from detached logits (a metric only).
+    """
+    out = model(
+        input_ids=packed.input_ids,
+        attention_mask=packed.attention_mask,
+        position_ids=packed.position_ids,
+        logits_to_keep=packed.outputs_needed,
+        use_cache=False,
+    )
+    logits = at_response_positions(out.logits, packed)  # (b, r, V)
+    if temperature != 1.0:
+        logits = logits / temperature  # as the sampler did: same T as the rollout
+    logprobs = logprobs_from_logits(logits, packed.response_ids).float()
+    entropy = None
+    if with_entropy:
+        entropy = entropy_from_logits(logits if entropy_grad else logits.detach()).float()
+    return TokenScores(logprobs, entropy)
+
+
+def response_values(model: nn.Module, packed: PackedSequences) -> torch.Tensor:
+    """(b, r) critic values: for response token j, the value at the position before it
+    (the state from which token j was chosen), as verl's ``values[:, -r - 1 : -1]``."""
+    values = model(
+        input_ids=packed.input_ids,
+        attention_mask=packed.attention_mask,
+        position_ids=packed.position_ids,
+    )  # (b, t)
+    return at_response_positions(values, packed)
+
+
+def rollout_temperature(cfg: RunConfig) -> float:
+    """The sampler's temperature, which the trainer's log-probs must use too (as verl
+    does); 0 (greedy) has no sampling distribution to match, so logits stay unscaled."""
+    t = cfg.actor_rollout_ref.rollout.temperature
+    return t if t > 0 else 1.0

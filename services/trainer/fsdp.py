@@ -1,0 +1,47 @@
+"""FSDP2 as a transform on a plain module: each decoder layer is one shard unit, the rest
+(embeddings, final norm, heads) belongs to the root unit.
+
+Works on one rank too (the "shards" are then whole), so one code path serves both.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from transformers import PreTrainedModel
+
+
+def shard_model(
+    model: nn.Module,
+    mesh: DeviceMesh,
+    mp_policy: MixedPrecisionPolicy | None = None,
+    reshard_after_forward: bool = True,
+) -> nn.Module:
+    """Applies ``fully_shard`` to every decoder layer, then to the root; returns ``model``.
+
+    Parameter names are unchanged (FSDP2 swaps parameters for DTensors in place), so
+    ``named_parameters()`` still gives Hugging Face names with full shapes.
+    """
+    kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+    if mp_policy is not None:
+        kwargs["mp_policy"] = mp_policy
+    layer_types = _decoder_layer_types(model)
+    for module in model.modules():
+        if type(module).__name__ in layer_types:
+            fully_shard(module, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def _decoder_layer_types(model: nn.Module) -> set[str]:
+    """Class names of the repeated blocks, as every Hugging Face model lists them."""
+    names: set[str] = set()
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel):
+            names.update(module._no_split_modules or [])
+    if not names:
+        raise ValueError(
+            f"{type(model).__name__} lists no decoder layer classes (_no_split_modules)"
+        )
+    return names

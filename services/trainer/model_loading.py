@@ -1,0 +1,68 @@
+"""Loading the role models from a local Hugging Face folder (never the hub).
+
+Weights are float32 master weights; a lower compute dtype is a mixed-precision policy
+applied when the model is sharded (``fsdp.shard_model(mp_policy=...)``), not a property of
+the weights. (``model.dtype`` is not wired to that policy yet: compute is float32.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel
+from transformers.utils import logging as hf_logging
+
+from services.trainer.value_model import ValueModel
+
+hf_logging.disable_progress_bar()
+
+
+def load_policy_model(
+    path: str, device: torch.device | str = "cpu", gradient_checkpointing: bool = False
+) -> PreTrainedModel:
+    """The actor's or reference's causal LM, float32, in training mode."""
+    _check_folder(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+    _prepare(model, gradient_checkpointing)
+    return model.to(device)
+
+
+def load_value_model(
+    path: str, device: torch.device | str = "cpu", gradient_checkpointing: bool = False
+) -> ValueModel:
+    """The critic: the folder's decoder (its LM head is not loaded) + a zero value head."""
+    _check_folder(path)
+    # The folder's LM head is left out on purpose; silence the load report that flags it.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        decoder = AutoModel.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    _prepare(decoder, gradient_checkpointing)
+    return ValueModel(decoder).to(device)
+
+
+def _check_folder(path: str) -> None:
+    if not path or not Path(path).is_dir():
+        raise ValueError(f"model path {path!r} is not a local Hugging Face folder")
+
+
+def _prepare(model: PreTrainedModel, gradient_checkpointing: bool) -> None:
+    model.config.use_cache = False  # training forwards never reuse a KV cache
+    if gradient_checkpointing:
+        # Non-reentrant checkpointing composes with FSDP2's hooks (the reentrant one does not).
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # the name since transformers 5.2x
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.train()
+
+
+def freeze(model: nn.Module) -> nn.Module:
+    """No gradients and eval mode: the reference policy never changes."""
+    model.requires_grad_(False)
+    return model.eval()

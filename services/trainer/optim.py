@@ -1,0 +1,96 @@
+"""AdamW, the learning-rate schedule, and one clipped optimizer step."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from meshrl.config.schema import OptimConfig
+
+
+def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.AdamW:
+    return torch.optim.AdamW(
+        [p for p in params if p.requires_grad],
+        lr=cfg.lr,
+        betas=tuple(cfg.betas),
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+    )
+
+
+@dataclass(frozen=True)
+class LrSchedule:
+    """Linear warm-up, then constant or cosine decay to ``min_lr_ratio * lr``.
+
+    A pure function of the PPO step (as verl counts it: one scheduler step per update
+    call), so a restarted or resumed trainer needs no scheduler state: the coordinator
+    sends ``global_step`` with every update.
+    """
+
+    lr: float
+    warmup_steps: int = 0
+    kind: str = "constant"
+    min_lr_ratio: float = 0.0
+    total_steps: int | None = None
+
+    @staticmethod
+    def from_config(cfg: OptimConfig, run_total_steps: int | None) -> LrSchedule:
+        total = cfg.total_training_steps or run_total_steps
+        if cfg.lr_scheduler_type == "cosine" and not total:
+            raise ValueError(
+                "lr_scheduler_type=cosine needs optim.total_training_steps "
+                "or trainer.total_training_steps"
+            )
+        return LrSchedule(
+            cfg.lr, cfg.lr_warmup_steps, cfg.lr_scheduler_type, cfg.min_lr_ratio, total
+        )
+
+    def factor(self, step: int) -> float:
+        """Multiplier of ``lr`` for the update with 0-based index ``step``."""
+        if step < self.warmup_steps:
+            # (step + 1): the first update already learns, at lr / warmup_steps.
+            return (step + 1) / self.warmup_steps
+        if self.kind == "constant":
+            return 1.0
+        span = max(1, self.total_steps - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / span)
+        cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cosine
+
+    def lr_at(self, global_step: int) -> float:
+        """lr of the update at 1-based PPO step ``global_step`` (verl's step counter)."""
+        return self.lr * self.factor(max(0, global_step - 1))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+@dataclass(frozen=True)
+class StepResult:
+    grad_norm: float  # global norm before clipping (over all ranks' shards)
+    stepped: bool  # False when the norm was not finite and the step was skipped
+
+
+def clipped_step(
+    params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, max_norm: float
+) -> StepResult:
+    """Clips the global gradient norm to ``max_norm`` and steps, unless it is inf/nan.
+
+    With FSDP2 the gradients are DTensor shards: ``clip_grad_norm_`` reduces their norms
+    over the mesh, so every rank sees the same global norm and takes the same decision.
+    """
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    grad_norm = float(norm)
+    stepped = math.isfinite(grad_norm)
+    if stepped:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return StepResult(grad_norm, stepped)

@@ -1,0 +1,54 @@
+"""The reference policy: the frozen starting model, forward only (KL anchor)."""
+
+from __future__ import annotations
+
+import torch
+
+from meshrl.config.schema import RunConfig
+from meshrl.ragged import Ragged
+from services.trainer.distributed import World
+from services.trainer.forward import rollout_temperature
+from services.trainer.fsdp import shard_model
+from services.trainer.model_loading import freeze, load_policy_model
+from services.trainer.scoring import policy_log_probs
+from services.trainer.sequences import SequenceBatch
+
+
+class RefRole:
+    name = "ref"
+
+    def __init__(
+        self, model: torch.nn.Module, temperature: float, micro_batch_rows: int, world: World
+    ):
+        self.model = model
+        self.temperature = temperature
+        self.micro_batch_rows = micro_batch_rows
+        self.world = world
+        self.weight_version = 0  # never changes
+
+    @staticmethod
+    def build(cfg: RunConfig, world: World) -> RefRole:
+        arr = cfg.actor_rollout_ref
+        model = freeze(load_policy_model(arr.model.path, world.device))
+        # Frozen weights still shard: the reference is as large as the actor.
+        model = shard_model(model, world.mesh)
+        return RefRole(
+            model, rollout_temperature(cfg), arr.ref.log_prob_micro_batch_size_per_gpu, world
+        )
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def compute_log_probs(
+        self, batch: SequenceBatch, temperature: float | None = None, with_entropy: bool = False
+    ) -> tuple[Ragged, Ragged | None]:
+        """Log-probs (and entropies) of every response token under the frozen policy."""
+        return policy_log_probs(
+            self.model,
+            batch,
+            temperature or self.temperature,
+            with_entropy,
+            self.micro_batch_rows,
+            self.world,
+        )

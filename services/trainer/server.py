@@ -1,0 +1,405 @@
+"""gRPC glue of the trainer (roles actor, critic, ref): protos <-> typed objects, status
+codes, health, and handing each command from rank 0 to the other ranks.
+
+Run plainly (one rank) or under torchrun (rank 0 serves gRPC, the others follow):
+
+    python -m services.trainer.server --role actor --host 127.0.0.1 --port 50061
+    torchrun --nproc_per_node=2 -m services.trainer.server --role actor --port 50061
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import logging
+import os
+import threading
+import time
+
+import grpc
+import torch.distributed as dist
+
+from meshrl.api.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
+from meshrl.config import RunConfig, config_from_yaml
+from meshrl.ragged import Ragged
+from meshrl.rpc.server import GrpcServer, ServiceError, rpc_method
+from meshrl.weight_sync.group import WeightGroupError
+from meshrl.weight_sync.types import GroupSpec
+from meshrl.wire import ragged_from_proto, tensor_from_proto, tensor_to_proto
+from services.trainer.actor import ActorRole
+from services.trainer.command_channel import CommandChannel, serve_commands
+from services.trainer.critic import CriticRole
+from services.trainer.distributed import World, init_distributed
+from services.trainer.reference import RefRole
+from services.trainer.sequences import SequenceBatch
+from services.trainer.weight_publisher import SyncStateError, WeightPublisher
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "meshrl.api.v1.TrainerService"
+ROLES = {"actor": ActorRole, "critic": CriticRole, "ref": RefRole}
+
+# Which roles serve which RPC (Initialize and GetInfo: all).
+SERVED_BY = {
+    "ComputeLogProbs": ("actor", "ref"),
+    "ComputeValues": ("critic",),
+    "UpdatePolicy": ("actor",),
+    "UpdateValue": ("critic",),
+    "OpenWeightGroup": ("actor",),
+    "JoinWeightGroup": ("actor",),
+    "PrepareWeights": ("actor",),
+    "SendWeights": ("actor",),
+    "SaveCheckpoint": ("actor", "critic"),
+    "LoadCheckpoint": ("actor", "critic"),
+}
+
+# RPCs that every rank runs; a command's id on the channel is its index here.
+COMMANDS: dict[str, type] = {
+    "Initialize": common_pb2.InitializeRequest,
+    "ComputeLogProbs": common_pb2.LogProbsRequest,
+    "ComputeValues": common_pb2.SequenceBatch,
+    "UpdatePolicy": trainer_pb2.PolicyUpdateRequest,
+    "UpdateValue": trainer_pb2.ValueUpdateRequest,
+    "PrepareWeights": trainer_pb2.PrepareWeightsRequest,
+    "SendWeights": trainer_pb2.SendWeightsRequest,
+    "SaveCheckpoint": trainer_pb2.CheckpointRequest,
+    "LoadCheckpoint": trainer_pb2.CheckpointRequest,
+}
+COMMAND_IDS = {name: i for i, name in enumerate(COMMANDS)}
+
+
+class RankHandlers:
+    """What every rank does with a command: request proto -> typed call -> response proto."""
+
+    def __init__(self, role: str, host: str):
+        self.role_name = role
+        self.host = host
+        self.role: ActorRole | CriticRole | RefRole | None = None
+        self.publisher: WeightPublisher | None = None
+        self.model_path = ""
+
+    def dispatch(self, method_id: int, payload: bytes):
+        name = list(COMMANDS)[method_id]
+        return getattr(self, name)(COMMANDS[name].FromString(payload))
+
+    def info(self) -> common_pb2.ServerInfo:
+        role = self.role
+        return common_pb2.ServerInfo(
+            api_version="meshrl.api.v1",
+            service="trainer",
+            role=self.role_name,
+            model_path=self.model_path,
+            weight_version=role.weight_version if role is not None else -1,
+            world_size=dist.get_world_size(),
+            num_parameters=role.num_parameters if role is not None else 0,
+            ready=role is not None,
+            meshrl_version=_package_version(),
+        )
+
+    def Initialize(self, req: common_pb2.InitializeRequest) -> common_pb2.InitializeResponse:
+        cfg = config_from_yaml(req.config_yaml)
+        if self.publisher is not None:
+            self.publisher.close()
+        self.role, self.publisher = None, None
+        world = World.current(cfg.trainer.device)
+        configured = _configured_world_size(cfg, self.role_name)
+        if configured != world.world_size:
+            log.warning(
+                "the config asks for %d %s rank(s) but %d are running; using %d",
+                configured, self.role_name, world.world_size, world.world_size,
+            )  # fmt: skip
+        self.role = ROLES[self.role_name].build(cfg, world)
+        self.model_path = _model_path(cfg, self.role_name)
+        if isinstance(self.role, ActorRole):
+            rollout = cfg.actor_rollout_ref.rollout
+            self.publisher = WeightPublisher(
+                self.role,
+                self.host,
+                bucket_bytes=rollout.weight_sync.bucket_size_mb * 1024 * 1024,
+                timeout_s=rollout.weight_sync.timeout_s,
+                world_size=1 + rollout.replicas,
+            )
+        return common_pb2.InitializeResponse(info=self.info())
+
+    def ComputeLogProbs(self, req: common_pb2.LogProbsRequest) -> common_pb2.LogProbsResponse:
+        logprobs, entropy = self.role.compute_log_probs(
+            _batch(req.batch), req.temperature if req.temperature > 0 else None, req.with_entropy
+        )
+        return common_pb2.LogProbsResponse(
+            logprobs=tensor_to_proto(logprobs.values),
+            entropy=tensor_to_proto(entropy.values) if entropy is not None else None,
+            weight_version=self.role.weight_version,
+        )
+
+    def ComputeValues(self, req: common_pb2.SequenceBatch) -> trainer_pb2.ValuesResponse:
+        values = self.role.compute_values(_batch(req))
+        return trainer_pb2.ValuesResponse(values=tensor_to_proto(values.values))
+
+    def UpdatePolicy(self, req: trainer_pb2.PolicyUpdateRequest) -> trainer_pb2.UpdateResponse:
+        batch = _batch(req.batch)
+        metrics = self.role.update_policy(
+            batch,
+            _per_token(batch, req.old_logprobs, "old_logprobs"),
+            _per_token(batch, req.advantages, "advantages"),
+            _per_token(batch, req.ref_logprobs, "ref_logprobs"),
+            _per_token(batch, req.rollout_logprobs, "rollout_logprobs"),
+            req.global_step,
+        )
+        return trainer_pb2.UpdateResponse(metrics=metrics)
+
+    def UpdateValue(self, req: trainer_pb2.ValueUpdateRequest) -> trainer_pb2.UpdateResponse:
+        batch = _batch(req.batch)
+        metrics = self.role.update_value(
+            batch,
+            _per_token(batch, req.old_values, "old_values"),
+            _per_token(batch, req.returns, "returns"),
+            req.global_step,
+        )
+        return trainer_pb2.UpdateResponse(metrics=metrics)
+
+    def PrepareWeights(self, req: trainer_pb2.PrepareWeightsRequest) -> common_pb2.WeightManifest:
+        return self.publisher.prepare(req.version, req.dtype, req.bucket_bytes).to_proto()
+
+    def SendWeights(self, req: trainer_pb2.SendWeightsRequest) -> common_pb2.WeightSyncResult:
+        result = self.publisher.send(req.version)
+        return common_pb2.WeightSyncResult(
+            version=result.version, seconds=result.seconds, bytes=result.bytes
+        )
+
+    def SaveCheckpoint(self, req: trainer_pb2.CheckpointRequest) -> trainer_pb2.CheckpointResponse:
+        start = time.perf_counter()
+        self.role.save(_checkpoint_path(req), req.with_optimizer)
+        return trainer_pb2.CheckpointResponse(path=req.path, seconds=time.perf_counter() - start)
+
+    def LoadCheckpoint(self, req: trainer_pb2.CheckpointRequest) -> trainer_pb2.CheckpointResponse:
+        start = time.perf_counter()
+        self.role.load(_checkpoint_path(req), req.with_optimizer)
+        return trainer_pb2.CheckpointResponse(path=req.path, seconds=time.perf_counter() - start)
+
+
+class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
+    """Rank 0's gRPC face: checks preconditions, then runs the command on every rank."""
+
+    def __init__(self, handlers: RankHandlers, channel: CommandChannel, server: GrpcServer):
+        self.handlers = handlers
+        self.channel = channel
+        self.server = server
+        self._lock = threading.Lock()  # one command at a time through the channel
+
+    def _check(self, method: str) -> None:
+        role = self.handlers.role_name
+        served_by = SERVED_BY.get(method)
+        if served_by is not None and role not in served_by:
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{method} is served by role {' or '.join(served_by)}; this server is {role}",
+            )
+        if self.handlers.role is None:
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{method} before Initialize on the {role} server",
+            )
+
+    def _run(self, method: str, request):
+        """Sends the command to the other ranks, runs it here, and fails if any rank failed."""
+        with self._lock:
+            self.channel.send(COMMAND_IDS[method], request.SerializeToString())
+            error: Exception | None = None
+            try:
+                result = getattr(self.handlers, method)(request)
+            except Exception as e:  # noqa: BLE001 - re-raised after the ranks agree
+                error = e
+            failed = [r for r in self.channel.failed_ranks(error is None) if r != 0]
+        if isinstance(error, WeightGroupError):
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, f"weight sync failed: {error}")
+        if isinstance(error, SyncStateError):
+            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION, str(error))
+        if error is not None:
+            raise error
+        if failed:
+            raise RuntimeError(f"{method} failed on rank(s) {failed}; see their logs")
+        return result
+
+    @rpc_method
+    def GetInfo(self, request, context):
+        return self.handlers.info()
+
+    @rpc_method
+    def Initialize(self, request, context):
+        self.server.mark_ready(False)
+        try:
+            response = self._run("Initialize", request)
+        except Exception:
+            self.handlers.role = None  # half-built on some ranks: not ready until a retry works
+            raise
+        self.server.mark_ready()
+        return response
+
+    @rpc_method
+    def ComputeLogProbs(self, request, context):
+        self._check("ComputeLogProbs")
+        return self._run("ComputeLogProbs", request)
+
+    @rpc_method
+    def ComputeValues(self, request, context):
+        self._check("ComputeValues")
+        return self._run("ComputeValues", request)
+
+    @rpc_method
+    def UpdatePolicy(self, request, context):
+        self._check("UpdatePolicy")
+        return self._run("UpdatePolicy", request)
+
+    @rpc_method
+    def UpdateValue(self, request, context):
+        self._check("UpdateValue")
+        return self._run("UpdateValue", request)
+
+    @rpc_method
+    def OpenWeightGroup(self, request, context):
+        self._check("OpenWeightGroup")
+        spec = GroupSpec.from_proto(self._fill_group_defaults(request))
+        return self.handlers.publisher.open(spec).to_proto()
+
+    @rpc_method
+    def JoinWeightGroup(self, request, context):
+        self._check("JoinWeightGroup")
+        try:
+            group_id = self.handlers.publisher.join(GroupSpec.from_proto(request.spec))
+        except WeightGroupError as e:
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, str(e)) from None
+        except SyncStateError as e:
+            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from None
+        return common_pb2.JoinWeightGroupResponse(group_id=group_id)
+
+    @rpc_method
+    def PrepareWeights(self, request, context):
+        self._check("PrepareWeights")
+        return self._run("PrepareWeights", request)
+
+    @rpc_method
+    def SendWeights(self, request, context):
+        self._check("SendWeights")
+        try:
+            # Checked here, before the other ranks start gathering for nothing.
+            self.handlers.publisher.check_ready(request.version)
+        except SyncStateError as e:
+            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from None
+        return self._run("SendWeights", request)
+
+    @rpc_method
+    def SaveCheckpoint(self, request, context):
+        self._check("SaveCheckpoint")
+        return self._run("SaveCheckpoint", request)
+
+    @rpc_method
+    def LoadCheckpoint(self, request, context):
+        self._check("LoadCheckpoint")
+        return self._run("LoadCheckpoint", request)
+
+    def _fill_group_defaults(self, msg: common_pb2.WeightGroupSpec) -> common_pb2.WeightGroupSpec:
+        """An empty field of OpenWeightGroup's request takes the run config's value."""
+        publisher = self.handlers.publisher
+        filled = common_pb2.WeightGroupSpec()
+        filled.CopyFrom(msg)
+        if filled.transport in ("", "auto"):
+            on_gpu = self.handlers.role.world.device.type == "cuda"
+            filled.transport = "nccl" if on_gpu else "gloo"
+        if filled.timeout_s <= 0:
+            filled.timeout_s = publisher.default_timeout_s
+        if filled.world_size <= 0:
+            filled.world_size = publisher.default_world_size
+        return filled
+
+
+def _batch(msg: common_pb2.SequenceBatch) -> SequenceBatch:
+    batch = SequenceBatch(ragged_from_proto(msg.prompts), ragged_from_proto(msg.responses))
+    if len(batch) == 0:
+        raise ValueError("the batch holds no sequences")
+    return batch
+
+
+def _per_token(batch: SequenceBatch, msg: common_pb2.Tensor, name: str) -> Ragged | None:
+    """A float per response token, laid out like the responses; None if the field is empty."""
+    if not msg.dtype:
+        return None
+    values = tensor_from_proto(msg).float().reshape(-1)
+    if values.numel() != batch.num_response_tokens:
+        raise ValueError(
+            f"{name} has {values.numel()} values for {batch.num_response_tokens} response tokens"
+        )
+    return batch.responses.with_values(values)
+
+
+def _checkpoint_path(req: trainer_pb2.CheckpointRequest) -> str:
+    if not req.path:
+        raise ValueError("checkpoint path is empty")
+    return req.path
+
+
+def _configured_world_size(cfg: RunConfig, role: str) -> int:
+    if role == "critic":
+        return cfg.critic.world_size
+    if role == "ref":
+        return cfg.actor_rollout_ref.ref.world_size
+    return cfg.actor_rollout_ref.actor.world_size
+
+
+def _model_path(cfg: RunConfig, role: str) -> str:
+    if role == "critic":
+        return cfg.critic.model.path or cfg.actor_rollout_ref.model.path
+    return cfg.actor_rollout_ref.model.path
+
+
+def _package_version() -> str:
+    try:
+        return importlib.metadata.version("meshrl")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def serve(role: str, host: str = "127.0.0.1", port: int = 0) -> None:
+    """Runs one trainer rank; rank 0 serves gRPC until SIGTERM, the others follow it."""
+    if role not in ROLES:
+        raise ValueError(f"unknown trainer role {role!r}; expected one of {sorted(ROLES)}")
+    init_distributed()
+    channel = CommandChannel()
+    handlers = RankHandlers(role, host)
+    if dist.get_rank() != 0:
+        serve_commands(channel, lambda method_id, payload: handlers.dispatch(method_id, payload))
+        dist.destroy_process_group()
+        return
+    server = GrpcServer(SERVICE_NAME, host, port)
+    server.add(
+        trainer_pb2_grpc.add_TrainerServiceServicer_to_server,
+        TrainerServicer(handlers, channel, server),
+    )
+    server.start()
+    log.info(
+        "trainer %s (%d ranks) serving on %s:%d", role, dist.get_world_size(), host, server.port
+    )
+    try:
+        server.wait()
+    finally:
+        channel.shutdown()
+        if handlers.publisher is not None:
+            handlers.publisher.close()
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="meshrl trainer role server")
+    parser.add_argument("--role", required=True, choices=sorted(ROLES))
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s trainer[{args.role}:{rank}] %(levelname)s %(name)s: %(message)s",
+    )
+    serve(args.role, args.host, args.port)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""The PPO update schedule shared by actor and critic: epochs x mini-batches (one
+optimizer step each) x micro-batches (gradient accumulation), data-parallel over ranks.
+
+The role supplies only the loss of one micro-batch. Its metric contributions must already
+be scaled so that their sum over micro-batches and ranks is the mini-batch's value (e.g. a
+token mean times this micro-batch's share of the mini-batch's tokens); they are summed over
+ranks once per mini-batch and averaged over mini-batches and epochs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from services.trainer.distributed import World
+from services.trainer.micro_batches import MicroBatch, MiniBatch, epoch_seed, plan_epoch
+from services.trainer.optim import LrSchedule, clipped_step, set_lr
+
+# (micro-batch, its mini-batch) -> (loss to back-propagate, metric contributions)
+MicroLoss = Callable[[MicroBatch, MiniBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    mini_batch_rows: int  # rows per optimizer step (ppo_mini_batch_size * rollout.n)
+    micro_batch_rows: int  # rows per forward/backward on one rank
+    epochs: int
+    shuffle: bool
+    grad_clip: float
+    seed: int  # base of the per-step, per-epoch shuffle seed
+
+
+def run_update(
+    response_lengths: torch.Tensor,
+    settings: UpdateSettings,
+    global_step: int,
+    micro_loss: MicroLoss,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    schedule: LrSchedule,
+    world: World,
+    prefix: str,
+) -> dict[str, float]:
+    """Trains on one batch; returns metrics (``{prefix}/grad_norm``, ``{prefix}/lr``, and
+    the role's own) averaged over the optimizer steps."""
+    lr = schedule.lr_at(global_step)
+    set_lr(optimizer, lr)
+    params = [p for p in model.parameters() if p.requires_grad]
+    per_step: list[dict[str, float]] = []
+    for epoch in range(settings.epochs):
+        seed = epoch_seed(settings.seed, global_step, epoch)
+        plan = plan_epoch(
+            response_lengths,
+            settings.mini_batch_rows,
+            settings.micro_batch_rows,
+            shuffle=settings.shuffle,
+            seed=seed,
+            rank=world.rank,
+            world_size=world.world_size,
+        )
+        for mini in plan:
+            metrics = _accumulate_gradients(mini, micro_loss, world)
+            step = clipped_step(params, optimizer, settings.grad_clip)
+            metrics[f"{prefix}/grad_norm"] = step.grad_norm
+            metrics[f"{prefix}/nonfinite_grad_steps"] = 0.0 if step.stepped else 1.0
+            per_step.append(metrics)
+    out = _average(per_step)
+    out[f"{prefix}/nonfinite_grad_steps"] *= len(per_step)  # a count, not a mean
+    out[f"{prefix}/lr"] = lr
+    return out
+
+
+def _accumulate_gradients(mini: MiniBatch, micro_loss: MicroLoss, world: World) -> dict[str, float]:
+    sums: dict[str, torch.Tensor] = {}
+    for micro in mini.micro_batches:
+        loss, metrics = micro_loss(micro, mini)
+        # FSDP averages gradients over ranks, but each rank's loss is already divided by
+        # the counts of the whole mini-batch: multiplying by the world size turns that
+        # average back into the sum, which is the single-rank gradient.
+        (loss * (micro.weight * world.world_size)).backward()
+        for name, value in metrics.items():
+            sums[name] = sums.get(name, 0.0) + value.detach().float().cpu() * micro.weight
+    names = sorted(sums)
+    totals = world.all_reduce_sum(torch.stack([sums[n] for n in names])) if names else []
+    return {name: float(total) for name, total in zip(names, totals, strict=True)}
+
+
+def _average(rows: list[dict[str, float]]) -> dict[str, float]:
+    keys = rows[0].keys() if rows else []
+    return {k: sum(r[k] for r in rows) / len(rows) for k in keys}

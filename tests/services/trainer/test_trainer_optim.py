@@ -1,0 +1,60 @@
+import math
+
+import pytest
+import torch
+
+from meshrl.config.schema import OptimConfig
+from services.trainer.optim import LrSchedule, build_optimizer, clipped_step
+
+
+def test_warmup_then_constant():
+    s = LrSchedule(lr=1.0, warmup_steps=4)
+    # PPO steps are 1-based: step 1 already learns at lr / warmup.
+    assert [s.lr_at(step) for step in range(1, 7)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+
+
+def test_cosine_decays_to_the_floor():
+    s = LrSchedule(lr=2.0, warmup_steps=0, kind="cosine", min_lr_ratio=0.1, total_steps=10)
+    assert s.lr_at(1) == pytest.approx(2.0)
+    # Update index 5 of a 10-step span (HF/verl's convention): cos(pi/2) = 0 -> half-way.
+    assert s.lr_at(6) == pytest.approx(2.0 * (0.1 + 0.9 * 0.5))
+    assert s.lr_at(11) == pytest.approx(0.2)
+    assert s.lr_at(50) == pytest.approx(0.2)  # stays at the floor past the end
+
+
+def test_cosine_needs_a_length():
+    cfg = OptimConfig(lr=1e-3, lr_scheduler_type="cosine")
+    with pytest.raises(ValueError, match="total_training_steps"):
+        LrSchedule.from_config(cfg, None)
+    assert LrSchedule.from_config(cfg, 100).total_steps == 100
+
+
+def test_optimizer_follows_the_config():
+    layer = torch.nn.Linear(3, 2)
+    opt = build_optimizer(
+        layer.parameters(), OptimConfig(lr=0.5, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.1)
+    )
+    group = opt.param_groups[0]
+    assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == (
+        0.5,
+        (0.8, 0.9),
+        1e-6,
+        0.1,
+    )
+
+
+def test_clipping_and_skipping_a_non_finite_step():
+    layer = torch.nn.Linear(2, 1, bias=False)
+    opt = torch.optim.SGD(layer.parameters(), lr=1.0)
+    layer.weight.grad = torch.tensor([[3.0, 4.0]])  # norm 5, clipped to 1
+    before = layer.weight.detach().clone()
+    result = clipped_step(list(layer.parameters()), opt, max_norm=1.0)
+    assert result.grad_norm == pytest.approx(5.0) and result.stepped
+    torch.testing.assert_close(layer.weight.detach(), before - torch.tensor([[0.6, 0.8]]))
+    assert layer.weight.grad is None  # zeroed for the next mini-batch
+
+    layer.weight.grad = torch.tensor([[float("nan"), 1.0]])
+    before = layer.weight.detach().clone()
+    result = clipped_step(list(layer.parameters()), opt, max_norm=1.0)
+    assert not result.stepped and math.isnan(result.grad_norm)
+    assert torch.equal(layer.weight.detach(), before)

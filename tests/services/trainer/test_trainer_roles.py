@@ -1,0 +1,214 @@
+"""Actor, critic and reference roles in the test process, on a one-rank FSDP world."""
+
+import math
+
+import pytest
+import torch
+from trainer_helpers import make_batch, trainer_config
+from transformers import AutoModelForCausalLM
+
+from meshrl.ragged import Ragged
+from services.trainer.actor import ActorRole
+from services.trainer.critic import CriticRole
+from services.trainer.reference import RefRole
+
+ACTOR_METRICS = {
+    "actor/pg_loss",
+    "actor/pg_clipfrac",
+    "actor/pg_clipfrac_lower",
+    "actor/ppo_kl",
+    "actor/entropy",
+    "actor/grad_norm",
+    "actor/lr",
+}
+
+
+def _plain_log_probs(model_dir, batch, temperature):
+    """Row by row, no padding: the reference the trainer's batched path must equal."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    logprobs, entropies = [], []
+    with torch.no_grad():
+        for i in range(len(batch)):
+            prompt, response = batch.prompts.row(i), batch.responses.row(i)
+            ids = torch.cat([prompt, response]).long().unsqueeze(0)
+            logits = model(ids).logits[0, len(prompt) - 1 : -1] / temperature  # (r, V)
+            logp = torch.log_softmax(logits, dim=-1)
+            logprobs.append(logp.gather(-1, response.long().unsqueeze(-1)).squeeze(-1))
+            entropies.append(-(logp.exp() * logp).sum(-1))
+    return torch.cat(logprobs), torch.cat(entropies)
+
+
+def _params(role) -> dict[str, torch.Tensor]:
+    return {name: t.clone() for name, t in role.iter_full_params()}
+
+
+def test_actor_log_probs_equal_a_plain_forward(world, tiny_model_dir):
+    actor = ActorRole.build(trainer_config(tiny_model_dir), world)
+    batch = make_batch(7, seed=1)
+    logprobs, entropy = actor.compute_log_probs(batch, with_entropy=True)
+    expected_lp, expected_ent = _plain_log_probs(tiny_model_dir, batch, temperature=0.8)
+    assert torch.equal(logprobs.offsets, batch.responses.offsets)
+    torch.testing.assert_close(logprobs.values, expected_lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(entropy.values, expected_ent, atol=1e-5, rtol=0)
+    # An explicit temperature wins over the rollout's.
+    at_one, none = actor.compute_log_probs(batch, temperature=1.0)
+    torch.testing.assert_close(
+        at_one.values, _plain_log_probs(tiny_model_dir, batch, 1.0)[0], atol=1e-5, rtol=0
+    )
+    assert none is None
+
+
+def test_positive_advantage_raises_that_tokens_log_prob(world, tiny_model_dir):
+    actor = ActorRole.build(trainer_config(tiny_model_dir), world)
+    batch = make_batch(4, seed=2)
+    old, _ = actor.compute_log_probs(batch)
+    advantages = torch.zeros_like(old.values)
+    advantages[0] = 1.0  # only the first response token of row 0 is rewarded
+    metrics = actor.update_policy(
+        batch, old, old.with_values(advantages), None, None, global_step=1
+    )
+    new, _ = actor.compute_log_probs(batch)
+    assert new.values[0] > old.values[0] + 1e-3
+    assert ACTOR_METRICS <= set(metrics)
+    assert all(math.isfinite(v) for v in metrics.values())
+    assert metrics["actor/lr"] == pytest.approx(1e-3)
+    assert metrics["actor/pg_clipfrac"] == 0.0  # first mini-batch is on-policy, no clipping
+    assert actor.weight_version == 1
+
+
+def test_gradient_accumulation_does_not_change_the_update(world, tiny_model_dir):
+    # 9 rows, mini-batches of 4 rows: one micro-batch per mini-batch vs one per row.
+    batch = make_batch(9, seed=3)
+    results = []
+    for micro in (4, 1):
+        cfg = trainer_config(
+            tiny_model_dir,
+            [
+                f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+                "actor_rollout_ref.actor.ppo_epochs=2",
+            ],
+        )
+        actor = ActorRole.build(cfg, world)
+        old, _ = actor.compute_log_probs(batch)
+        adv = old.with_values(torch.linspace(-1, 1, old.values.numel()))
+        metrics = actor.update_policy(batch, old, adv, None, None, global_step=1)
+        results.append((metrics, _params(actor)))
+    (m_big, p_big), (m_small, p_small) = results
+    for key in m_big:
+        assert m_big[key] == pytest.approx(m_small[key], abs=1e-5), key
+    for name in p_big:
+        torch.testing.assert_close(p_big[name], p_small[name], atol=1e-5, rtol=0)
+
+
+def test_kl_loss_and_rollout_mismatch_metrics(world, tiny_model_dir):
+    cfg = trainer_config(
+        tiny_model_dir,
+        [
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            "actor_rollout_ref.actor.tis_imp_ratio_cap=2.0",
+            "actor_rollout_ref.actor.entropy_coeff=0.01",
+        ],
+    )
+    actor = ActorRole.build(cfg, world)
+    batch = make_batch(5, seed=4)
+    old, _ = actor.compute_log_probs(batch)
+    rollout = old.with_values(old.values + 0.05)
+    adv = old.with_values(torch.ones_like(old.values))
+    metrics = actor.update_policy(batch, old, adv, old, rollout, global_step=1)
+    expected = ACTOR_METRICS | {
+        "actor/kl_loss",
+        "actor/kl_coef",
+        "training/rollout_probs_diff_mean",
+        "training/rollout_probs_diff_max",
+        "training/rollout_probs_diff_std",
+    }
+    assert expected <= set(metrics)
+    assert metrics["actor/kl_coef"] == pytest.approx(0.001)
+    assert metrics["training/rollout_probs_diff_mean"] > 0
+    with pytest.raises(ValueError, match="no ref_logprobs"):
+        actor.update_policy(batch, old, adv, None, None, global_step=2)
+    with pytest.raises(ValueError, match="response tokens"):
+        actor.update_policy(
+            batch, old, Ragged.from_lists([[1.0]], dtype=torch.float32), old, None, 2
+        )
+
+
+def test_critic_starts_at_zero_and_learns_the_returns(world, tiny_model_dir):
+    cfg = trainer_config(tiny_model_dir, ["critic.cliprange_value=100.0"])
+    critic = CriticRole.build(cfg, world)
+    batch = make_batch(6, seed=5)
+    values = critic.compute_values(batch)
+    assert torch.equal(values.offsets, batch.responses.offsets)
+    assert torch.count_nonzero(values.values) == 0  # zero-initialised value head
+    returns = values.with_values(torch.linspace(0.5, 1.5, values.values.numel()))
+    losses = []
+    for step in range(1, 6):
+        old = critic.compute_values(batch)
+        metrics = critic.update_value(batch, old, returns, global_step=step)
+        losses.append(metrics["critic/vf_loss"])
+    assert {
+        "critic/vf_loss",
+        "critic/vf_clipfrac",
+        "critic/vpred_mean",
+        "critic/grad_norm",
+        "critic/lr",
+    } <= set(metrics)
+    assert losses[-1] < 0.5 * losses[0]
+    assert metrics["critic/vpred_mean"] > 0.1
+
+
+def test_reference_is_frozen_and_scores_like_the_actor(world, tiny_model_dir):
+    cfg = trainer_config(tiny_model_dir)
+    ref = RefRole.build(cfg, world)
+    assert not any(p.requires_grad for p in ref.model.parameters())
+    assert not ref.model.training
+    batch = make_batch(5, seed=6)
+    ref_lp, _ = ref.compute_log_probs(batch)
+    actor_lp, _ = ActorRole.build(cfg, world).compute_log_probs(batch)
+    torch.testing.assert_close(ref_lp.values, actor_lp.values, atol=1e-6, rtol=0)
+    ref_lp_again, _ = ref.compute_log_probs(batch)
+    assert torch.equal(ref_lp.values, ref_lp_again.values)
+
+
+def test_checkpoint_round_trip_with_optimizer(world, tiny_model_dir, tmp_path):
+    cfg = trainer_config(tiny_model_dir)
+    batch = make_batch(4, seed=7)
+    actor = ActorRole.build(cfg, world)
+    old, _ = actor.compute_log_probs(batch)
+    adv = old.with_values(torch.ones_like(old.values))
+    actor.update_policy(batch, old, adv, None, None, global_step=1)
+    actor.save(str(tmp_path / "ckpt"), with_optimizer=True)
+
+    restored = ActorRole.build(cfg, world)
+    restored.load(str(tmp_path / "ckpt"), with_optimizer=True)
+    assert restored.weight_version == 1
+    for (name, a), (_, b) in zip(
+        actor.iter_full_params(), restored.iter_full_params(), strict=True
+    ):
+        assert torch.equal(a, b), name
+    # Same optimizer state: the next update is identical too.
+    m1 = actor.update_policy(batch, old, adv, None, None, global_step=2)
+    m2 = restored.update_policy(batch, old, adv, None, None, global_step=2)
+    assert m1 == pytest.approx(m2, abs=1e-6)
+    with pytest.raises(ValueError, match="not a trainer checkpoint"):
+        restored.load(str(tmp_path), with_optimizer=False)
+
+
+def test_gradient_checkpointing_changes_memory_not_results(world, tiny_model_dir):
+    batch = make_batch(4, seed=8)
+    results = []
+    for checkpointing in ("false", "true"):
+        cfg = trainer_config(
+            tiny_model_dir,
+            [f"actor_rollout_ref.model.enable_gradient_checkpointing={checkpointing}"],
+        )
+        actor = ActorRole.build(cfg, world)
+        old, _ = actor.compute_log_probs(batch)
+        adv = old.with_values(torch.linspace(-1, 1, old.values.numel()))
+        metrics = actor.update_policy(batch, old, adv, None, None, global_step=1)
+        results.append((old.values, metrics, _params(actor)))
+    (lp_a, m_a, p_a), (lp_b, m_b, p_b) = results
+    torch.testing.assert_close(lp_a, lp_b, atol=1e-6, rtol=0)
+    assert m_a == pytest.approx(m_b, abs=1e-5)
+    for name in p_a:
+        torch.testing.assert_close(p_a[name], p_b[name], atol=1e-5, rtol=0)
