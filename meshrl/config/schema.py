@@ -263,7 +263,7 @@ class TrainerConfig(Section):
     """Validate every this many steps (and at the end); -1 = never."""
     val_before_train: bool = False
     save_freq: int = -1
-    """Checkpoint every this many steps; -1 = only at the end."""
+    """Checkpoint every this many steps and at the last step; -1 = never (as verl)."""
     max_ckpt_to_keep: int | None = None
     """Keep the newest N checkpoints; None = all."""
     resume_mode: str = "auto"

@@ -67,6 +67,6 @@ def warm_start(model, tokenizer, iterations: int = 900, batch_size: int = 128, l
         opt.step()
         sched.step()
         if it % 50 == 0 or it == iterations - 1:
-            curve.append(float(loss))
+            curve.append(loss.item())
     model.eval()
     return curve

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -18,6 +19,12 @@ from meshrl.algorithms.kl import make_kl_controller
 from meshrl.config import RunConfig, config_to_yaml
 from meshrl.data.dataset import PromptDataset
 from meshrl.data.loader import PromptLoader
+from services.coordinator.checkpointing import (
+    CheckpointError,
+    CheckpointManager,
+    CoordinatorState,
+    verify,
+)
 from services.coordinator.clients import RewardRoleClient, RolloutClient, TrainerClient
 from services.coordinator.metrics_sinks import ConsoleSink, JsonlSink, MetricsSink
 from services.coordinator.plot import plot_metrics
@@ -106,8 +113,11 @@ class PPORun:
         self.initialize_roles()
         kl = cfg.algorithm.kl_ctrl
         self.kl_ctrl = make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
+        self.checkpoints = CheckpointManager(self.run_dir, cfg.trainer.max_ckpt_to_keep)
+        self.resume()
         self.syncer = WeightSyncer(cfg, self.roles.actor, self.roles.rollouts)
-        self.syncer.sync(version=0)  # rollout serves exactly the actor's weights from the start
+        # rollout serves exactly the actor's weights from the start (or from the resumed step)
+        self.syncer.sync(version=self.state.step)
         self.step_runner = PPOStep(cfg, self.roles, self.tokenizer, self.syncer, self.kl_ctrl)
 
     def initialize_roles(self) -> None:
@@ -118,6 +128,52 @@ class PPORun:
         futures = [self.pool.submit(c.initialize, text, str(self.run_dir)) for c in clients]
         for f in futures:
             f.result()
+
+    # --- checkpoints ------------------------------------------------------------------
+    def resume_folder(self) -> Path | None:
+        mode = self.cfg.trainer.resume_mode
+        if mode == "disable":
+            return None
+        if mode == "auto":
+            return self.checkpoints.latest_valid()
+        folder = Path(mode)
+        verify(folder)  # an explicit path must be whole; no silent fallback
+        return folder
+
+    def resume(self) -> None:
+        folder = self.resume_folder()
+        if folder is None:
+            return
+        saved = self.checkpoints.load_state(folder)
+        trainers = [("actor", self.roles.actor), ("critic", self.roles.critic)]
+        for name, client in trainers:
+            if client is not None:
+                if not (folder / name).is_dir():
+                    raise CheckpointError(f"{folder}: no {name}/ folder to resume the {name} from")
+                client.load_checkpoint(str(folder / name))
+        self.loader.load_state_dict(saved.loader)
+        self.kl_ctrl.load_state_dict(saved.kl_ctrl)
+        saved.restore_rng()
+        self.state.step = saved.step
+        log.info("resumed from %s (step %d)", folder, saved.step)
+
+    def save_checkpoint(self) -> Path:
+        state = CoordinatorState.capture(
+            self.state.step, self.loader.state_dict(), self.kl_ctrl.state_dict(), self.state.step
+        )
+
+        def save_roles(tmp: Path) -> None:
+            jobs = [self.pool.submit(c.save_checkpoint, str(tmp / name))
+                    for name, c in (("actor", self.roles.actor), ("critic", self.roles.critic))
+                    if c is not None]
+            for f in jobs:
+                f.result()
+
+        return self.checkpoints.save(self.state.step, state, config_to_yaml(self.cfg), save_roles)
+
+    def should_save(self, last: bool) -> bool:
+        freq = self.cfg.trainer.save_freq
+        return freq > 0 and (self.state.step % freq == 0 or last)
 
     # --- the loop ---------------------------------------------------------------------
     def train(self) -> dict[str, float]:
@@ -139,6 +195,10 @@ class PPORun:
                     self.state.step % cfg.test_freq == 0 or last
                 ):
                     metrics.update(self.validate())
+                if self.should_save(last):
+                    with_timer = time.perf_counter()
+                    self.save_checkpoint()
+                    metrics["timing_s/save_checkpoint"] = time.perf_counter() - with_timer
                 self.state.last_metrics = metrics
                 self.log(self.state.step, metrics)
                 bar.update(1)
@@ -148,14 +208,10 @@ class PPORun:
         return self.state.last_metrics
 
     def validate(self) -> dict[str, float]:
-        with_timer = {}
-        import time
-
         start = time.perf_counter()
         metrics = validate(self.cfg, [self.val_set[i] for i in range(len(self.val_set))],
                            self.roles.rollouts, self.roles.reward, self.tokenizer, self.pool)
-        with_timer["timing_s/testing"] = time.perf_counter() - start
-        return {**metrics, **with_timer}
+        return {**metrics, "timing_s/testing": time.perf_counter() - start}
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for sink in self.sinks:
