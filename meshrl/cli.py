@@ -59,7 +59,7 @@ def _cmd_reward(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from meshrl.demo.run import run_demo
 
-    return run_demo(out_dir=args.out, overrides=args.overrides)
+    return run_demo(out_dir=args.out, overrides=args.overrides, config_path=args.config)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="the embedded default: PPO on a tiny model learning addition")
     demo.add_argument("--out", default="demo_out", help="output folder")
+    demo.add_argument("--config", default=None, help="another config to run on the demo task (examples/)")
     demo.add_argument("overrides", nargs="*", help="dotted config overrides")
     demo.set_defaults(fn=_cmd_demo)
     return p

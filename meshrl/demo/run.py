@@ -38,8 +38,11 @@ def prepare_model(out_dir: Path, held_out: set, seed: int = 0) -> Path:
     return model_dir
 
 
-def demo_config(out_dir: Path, overrides: list[str]):
-    tree = yaml.safe_load(resources.files("meshrl.demo").joinpath("demo.yaml").read_text())
+def demo_config(out_dir: Path, overrides: list[str], config_path: str | None = None):
+    """The demo's config (or another one, e.g. examples/grpo_n4.yaml) with the demo's paths."""
+    text = (Path(config_path).read_text() if config_path
+            else resources.files("meshrl.demo").joinpath("demo.yaml").read_text())
+    tree = yaml.safe_load(text)
     data = out_dir / "data"
     paths = {s: data / f"{s}.parquet" for s in ("train", "test")}
     base = [
@@ -64,12 +67,13 @@ def summarize(run_dir: Path) -> float:
     return last - first
 
 
-def run_demo(out_dir: str = "demo_out", overrides: list[str] | None = None) -> int:
+def run_demo(out_dir: str = "demo_out", overrides: list[str] | None = None,
+             config_path: str | None = None) -> int:
     from meshrl.launcher.run_local import run_local
 
     torch.set_num_threads(2)
     out = Path(out_dir).resolve()
-    cfg = demo_config(out, overrides or [])
+    cfg = demo_config(out, overrides or [], config_path)
     shutil.rmtree(cfg.trainer.default_local_dir, ignore_errors=True)  # a fresh run each time
     data = write_arithmetic_parquet(out / "data")
     import pyarrow.parquet as pq
