@@ -1,4 +1,4 @@
-"""The `meshrl` command: run, serve, preprocess, reward, demo."""
+"""The `meshrl` command: run, status, stop, serve, preprocess, reward, export, demo."""
 
 from __future__ import annotations
 
@@ -7,17 +7,48 @@ import logging
 import sys
 
 
+def _launcher_overrides(args: argparse.Namespace) -> list[str]:
+    """--launcher / --ray-address as config overrides (after the user's, so they win)."""
+    extra = [f"launcher.kind={args.launcher}"] if args.launcher else []
+    if args.ray_address:
+        extra += ([] if args.launcher else ["launcher.kind=ray"]) + [f"launcher.ray_address={args.ray_address}"]
+    return extra
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
+    overrides = [*args.overrides, *_launcher_overrides(args)]
+    if args.coordinator:
+        from services.coordinator.remote import submit
+
+        return submit(args.coordinator, args.config, overrides, detach=args.detach)
     from meshrl.config import load_config
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, overrides)
     from meshrl.launcher.run_local import run_local
 
     run_local(cfg)
     return 0
 
 
+def _cmd_status(args: argparse.Namespace) -> int:
+    from services.coordinator.remote import default_address, status
+
+    return status(args.coordinator or default_address(), args.run_id)
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    from services.coordinator.remote import default_address, stop
+
+    return stop(args.coordinator or default_address(), args.run_id)
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
+    if args.service == "coordinator":
+        from services.coordinator.server import serve
+
+        serve(host=args.host, port=50050 if args.port is None else args.port, workdir=args.workdir)
+        return 0
+    args.port = args.port or 0
     if args.service == "rollout":
         from services.rollout.server import serve
 
@@ -62,21 +93,49 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(out_dir=args.out, overrides=args.overrides, config_path=args.config)
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from meshrl.export import export_checkpoint
+
+    out = export_checkpoint(args.checkpoint, args.role, args.to)
+    print(f"exported {args.role} of {args.checkpoint} to {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="meshrl", description="PPO post-training as a mesh of gRPC role servers")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run PPO from a YAML config (+ key=value overrides)")
-    run.add_argument("config", help="YAML run config")
+    run.add_argument("config", help="YAML run config ('-' = stdin with --coordinator)")
     run.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.train_batch_size=64")
+    run.add_argument("--coordinator", metavar="HOST:PORT", default=None,
+                     help="submit to a coordinator service and follow the run (Ctrl-C stops it)")
+    run.add_argument("--detach", action="store_true", help="with --coordinator: submit and return")
+    run.add_argument("--launcher", choices=["local", "ray", "external"], default=None,
+                     help="how role servers start (launcher.kind; default: the config's, local)")
+    run.add_argument("--ray-address", metavar="ADDR", default=None,
+                     help="Ray cluster to place role servers on (implies --launcher ray)")
     run.set_defaults(fn=_cmd_run)
 
-    serve = sub.add_parser("serve", help="start one role server")
-    serve.add_argument("service", choices=["rollout", "trainer", "reward"])
+    status = sub.add_parser("status", help="runs of a coordinator service")
+    status.add_argument("run_id", nargs="?", default=None, help="one run (default: all)")
+    status.add_argument("--coordinator", metavar="HOST:PORT", default=None,
+                        help="default: $MESHRL_COORDINATOR or 127.0.0.1:50050")
+    status.set_defaults(fn=_cmd_status)
+
+    stop = sub.add_parser("stop", help="stop a run on a coordinator service (after its current step)")
+    stop.add_argument("run_id")
+    stop.add_argument("--coordinator", metavar="HOST:PORT", default=None,
+                      help="default: $MESHRL_COORDINATOR or 127.0.0.1:50050")
+    stop.set_defaults(fn=_cmd_stop)
+
+    serve = sub.add_parser("serve", help="start one role server, or the coordinator service")
+    serve.add_argument("service", choices=["rollout", "trainer", "reward", "coordinator"])
     serve.add_argument("--role", choices=["actor", "critic", "ref"], default="actor")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=0)
+    serve.add_argument("--port", type=int, default=None, help="default: 50050 for the coordinator, else any free port")
+    serve.add_argument("--workdir", default=".", help="coordinator: base of relative run folders")
     serve.set_defaults(fn=_cmd_serve)
 
     pre = sub.add_parser("preprocess", help="convert a raw data set to verl-schema parquet")
@@ -101,6 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
     reval.add_argument("--output", default=None, help="write the table as JSON here")
     reval.set_defaults(fn=_cmd_reward)
 
+    export = sub.add_parser("export", help="a step checkpoint's actor or critic as a Hugging Face folder")
+    export.add_argument("checkpoint", help="a checkpoints/global_step_<k> folder")
+    export.add_argument("--role", choices=["actor", "critic"], default="actor")
+    export.add_argument("--to", required=True, help="output folder")
+    export.set_defaults(fn=_cmd_export)
+
     demo = sub.add_parser("demo", help="the embedded default: PPO on a tiny model learning addition")
     demo.add_argument("--out", default="demo_out", help="output folder")
     demo.add_argument("--config", default=None, help="another config to run on the demo task (examples/)")
@@ -109,17 +174,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors whose message says all a user needs: printed without a traceback."""
+    from meshrl.config import ConfigError
+    from meshrl.data.errors import DataError
+    from meshrl.export import ExportError
+    from meshrl.rpc.client import ServiceUnavailable
+    from services.coordinator.checkpointing import CheckpointError
+    from services.coordinator.clients import RoleCallError
+    from services.coordinator.remote import CoordinatorError
+
+    return (ConfigError, DataError, ExportError, CheckpointError, ServiceUnavailable, RoleCallError,
+            CoordinatorError)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from meshrl.config import ConfigError
-
     try:
         return args.fn(args)
-    except ConfigError as e:
+    except _user_errors() as e:
         print(f"meshrl: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
