@@ -82,7 +82,7 @@ def _cmd_reward(args: argparse.Namespace) -> int:
         return 0
     from services.reward.evaluate import evaluate, format_table
 
-    report = evaluate(args.data, args.responses, args.server, output_path=args.output)
+    report = evaluate(args.data, args.responses, args.server, output=args.output)
     print(format_table(report))
     return 0
 

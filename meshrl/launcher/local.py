@@ -110,6 +110,10 @@ class LocalLauncher:
         wait_for_health(proc.address, "", self.cfg.launcher.startup_timeout_s, alive=proc.alive)
         return proc.address
 
+    def dead_roles(self) -> list[str]:
+        """Role servers whose process has exited."""
+        return [name for name, proc in self.processes.items() if not proc.alive()]
+
     def endpoints(self) -> Endpoints:
         p = self.processes
         return Endpoints(

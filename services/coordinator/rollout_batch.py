@@ -43,15 +43,18 @@ class RolloutBatch:
         """Decoded responses with their ground truth, as the reward service takes them."""
         responses = responses if responses is not None else self.responses
         texts = tokenizer.batch_decode(responses.tolist(), skip_special_tokens=True)
+        # a reward model reads the prompt too; rule scorers ignore it
+        prompts = tokenizer.batch_decode(self.prompts.tolist(), skip_special_tokens=True)
         return [
             {
                 "data_source": ds,
                 "response": text,
                 "ground_truth": gt,
+                "prompt": prompt,
                 "extra_info_json": json.dumps(extra, default=str),
             }
-            for text, ds, gt, extra in zip(
-                texts, self.data_sources, self.ground_truths, self.extra_infos, strict=True
+            for text, prompt, ds, gt, extra in zip(
+                texts, prompts, self.data_sources, self.ground_truths, self.extra_infos, strict=True
             )
         ]
 

@@ -26,10 +26,16 @@ from services.coordinator.checkpointing import (
     CoordinatorState,
     verify,
 )
-from services.coordinator.clients import RewardRoleClient, RolloutClient, TrainerClient
+from services.coordinator.clients import (
+    RewardRoleClient,
+    RoleCallError,
+    RolloutClient,
+    TrainerClient,
+)
 from services.coordinator.metrics_sinks import ConsoleSink, JsonlSink, MetricsSink
 from services.coordinator.plot import plot_metrics
 from services.coordinator.ppo_step import PPOStep, Roles
+from services.coordinator.recovery import STATEFUL_ROLES, Restarter, find_dead
 from services.coordinator.validation import validate
 from services.coordinator.weight_sync import WeightSyncer
 
@@ -80,9 +86,12 @@ class PPORun:
     """Drives one run end to end; `stop()` from another thread ends it after the current step."""
 
     def __init__(self, cfg: RunConfig, endpoints: Endpoints, run_dir: Path,
-                 sinks: list[MetricsSink] | None = None, on_step: Callable | None = None):
+                 sinks: list[MetricsSink] | None = None, on_step: Callable | None = None,
+                 restarter: Restarter | None = None):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
+        self.endpoints = endpoints
+        self.restarter = restarter  # None: a dead role server ends the run
         self.roles = connect(cfg, endpoints)
         self.state = RunState()
         self.on_step = on_step
@@ -116,19 +125,80 @@ class PPORun:
         self.kl_ctrl = make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
         self.checkpoints = CheckpointManager(self.run_dir, cfg.trainer.max_ckpt_to_keep)
         self.resume()
-        self.syncer = WeightSyncer(cfg, self.roles.actor, self.roles.rollouts)
-        # rollout serves exactly the actor's weights from the start (or from the resumed step)
-        self.syncer.sync(version=self.state.step)
-        self.step_runner = PPOStep(cfg, self.roles, self.tokenizer, self.syncer, self.kl_ctrl)
+        self.start_weight_sync()
 
-    def initialize_roles(self) -> None:
-        """Initialize every role concurrently with the resolved config."""
+    def start_weight_sync(self) -> None:
+        """(Re)builds the syncer and the step runner around the current clients, then makes
+        rollout serve exactly the actor's weights (from the start, a resume or a recovery)."""
+        for old in (getattr(self, "step_runner", None), getattr(self, "syncer", None)):
+            if old is not None:
+                old.close()
+        self.syncer = WeightSyncer(self.cfg, self.roles.actor, self.roles.rollouts)
+        self.syncer.sync(version=self.state.step)
+        self.step_runner = PPOStep(self.cfg, self.roles, self.tokenizer, self.syncer, self.kl_ctrl)
+
+    def named_clients(self) -> dict[str, object]:
+        """Launcher names (rollout0, actor, critic, ref, reward) -> clients."""
+        named = {f"rollout{i}": c for i, c in enumerate(self.roles.rollouts)}
+        named.update(actor=self.roles.actor, reward=self.roles.reward)
+        named.update({k: c for k, c in (("critic", self.roles.critic), ("ref", self.roles.ref)) if c})
+        return named
+
+    def initialize_roles(self, names: list[str] | None = None) -> None:
+        """Initialize the named roles (default: all) concurrently with the resolved config."""
         text = config_to_yaml(self.cfg)
-        clients = [*self.roles.rollouts, self.roles.actor, self.roles.reward]
-        clients += [c for c in (self.roles.critic, self.roles.ref) if c is not None]
+        clients = [c for n, c in self.named_clients().items() if names is None or n in names]
         futures = [self.pool.submit(c.initialize, text, str(self.run_dir)) for c in clients]
         for f in futures:
             f.result()
+
+    # --- recovery from a dead role server ----------------------------------------------
+    def run_step(self, records: list) -> dict[str, float] | None:
+        """One PPO step, with bounded restarts of dead role servers. Returns None when the
+        run went back to its last checkpoint instead (the loop then continues from there)."""
+        failures = 0
+        while True:
+            try:
+                return self.step_runner.run(records, self.state.step)
+            except RoleCallError as err:
+                failures += 1
+                if self.restarter is None or failures > self.cfg.launcher.max_restarts:
+                    raise
+                log.warning("step %d failed (%s); recovering (attempt %d of %d)", self.state.step,
+                            err, failures, self.cfg.launcher.max_restarts)
+                if self.recover(err):
+                    return None
+
+    def recover(self, err: RoleCallError) -> bool:
+        """Restarts dead role servers; True when the run went back to a checkpoint."""
+        addresses = {n: c.address for n, c in self.named_clients().items()}
+        dead = find_dead(self.restarter, addresses)
+        if not dead:
+            raise err  # the call failed but every server lives: not a crash to recover from
+        log.warning("role servers down: %s; restarting them", ", ".join(dead))
+        for name in dead:
+            self.restarter.restart(name)
+        self.roles = connect(self.cfg, self.endpoints)  # fresh channels to the new processes
+        self.initialize_roles(dead)
+        rewind = any(name in STATEFUL_ROLES for name in dead)
+        if rewind:
+            self.rewind()
+        self.start_weight_sync()
+        return rewind
+
+    def rewind(self) -> None:
+        """Training state was lost: every trainer and the coordinator go back to the last
+        checkpoint, or to the very start (re-initialized from the model) without one."""
+        folder = self.checkpoints.latest_valid()
+        if folder is None:
+            log.warning("no checkpoint yet: restarting the run from step 0")
+            self.initialize_roles([n for n in STATEFUL_ROLES if n in self.named_clients()])
+            self.loader.load_state_dict({"epoch": 0, "batch_in_epoch": 0, "seed": self.cfg.data.seed})
+            kl = self.cfg.algorithm.kl_ctrl
+            self.kl_ctrl = make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
+            self.state.step = 0
+            return
+        self.load_checkpoint(folder)
 
     # --- checkpoints ------------------------------------------------------------------
     def resume_folder(self) -> Path | None:
@@ -143,8 +213,10 @@ class PPORun:
 
     def resume(self) -> None:
         folder = self.resume_folder()
-        if folder is None:
-            return
+        if folder is not None:
+            self.load_checkpoint(folder)
+
+    def load_checkpoint(self, folder: Path) -> None:
         saved = self.checkpoints.load_state(folder)
         trainers = [("actor", self.roles.actor), ("critic", self.roles.critic)]
         for name, client in trainers:
@@ -193,7 +265,11 @@ class PPORun:
                 epoch, records = self.loader.next_batch()
                 self.state.step += 1
                 self.state.epoch = epoch
-                metrics = self.step_runner.run(records, self.state.step)
+                metrics = self.run_step(records)
+                if metrics is None:  # went back to the last checkpoint after a crash
+                    bar.reset(total=self.total_steps)
+                    bar.update(self.state.step)
+                    continue
                 metrics["training/global_step"] = float(self.state.step)
                 metrics["training/epoch"] = float(epoch)
                 last = self.state.step == self.total_steps
@@ -211,6 +287,9 @@ class PPORun:
                 bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}")
         finally:
             bar.close()
+        if self._stop.is_set() and self.state.step < self.total_steps and self.state.step > 0:
+            log.info("stopped at step %d; saving a checkpoint to resume from", self.state.step)
+            self.save_checkpoint()
         return self.state.last_metrics
 
     def validate(self) -> dict[str, float]:

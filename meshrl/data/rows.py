@@ -1,0 +1,147 @@
+"""Reading verl-schema parquet files into typed rows, with errors that name file and column.
+
+verl's schema, one row per prompt::
+
+    data_source   str                       e.g. "openai/gsm8k"; picks the reward scorer
+    prompt        list[{role, content}] | str
+    ability       str                       optional, e.g. "math"
+    reward_model  {style, ground_truth, ...}
+    extra_info    {split, index, ...}       optional
+
+Files written by verl's preprocess scripts (via Hugging Face `datasets`) load as they are.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from meshrl.data.errors import DataError
+
+REQUIRED_COLUMNS = ("data_source", "reward_model")
+OPTIONAL_COLUMNS = ("ability", "extra_info")
+
+
+@dataclass
+class RawRow:
+    """One parquet row, before rendering and tokenization."""
+
+    index: int
+    """Position of the row across all files read (0-based, file order); stable under filtering."""
+    source_file: str
+    row_in_file: int
+    data_source: str
+    prompt: list[dict[str, str]] | str
+    ability: str = ""
+    ground_truth: str = ""
+    extra_info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def where(self) -> str:
+        return f"{self.source_file} row {self.row_in_file}"
+
+
+def read_table(path: str | Path, columns: list[str]) -> pa.Table:
+    """Reads `columns` of one parquet file; every way this can fail becomes a DataError."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"data file {path} does not exist")
+    if path.is_dir():
+        raise DataError(f"data file {path} is a folder; give the parquet files themselves")
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{path} is not a readable parquet file: {e}") from None
+    present = list(schema.names)
+    for col in columns:
+        if col not in present:
+            raise DataError(
+                f"{path} has no column {col!r}; columns present: {', '.join(present) or 'none'}"
+            )
+    wanted = columns + [c for c in OPTIONAL_COLUMNS if c in present and c not in columns]
+    try:
+        table = pq.read_table(path, columns=wanted)
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{path} is a malformed parquet file: {e}") from None
+    if table.num_rows == 0:
+        raise DataError(f"{path} holds no rows")
+    return table
+
+
+def read_rows(files: list[str | Path], prompt_key: str = "prompt") -> list[RawRow]:
+    """All rows of `files`, in order. Raises DataError on a missing file, column or bad row."""
+    if not files:
+        raise DataError("no data files given")
+    rows: list[RawRow] = []
+    for path in files:
+        table = read_table(path, [prompt_key, *REQUIRED_COLUMNS])
+        for i, rec in enumerate(table.to_pylist()):
+            rows.append(_to_row(rec, str(path), i, len(rows), prompt_key))
+    return rows
+
+
+def _to_row(rec: dict, path: str, row_in_file: int, index: int, prompt_key: str) -> RawRow:
+    where = f"{path} row {row_in_file}"
+    prompt = _check_prompt(rec.get(prompt_key), where, prompt_key)
+    reward_model = rec.get("reward_model") or {}
+    if not isinstance(reward_model, dict):
+        raise DataError(
+            f"{where}: reward_model must be a struct, got {type(reward_model).__name__}"
+        )
+    extra_info = _as_dict(rec.get("extra_info"), where)
+    # verl's HellaSwag rows keep the candidate endings in reward_model.choices; scorers only
+    # see extra_info, so they travel there too.
+    if reward_model.get("choices") is not None and "choices" not in extra_info:
+        extra_info["choices"] = list(reward_model["choices"])
+    gt = reward_model.get("ground_truth")
+    return RawRow(
+        index=index,
+        source_file=path,
+        row_in_file=row_in_file,
+        data_source=str(rec.get("data_source") or ""),
+        prompt=prompt,
+        ability=str(rec.get("ability") or ""),
+        ground_truth="" if gt is None else _gt_to_str(gt),
+        extra_info=extra_info,
+    )
+
+
+def _gt_to_str(gt: Any) -> str:
+    # Ground truths are strings in verl's rule datasets; an int (HellaSwag's label) or a list
+    # is written so that a scorer can read it back unambiguously.
+    if isinstance(gt, str):
+        return gt
+    if isinstance(gt, (list, dict)):
+        return json.dumps(gt)
+    return str(gt)
+
+
+def _check_prompt(prompt: Any, where: str, key: str) -> list[dict[str, str]] | str:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt:
+        messages = []
+        for m in prompt:
+            if not isinstance(m, dict) or "content" not in m or "role" not in m:
+                raise DataError(f"{where}: {key} must be a list of {{role, content}} messages")
+            messages.append({"role": str(m["role"]), "content": str(m["content"] or "")})
+        return messages
+    raise DataError(f"{where}: {key} must be a chat message list or a string, got {prompt!r:.80}")
+
+
+def _as_dict(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if isinstance(value, str):  # some writers store extra_info as a JSON string
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise DataError(f"{where}: extra_info is a string but not JSON") from None
+    if not isinstance(value, dict):
+        raise DataError(f"{where}: extra_info must be a struct, got {type(value).__name__}")
+    return dict(value)

@@ -1,0 +1,230 @@
+"""Offline evaluation: score saved responses against a verl-schema parquet file.
+
+    python -m services.reward.evaluate --data test.parquet --responses responses.jsonl \\
+        [--server HOST:PORT] [--output report.json]
+
+responses.jsonl, one JSON object a line: ``{"index": i, "response": "..."}`` or, for n samples
+of one prompt, ``{"index": i, "responses": ["...", "..."]}``; lines for the same index add up.
+``index`` is the row's position in the parquet file (0-based; for several files, the position
+across them in order). Rows without responses are counted as ``missing_rows``, not scored.
+
+Per data_source: ``mean_score`` is the mean reward over responses; ``acc`` the fraction of
+responses counted correct (the scorer's ``acc`` extra, which rule scorers set to
+``score >= 1 - 1e-6``; else that same threshold); ``pass@n`` the fraction of prompts with at
+least one correct response; ``failed`` the responses whose scorer failed (scored 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from meshrl.config.schema import RewardConfig
+from meshrl.data.rows import RawRow, read_rows
+from services.reward.types import ScoreItem, ScoreOutcome
+
+ACC_TOLERANCE = 1e-6
+CHUNK = 512
+"""Items per Score call when scoring through a server."""
+
+
+@dataclass
+class SourceStats:
+    data_source: str
+    prompts: int = 0
+    responses: int = 0
+    mean_score: float = 0.0
+    acc: float = 0.0
+    pass_at_n: float = 0.0
+    failed: int = 0
+
+
+@dataclass
+class SampleResult:
+    index: int
+    sample: int
+    """Which response of the prompt (0 for n=1)."""
+    data_source: str
+    score: float
+    acc: float
+    ok: bool
+    reason: str = ""
+
+
+@dataclass
+class EvalReport:
+    sources: list[SourceStats]
+    overall: SourceStats
+    missing_rows: int
+    samples: list[SampleResult] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def read_responses(path: str | Path, num_rows: int) -> dict[int, list[str]]:
+    """Row index -> its responses, from a responses.jsonl file."""
+    out: dict[int, list[str]] = defaultdict(list)
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                index = int(rec["index"])
+                responses = rec["responses"] if "responses" in rec else [rec["response"]]
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                raise ValueError(
+                    f'{path} line {n}: expected {{"index": int, "response": str}} '
+                    f'or {{"index": int, "responses": [str, ...]}} ({type(e).__name__}: {e})'
+                ) from None
+            if not 0 <= index < num_rows:
+                raise ValueError(
+                    f"{path} line {n}: index {index} is outside the data's {num_rows} rows"
+                )
+            if not all(isinstance(r, str) for r in responses):
+                raise ValueError(f"{path} line {n}: responses must be strings")
+            out[index].extend(responses)
+    return out
+
+
+def to_item(row: RawRow, response: str) -> ScoreItem:
+    prompt = row.prompt if isinstance(row.prompt, str) else json.dumps(row.prompt)
+    return ScoreItem(row.data_source, response, row.ground_truth, prompt, row.extra_info)
+
+
+def evaluate(
+    data_path: str | Path | list[str | Path],
+    responses_path: str | Path,
+    server: str | None = None,
+    *,
+    output: str | Path | None = None,
+    cfg: RewardConfig | None = None,
+) -> EvalReport:
+    """Scores the responses (through `server` if given, else in this process with `cfg`)."""
+    files = data_path if isinstance(data_path, list) else [data_path]
+    rows = read_rows(files)
+    responses = read_responses(responses_path, len(rows))
+    keys = [(i, k) for i in sorted(responses) for k in range(len(responses[i]))]
+    items = [to_item(rows[i], responses[i][k]) for i, k in keys]
+    outcomes = _score(items, server, cfg or RewardConfig())
+    samples = [
+        SampleResult(i, k, rows[i].data_source, o.score, _acc(o), o.ok, o.reason)
+        for (i, k), o in zip(keys, outcomes, strict=True)
+    ]
+    report = summarize(samples, missing_rows=len(rows) - len(responses))
+    if output is not None:
+        write_report(report, output)
+    return report
+
+
+def _score(items: list[ScoreItem], server: str | None, cfg: RewardConfig) -> list[ScoreOutcome]:
+    if server is None:
+        from services.reward.scoring import RewardScorer
+
+        with RewardScorer(cfg) as scorer:
+            return scorer.score(items)
+    import grpc
+
+    from services.reward.client import RewardClient
+
+    out: list[ScoreOutcome] = []
+    with RewardClient(server) as client:
+        for start in range(0, len(items), CHUNK):
+            try:
+                out.extend(client.score(items[start : start + CHUNK]))
+            except grpc.RpcError as e:
+                raise RuntimeError(
+                    f"reward server {server}: {e.code().name}: {e.details()}"
+                ) from None
+    return out
+
+
+def _acc(o: ScoreOutcome) -> float:
+    if not o.ok:
+        return 0.0
+    return o.extra.get("acc", float(o.score >= 1.0 - ACC_TOLERANCE))
+
+
+def summarize(samples: list[SampleResult], missing_rows: int = 0) -> EvalReport:
+    by_source: dict[str, list[SampleResult]] = defaultdict(list)
+    for s in samples:
+        by_source[s.data_source].append(s)
+    sources = [_stats(name, group) for name, group in sorted(by_source.items())]
+    return EvalReport(sources, _stats("all", samples), missing_rows, samples)
+
+
+def _stats(name: str, samples: list[SampleResult]) -> SourceStats:
+    if not samples:
+        return SourceStats(name)
+    best: dict[int, float] = defaultdict(float)
+    for s in samples:
+        best[s.index] = max(best[s.index], s.acc)
+    n = len(samples)
+    return SourceStats(
+        data_source=name,
+        prompts=len(best),
+        responses=n,
+        mean_score=sum(s.score for s in samples) / n,
+        acc=sum(s.acc for s in samples) / n,
+        pass_at_n=sum(best.values()) / len(best),
+        failed=sum(not s.ok for s in samples),
+    )
+
+
+def format_table(report: EvalReport) -> str:
+    """A fixed-width table, one line per data_source and an "all" line."""
+    rows = [*report.sources, report.overall]
+    width = max(len("data_source"), *(len(r.data_source) for r in rows))
+    head = f"{'data_source':<{width}}  prompts  responses  mean_score     acc  pass@n  failed"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r.data_source:<{width}}  {r.prompts:>7}  {r.responses:>9}  {r.mean_score:>10.4f}"
+            f"  {r.acc:>6.4f}  {r.pass_at_n:>6.4f}  {r.failed:>6}"
+        )
+    if report.missing_rows:
+        lines.append(f"({report.missing_rows} rows of the data had no response)")
+    return "\n".join(lines)
+
+
+def write_report(report: EvalReport, path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m services.reward.evaluate", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--data", required=True, nargs="+", help="verl-schema parquet file(s)")
+    p.add_argument("--responses", required=True, help="responses.jsonl")
+    p.add_argument(
+        "--server", default=None, help="HOST:PORT of a reward server (default: in-process)"
+    )
+    p.add_argument("--output", default=None, help="write the report as JSON here")
+    p.add_argument(
+        "--custom-function", default=None, help="path/to/file.py:function_name (in-process)"
+    )
+    p.add_argument("--timeout-s", type=float, default=10.0)
+    p.add_argument("--num-workers", type=int, default=2)
+    args = p.parse_args(argv)
+    cfg = RewardConfig(
+        custom_function=args.custom_function, timeout_s=args.timeout_s, num_workers=args.num_workers
+    )
+    try:
+        report = evaluate(args.data, args.responses, args.server, output=args.output, cfg=cfg)
+    except (ValueError, RuntimeError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(format_table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Scorer worker processes: every sample runs in one, under its own timeout.
+
+A scorer that raises, hangs, returns a non-number (or NaN), or kills its worker costs that
+sample only (score 0, ok=False, the reason recorded), never the batch or the service: pebble
+kills a worker whose task runs past its timeout and starts a fresh one.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import time
+from concurrent.futures import TimeoutError as FutureTimeout
+
+from pebble import ProcessExpired, ProcessFuture, ProcessPool
+
+from services.reward import worker
+from services.reward.types import ScoreItem, ScoreOutcome, failed
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MEMORY_LIMIT_MB = 4096
+
+
+class ScorerPool:
+    """`num_workers` spawned processes scoring samples with a per-sample timeout."""
+
+    def __init__(self, num_workers: int = 2, memory_limit_mb: int | None = DEFAULT_MEMORY_LIMIT_MB):
+        self.num_workers = num_workers
+        self.memory_limit_mb = memory_limit_mb
+        self._pool = self._new_pool()
+
+    def _new_pool(self) -> ProcessPool:
+        return ProcessPool(
+            max_workers=self.num_workers,
+            initializer=worker.init_worker,
+            initargs=(self.memory_limit_mb,),
+            context=multiprocessing.get_context("spawn"),
+        )
+
+    def warm_up(self, timeout_s: float = 120.0) -> float:
+        """Starts the workers (each loads the scorers in its initializer); returns the seconds
+        it took."""
+        t0 = time.monotonic()
+        # One task per worker; the first ones taken wait on their workers' start-up.
+        futures = [
+            self._pool.schedule(worker.warm_up, timeout=timeout_s) for _ in range(self.num_workers)
+        ]
+        for f in futures:
+            f.result()
+        return time.monotonic() - t0
+
+    def check_custom(self, spec: str, timeout_s: float = 60.0) -> None:
+        """Loads a custom function in a worker; ValueError with the worker's reason if it fails."""
+        future = self._pool.schedule(worker.check_custom, args=(spec,), timeout=timeout_s)
+        try:
+            future.result()
+        except ValueError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the user's module failed to import
+            raise ValueError(f"reward.custom_function {spec}: {_reason(e, timeout_s)}") from None
+
+    def submit(
+        self, items: list[ScoreItem], timeout_s: float, custom_function: str | None = None
+    ) -> list[ProcessFuture]:
+        """Starts scoring `items`; `collect` waits for them."""
+        return [
+            self._schedule(
+                worker.score_sample,
+                (it.data_source, it.response, it.ground_truth, it.extra_info, custom_function),
+                timeout_s,
+            )
+            for it in items
+        ]
+
+    def _schedule(self, fn, args: tuple, timeout_s: float) -> ProcessFuture:
+        try:
+            return self._pool.schedule(fn, args=args, timeout=timeout_s)
+        except RuntimeError:
+            # A pool whose workers all died (e.g. at start, under a memory limit below what
+            # Python needs) is broken for good; start over, so one bad call doesn't end the
+            # service.
+            log.warning("scorer pool is broken; starting a new one")
+            self._pool.stop()
+            self._pool = self._new_pool()
+            return self._pool.schedule(fn, args=args, timeout=timeout_s)
+
+    def collect(self, futures: list[ProcessFuture], timeout_s: float) -> list[ScoreOutcome]:
+        """One outcome per future, same order; failures become ok=False outcomes."""
+        return [_outcome(f, timeout_s) for f in futures]
+
+    def score(
+        self, items: list[ScoreItem], timeout_s: float, custom_function: str | None = None
+    ) -> list[ScoreOutcome]:
+        return self.collect(self.submit(items, timeout_s, custom_function), timeout_s)
+
+    def close(self) -> None:
+        self._pool.stop()
+        self._pool.join(timeout=10)
+
+
+def _outcome(future, timeout_s: float) -> ScoreOutcome:
+    try:
+        score, extra = future.result()
+    except Exception as e:  # noqa: BLE001 - every failure is this sample's only
+        return failed(_reason(e, timeout_s))
+    return ScoreOutcome(score=score, ok=True, extra=extra)
+
+
+def _reason(e: BaseException, timeout_s: float) -> str:
+    if isinstance(e, FutureTimeout):
+        return f"timeout after {timeout_s:.1f}s"
+    if isinstance(e, ProcessExpired):
+        return f"worker died (exit code {e.exitcode})"
+    if isinstance(e, worker.BadScore):
+        return str(e)
+    return f"{type(e).__name__}: {e}"

@@ -1,0 +1,122 @@
+"""RewardScorer: the logic the reward server calls (no gRPC here).
+
+Per item: the rule scorer of its data_source (or the custom function, for every data_source)
+runs in a worker process; with a reward model enabled, the model scores the item too and
+``score = rule + weight * rm`` (items without a rule scorer get ``weight * rm``). Extras:
+``rule_score`` and ``acc`` (rule score >= 1 - 1e-6, unless the scorer gave its own ``acc``),
+``rm_score``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from meshrl.config.schema import RewardConfig
+from services.reward.pool import DEFAULT_MEMORY_LIMIT_MB, ScorerPool
+from services.reward.scorers.registry import DATA_SOURCES, UnknownDataSource, known_data_sources
+from services.reward.types import ScoreItem, ScoreOutcome
+
+log = logging.getLogger(__name__)
+
+ACC_TOLERANCE = 1e-6
+ANY_SOURCE = "*"
+"""Listed among the known names when every data_source is accepted (custom function, RM)."""
+
+
+class RewardScorer:
+    """Scores batches of items per `cfg` (a RewardConfig, or anything with its fields)."""
+
+    def __init__(self, cfg: RewardConfig | None = None, *, memory_limit_mb: int | None = None):
+        self.cfg = cfg or RewardConfig()
+        _check_reward_model(self.cfg)  # fail before any worker starts
+        if memory_limit_mb is None:  # 0 = no limit
+            memory_limit_mb = getattr(self.cfg, "memory_limit_mb", DEFAULT_MEMORY_LIMIT_MB)
+        self.pool = ScorerPool(self.cfg.num_workers, memory_limit_mb)
+        try:
+            self.pool.warm_up()
+            if self.cfg.custom_function:
+                self.pool.check_custom(self.cfg.custom_function)
+            self.reward_model = _load_reward_model(self.cfg)
+        except BaseException:
+            self.pool.close()
+            raise
+
+    def known_data_sources(self) -> list[str]:
+        names = known_data_sources()
+        return names + [ANY_SOURCE] if self._accepts_any else names
+
+    @property
+    def _accepts_any(self) -> bool:
+        return bool(self.cfg.custom_function) or self.reward_model is not None
+
+    def validate(self, items: list[ScoreItem]) -> None:
+        """Raises UnknownDataSource for the first item no scorer can score (before any work)."""
+        if self._accepts_any:
+            return
+        for it in items:
+            if it.data_source not in DATA_SOURCES:
+                raise UnknownDataSource(it.data_source, self.known_data_sources())
+
+    def score(self, items: list[ScoreItem], timeout_s: float | None = None) -> list[ScoreOutcome]:
+        """One outcome per item, same order. Raises only UnknownDataSource (a bad request)."""
+        self.validate(items)
+        timeout = timeout_s if timeout_s and timeout_s > 0 else self.cfg.timeout_s
+        custom = self.cfg.custom_function
+        ruled = [i for i, it in enumerate(items) if custom or it.data_source in DATA_SOURCES]
+        pending = self.pool.submit([items[i] for i in ruled], timeout, custom)
+        rm = self._model_scores(items)  # in this process, while the workers score the rules
+        rule = dict(zip(ruled, self.pool.collect(pending, timeout), strict=True))
+        return [
+            _combine(rule.get(i), rm[i] if rm else None, self._rm_weight) for i in range(len(items))
+        ]
+
+    @property
+    def _rm_weight(self) -> float:
+        return self.cfg.reward_model.weight
+
+    def _model_scores(self, items: list[ScoreItem]) -> list[float] | None:
+        if self.reward_model is None or not items:
+            return None
+        return self.reward_model.score([it.prompt for it in items], [it.response for it in items])
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def __enter__(self) -> RewardScorer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _check_reward_model(cfg: RewardConfig) -> None:
+    if cfg.reward_model.enable and not cfg.reward_model.path:
+        raise ValueError("reward.reward_model.enable is true but reward.reward_model.path is empty")
+
+
+def _load_reward_model(cfg: RewardConfig):
+    rm = cfg.reward_model
+    if not rm.enable:
+        return None
+    from services.reward.reward_model import RewardModel  # torch + transformers: only when used
+
+    log.info("loading reward model %s", rm.path)
+    return RewardModel(rm.path, micro_batch_size=rm.micro_batch_size, max_length=rm.max_length)
+
+
+def _combine(rule: ScoreOutcome | None, rm: float | None, weight: float) -> ScoreOutcome:
+    if rule is not None and not rule.ok:
+        return rule
+    out = ScoreOutcome(score=0.0)
+    if rule is not None:
+        out.extra.update(rule.extra)
+        out.extra["rule_score"] = rule.score
+        out.extra.setdefault("acc", float(rule.score >= 1.0 - ACC_TOLERANCE))
+        out.score += rule.score
+    if rm is not None:
+        if not math.isfinite(rm):
+            return ScoreOutcome(score=0.0, ok=False, reason=f"reward model returned {rm}")
+        out.extra["rm_score"] = rm
+        out.score += weight * rm
+    return out

@@ -1,0 +1,172 @@
+"""Reward server: gRPC glue around RewardScorer.
+
+    python -m services.reward.server --port 50053 [--custom-function f.py:fn] [--reward-model DIR]
+
+Ready (health SERVING) as soon as the rule scorers' workers are up; Initialize applies a run's
+``reward`` section (custom function, timeouts, workers, reward model) by building a new scorer
+and swapping it in. Score calls run one at a time (each batch is spread over the workers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import logging
+import threading
+
+import grpc
+
+from meshrl.api.v1 import common_pb2, reward_pb2, reward_pb2_grpc
+from meshrl.config.loader import config_from_yaml
+from meshrl.config.schema import RewardConfig, RewardModelConfig
+from meshrl.rpc.server import GrpcServer, ServiceError, rpc_method
+from services.reward.convert import item_from_proto, outcome_to_proto
+from services.reward.scoring import RewardScorer
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "meshrl.api.v1.RewardService"
+
+
+def _package_version() -> str:
+    try:
+        return importlib.metadata.version("meshrl")
+    except importlib.metadata.PackageNotFoundError:  # a bare checkout
+        return ""
+
+
+class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
+    """Answers UNAVAILABLE until its first scorer is in place (see `swap`)."""
+
+    def __init__(self, memory_limit_mb: int | None = None):
+        self.memory_limit_mb = memory_limit_mb  # the process's setting, kept across Initialize
+        self._scorer: RewardScorer | None = None
+        self._lock = threading.Lock()  # Score vs the scorer swap of Initialize
+
+    @property
+    def scorer(self) -> RewardScorer:
+        if self._scorer is None:
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, "reward server is starting its workers")
+        return self._scorer
+
+    def swap(self, scorer: RewardScorer) -> None:
+        """Puts `scorer` in service; the previous one finishes its work and closes."""
+        with self._lock:
+            old, self._scorer = self._scorer, scorer
+        if old is not None:
+            old.close()
+
+    def info(self) -> common_pb2.ServerInfo:
+        rm = self._scorer.reward_model if self._scorer else None
+        return common_pb2.ServerInfo(
+            api_version="meshrl.api.v1",
+            service="reward",
+            model_path=rm.path if rm else "",
+            weight_version=-1,
+            world_size=1,
+            num_parameters=rm.num_parameters if rm else 0,
+            ready=self._scorer is not None,
+            meshrl_version=_package_version(),
+        )
+
+    @rpc_method
+    def GetInfo(self, request, context):
+        return self.info()
+
+    @rpc_method
+    def Initialize(self, request, context):
+        cfg = config_from_yaml(request.config_yaml)  # ConfigError is a ValueError: INVALID_ARGUMENT
+        self.swap(
+            RewardScorer(cfg.reward, memory_limit_mb=self.memory_limit_mb)
+        )  # built aside: Score keeps working meanwhile
+        log.info("initialized: %s", cfg.reward.model_dump())
+        return common_pb2.InitializeResponse(info=self.info())
+
+    @rpc_method
+    def Score(self, request, context):
+        items = [item_from_proto(m) for m in request.items]
+        with self._lock:
+            outcomes = self.scorer.score(items, request.timeout_s or None)
+        return reward_pb2.ScoreResponse(results=[outcome_to_proto(o) for o in outcomes])
+
+    @rpc_method
+    def ListScorers(self, request, context):
+        return reward_pb2.ListScorersResponse(data_sources=self.scorer.known_data_sources())
+
+    def close(self) -> None:
+        with self._lock:
+            if self._scorer is not None:
+                self._scorer.close()
+
+
+def build_config(
+    custom_function: str | None = None,
+    timeout_s: float = 10.0,
+    num_workers: int = 2,
+    reward_model_path: str | None = None,
+) -> RewardConfig:
+    return RewardConfig(
+        custom_function=custom_function,
+        timeout_s=timeout_s,
+        num_workers=num_workers,
+        reward_model=RewardModelConfig(
+            enable=bool(reward_model_path), path=reward_model_path or ""
+        ),
+    )
+
+
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    custom_function: str | None = None,
+    timeout_s: float = 10.0,
+    num_workers: int = 2,
+    reward_model_path: str | None = None,
+    memory_limit_mb: int | None = None,
+) -> None:
+    """Runs the reward server until SIGTERM/SIGINT. `memory_limit_mb` caps each scorer
+    worker's address space (None = 4096)."""
+    cfg = build_config(custom_function, timeout_s, num_workers, reward_model_path)
+    server = GrpcServer(SERVICE_NAME, host, port)
+    servicer = RewardServicer(memory_limit_mb)
+    server.add(reward_pb2_grpc.add_RewardServiceServicer_to_server, servicer)
+    server.start()  # listening (overall health SERVING) while the workers start
+    servicer.swap(RewardScorer(cfg, memory_limit_mb=memory_limit_mb))
+    server.mark_ready()
+    print(f"reward server ready on {host}:{server.port}", flush=True)
+    try:
+        server.wait()
+    finally:
+        servicer.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="python -m services.reward.server", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 = any free port (printed at start)")
+    p.add_argument("--custom-function", default=None, help="path/to/file.py:function_name")
+    p.add_argument("--timeout-s", type=float, default=10.0, help="per-sample scorer limit")
+    p.add_argument("--num-workers", type=int, default=2, help="scorer worker processes")
+    p.add_argument("--reward-model", default=None, help="reward model folder (HF classification)")
+    p.add_argument("--memory-limit-mb", type=int, default=None, help="per worker (default 4096)")
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    serve(
+        args.host,
+        args.port,
+        custom_function=args.custom_function,
+        timeout_s=args.timeout_s,
+        num_workers=args.num_workers,
+        reward_model_path=args.reward_model,
+        memory_limit_mb=args.memory_limit_mb,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""Typed containers of the reward service; protos are converted to these at the server edge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ScoreItem:
+    """One response to score."""
+
+    data_source: str
+    """Picks the rule scorer, e.g. "openai/gsm8k"."""
+    response: str
+    """Decoded response text."""
+    ground_truth: str = ""
+    """reward_model.ground_truth of the prompt's row."""
+    prompt: str = ""
+    """Prompt for a reward model: plain user text, or a JSON chat message list."""
+    extra_info: dict[str, Any] = field(default_factory=dict)
+    """The row's extra_info (HellaSwag's endings live here)."""
+
+
+# The brief's name for the Python-side item, next to the proto's ScoreItem.
+ScoreItemPy = ScoreItem
+
+
+@dataclass
+class ScoreOutcome:
+    """The reward of one item. A failed scorer gives score 0, ok False and the reason."""
+
+    score: float
+    ok: bool = True
+    reason: str = ""
+    extra: dict[str, float] = field(default_factory=dict)
+    """e.g. "rule_score", "rm_score", "acc"."""
+
+
+def failed(reason: str) -> ScoreOutcome:
+    return ScoreOutcome(score=0.0, ok=False, reason=reason)

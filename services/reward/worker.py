@@ -1,0 +1,88 @@
+"""What runs inside a scorer worker process: limits, then one sample per call.
+
+Workers are spawned (not forked: the server has gRPC threads, and a fork of a threaded
+process can deadlock), so this module imports only what a worker needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import resource
+from typing import Any
+
+from services.reward.scorers.custom import load_custom_function
+from services.reward.scorers.registry import get_scorer
+
+
+class BadScore(Exception):
+    """A scorer returned something that is not a number; the message says what."""
+
+
+def init_worker(memory_limit_mb: int | None) -> None:
+    """Loads the scorers, then caps the worker's address space (a runaway scorer fails with
+    MemoryError alone).
+
+    Loading here, before the worker takes a task, keeps the import of math-verify (a second
+    or more) out of the first sample's timeout, also in a worker that replaces a killed one.
+    """
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    warm_up()
+    if memory_limit_mb:
+        limit = int(memory_limit_mb) * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def warm_up() -> int:
+    """Imports every scorer family and runs it once; returns the worker's pid."""
+    for data_source in ("openai/gsm8k", "lighteval/MATH", "Rowan/hellaswag"):
+        get_scorer(data_source)("\\boxed{1} #### 1 (B)", "1", {})
+    return os.getpid()
+
+
+def check_custom(spec: str) -> str:
+    """Loads the custom function once, so a bad spec fails at Initialize, not mid-run."""
+    fn = load_custom_function(spec)
+    return getattr(fn, "__name__", "?")
+
+
+def score_sample(
+    data_source: str,
+    response: str,
+    ground_truth: str,
+    extra_info: dict[str, Any],
+    custom_function: str | None,
+) -> tuple[float, dict[str, float]]:
+    """(score, extra) of one sample; raises what the scorer raises, or BadScore."""
+    if custom_function:
+        fn = load_custom_function(custom_function)
+        value = fn(data_source, response, ground_truth, extra_info)
+    else:
+        value = get_scorer(data_source)(response, ground_truth, extra_info)
+    return coerce(value)
+
+
+def coerce(value: Any) -> tuple[float, dict[str, float]]:
+    """A scorer's return value as (finite score, numeric extras)."""
+    extra: dict[str, float] = {}
+    if isinstance(value, dict):
+        if "score" not in value:
+            raise BadScore(f"returned a dict without 'score' (keys: {', '.join(map(str, value))})")
+        extra = {str(k): float(v) for k, v in value.items() if k != "score" and _is_number(v)}
+        value = value["score"]
+    if not _is_number(value):
+        raise BadScore(f"returned {type(value).__name__}, expected a number")
+    score = float(value)
+    if not math.isfinite(score):
+        raise BadScore(f"returned {score}, expected a finite number")
+    return score, extra
+
+
+def _is_number(v: Any) -> bool:
+    if isinstance(v, (bool, int, float)):
+        return True
+    try:  # numpy / torch scalars
+        return hasattr(v, "item") and isinstance(v.item(), (bool, int, float))
+    except Exception:  # noqa: BLE001 - anything that cannot say is not a number
+        return False

@@ -1,0 +1,263 @@
+"""Preprocessors on small raw files written here in the upstream formats (and the hub's
+parquet exports), then loaded back by PromptDataset."""
+
+import gzip
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from meshrl.data.dataset import PromptDataset
+from meshrl.data.errors import DataError
+from meshrl.data.preprocess import PREPROCESSORS, convert, run
+from meshrl.data.preprocess.common import split_of
+from meshrl.data.preprocess.hh_rlhf import dialogue_to_chat
+from meshrl.testing.char_tokenizer import build_char_tokenizer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def jsonl(path, records, gz=False):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    if gz:
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+def parquet(path, records):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(records), path)
+    return path
+
+
+def read(path):
+    return pq.read_table(path).to_pylist()
+
+
+GSM = [
+    {"question": "Natalia sold 48 clips. How many?", "answer": "48/2 = <<48/2=24>>24\n#### 72"},
+    {"question": "Big one?", "answer": "It is 1,234 * 1 = <<1234*1=1234>>1,234\n#### 1,234"},
+    {"question": "Cold?", "answer": "Down by 5.\n#### -5"},
+]
+
+
+def test_gsm8k_jsonl(tmp_path):
+    jsonl(tmp_path / "raw/train.jsonl", GSM[:2])
+    jsonl(tmp_path / "raw/test.jsonl", GSM[2:])
+    assert run("gsm8k", tmp_path / "raw", tmp_path / "out") == {"test": 1, "train": 2}
+    rows = read(tmp_path / "out/train.parquet")
+    assert rows[0]["prompt"] == [
+        {
+            "role": "user",
+            "content": 'Natalia sold 48 clips. How many? Let\'s think step by step and output the final answer after "####".',
+        }
+    ]
+    assert rows[0]["data_source"] == "openai/gsm8k" and rows[0]["ability"] == "math"
+    assert rows[0]["reward_model"] == {"style": "rule", "ground_truth": "72"}
+    assert rows[1]["reward_model"]["ground_truth"] == "1234"
+    assert rows[1]["extra_info"]["index"] == 1 and rows[1]["extra_info"]["split"] == "train"
+    assert read(tmp_path / "out/test.parquet")[0]["reward_model"]["ground_truth"] == "-5"
+
+
+def test_gsm8k_hub_parquet(tmp_path):
+    parquet(tmp_path / "raw/main/train-00000-of-00001.parquet", GSM)
+    assert run("gsm8k", tmp_path / "raw", tmp_path / "out") == {"train": 3}
+
+
+MATH_TREE = {
+    "test/algebra/1.json": {
+        "problem": "Solve $x+1=3$.",
+        "level": "Level 1",
+        "type": "Algebra",
+        "solution": "So $x = \\boxed{2}$.",
+    },
+    "test/algebra/10.json": {
+        "problem": "Half?",
+        "level": "Level 2",
+        "type": "Algebra",
+        "solution": "We get \\boxed{1} and then $\\boxed{\\frac{1}{2}}$.",
+    },
+    "test/geometry/2.json": {
+        "problem": "No box.",
+        "level": "Level 1",
+        "type": "Geometry",
+        "solution": "It is 4.",
+    },
+    "train/algebra/3.json": {
+        "problem": "Pair?",
+        "level": "Level 5",
+        "type": "Algebra",
+        "solution": "$\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}$",
+    },
+}
+
+
+def test_math_json_tree(tmp_path):
+    for rel, rec in MATH_TREE.items():
+        p = tmp_path / "MATH" / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(rec, indent=4))
+    result = convert("math", tmp_path / "MATH")
+    assert result.skipped == {"solution without \\boxed{}": 1}
+    assert run("math", tmp_path / "MATH", tmp_path / "out") == {"test": 2, "train": 1}
+    test = read(tmp_path / "out/test.parquet")
+    # natural order: 1.json before 10.json
+    assert [r["reward_model"]["ground_truth"] for r in test] == ["2", "\\frac{1}{2}"]
+    assert test[0]["prompt"][0]["content"] == (
+        "Solve $x+1=3$. Let's think step by step and output the final answer within \\boxed{}."
+    )
+    assert test[0]["data_source"] == "DigitalLearningGmbH/MATH-lighteval"
+    assert (
+        test[0]["extra_info"]["level"] == "Level 1" and test[0]["extra_info"]["type"] == "Algebra"
+    )
+    train = read(tmp_path / "out/train.parquet")
+    assert train[0]["reward_model"]["ground_truth"] == "\\left( 3, \\frac{\\pi}{2} \\right)"
+
+
+def test_math500_jsonl(tmp_path):
+    rec = {
+        "problem": "P",
+        "solution": "so \\boxed{5}",
+        "answer": "5",
+        "subject": "Algebra",
+        "level": 2,
+        "unique_id": "test/algebra/9.json",
+    }
+    jsonl(tmp_path / "math_splits/test.jsonl", [rec])
+    assert run("math", tmp_path / "math_splits", tmp_path / "out") == {"test": 1}
+    row = read(tmp_path / "out/test.parquet")[0]
+    assert row["extra_info"]["level"] == "Level 2"
+    assert row["extra_info"]["unique_id"] == "test/algebra/9.json"
+
+
+HELLA = {
+    "ind": 4,
+    "activity_label": "Removing ice from car",
+    "ctx_a": "Then, the man writes over the snow covering the window of a car, and a woman wearing winter clothes smiles.",
+    "ctx_b": "then",
+    "ctx": "Then, the man writes ... smiles. then",
+    "endings": [
+        ", the man adds wax to the windshield and cuts it.",
+        ", a person board a ski lift, while two men supporting the head of the person wearing winter clothes snow as the we girls sled.",
+        ", the man puts on a christmas coat, knitted with netting.",
+        ", the man continues removing the snow on his car.",
+    ],
+    "source_id": "activitynet~v_-1IBHYS3L-Y",
+    "split": "val",
+    "split_type": "zeroshot",
+    "label": 3,
+}
+
+
+def test_hellaswag_jsonl_and_hub_parquet(tmp_path):
+    wiki = HELLA | {
+        "activity_label": "Home and Garden",
+        "ctx_a": "[header] How to x [title] Do y.",
+        "ctx_b": "",
+        "label": 0,
+    }
+    jsonl(tmp_path / "raw/hellaswag_val.jsonl", [HELLA, wiki])
+    unlabeled = {k: v for k, v in HELLA.items() if k != "label"}
+    jsonl(tmp_path / "raw/hellaswag_test.jsonl", [unlabeled])
+    parquet(tmp_path / "raw/data/train-00000-of-00001.parquet", [HELLA | {"label": "1"}])
+    result = convert("hellaswag", tmp_path / "raw")
+    assert result.skipped == {"no label (unlabeled test split)": 1}
+    assert run("hellaswag", tmp_path / "raw", tmp_path / "out") == {"train": 1, "test": 2}
+    test = read(tmp_path / "out/test.parquet")
+    content = test[0]["prompt"][0]["content"]
+    assert content.startswith("Removing ice from car: Then, the man writes over")
+    assert "smiles. Then\n\nWhich ending" in content  # ctx_b capitalized
+    assert "\nD. , the man continues removing the snow on his car.\n" in content
+    assert test[0]["reward_model"] == {"style": "rule", "ground_truth": "3"}
+    assert test[0]["data_source"] == "Rowan/hellaswag" and test[0]["ability"] == "nlp"
+    assert len(test[0]["extra_info"]["endings"]) == 4
+    # WikiHow markup cleaned as verl does
+    assert test[1]["prompt"][0]["content"].startswith("Home and Garden: How to x. Do y.")
+    assert read(tmp_path / "out/train.parquet")[0]["reward_model"]["ground_truth"] == "1"
+
+
+HH = [
+    {
+        "chosen": "\n\nHuman: Hi there\n\nAssistant: Hello!\n\nHuman: Tell me a joke\n\nAssistant: Why did the chicken...",
+        "rejected": "\n\nHuman: Hi there\n\nAssistant: Hello!\n\nHuman: Tell me a joke\n\nAssistant: No.",
+    },
+    {
+        "chosen": "\n\nHuman: A\n\nAssistant: B\n\nHuman: C\n\nAssistant: D",
+        "rejected": "\n\nHuman: A\n\nAssistant: X\n\nHuman: C\n\nAssistant: D",
+    },
+]
+
+
+def test_hh_rlhf_anthropic_gz(tmp_path):
+    jsonl(tmp_path / "raw/helpful-base/test.jsonl.gz", HH, gz=True)
+    result = convert("hh_rlhf", tmp_path / "raw")
+    assert result.skipped == {"chosen and rejected differ before the final response": 1}
+    assert run("hh_rlhf", tmp_path / "raw", tmp_path / "out") == {"test": 1}
+    row = read(tmp_path / "out/test.parquet")[0]
+    assert row["prompt"] == [
+        {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Tell me a joke"},
+    ]
+    assert row["reward_model"] == {"style": "model", "ground_truth": "Why did the chicken..."}
+    assert row["extra_info"]["rejected"] == "No."
+    assert row["data_source"] == "Dahoas/full-hh-rlhf" and row["ability"] == "alignment"
+
+
+def test_hh_rlhf_dahoas_parquet(tmp_path):
+    rec = {
+        "prompt": "\n\nHuman: Q1\n\nAssistant: A1\n\nHuman: Q2\n\nAssistant:",
+        "response": " R",
+        "chosen": " R",
+        "rejected": " W",
+    }
+    parquet(tmp_path / "raw/data/train-00000-of-00001.parquet", [rec])
+    assert run("full_hh_rlhf", tmp_path / "raw", tmp_path / "out") == {"train": 1}
+    row = read(tmp_path / "out/train.parquet")[0]
+    assert [m["role"] for m in row["prompt"]] == ["user", "assistant", "user"]
+    assert row["reward_model"]["ground_truth"] == "R"
+
+
+def test_dialogue_merges_consecutive_turns():
+    chat = dialogue_to_chat("\n\nHuman: a\n\nHuman: b\n\nAssistant: c")
+    assert chat == [{"role": "user", "content": "a\n\nb"}, {"role": "assistant", "content": "c"}]
+
+
+def test_outputs_load_in_prompt_dataset(tmp_path):
+    jsonl(tmp_path / "raw/test.jsonl", GSM)
+    run("gsm8k", tmp_path / "raw", tmp_path / "out")
+    ds = PromptDataset([str(tmp_path / "out/test.parquet")], build_char_tokenizer())
+    assert [r.ground_truth for r in ds.records] == ["72", "1234", "-5"]
+
+
+def test_split_of_names_and_folders(tmp_path):
+    assert split_of(tmp_path / "main/train-00000-of-00001.parquet", tmp_path) == "train"
+    assert split_of(tmp_path / "hellaswag_val.jsonl", tmp_path) == "validation"
+    assert split_of(tmp_path / "MATH/test/algebra/1.json", tmp_path / "MATH") == "test"
+    assert split_of(tmp_path / "MATH/test/algebra/1.json", tmp_path / "MATH/test") == "test"
+    assert split_of(tmp_path / "data/dev.jsonl", tmp_path) == "validation"
+    # folders above the input root are not read
+    assert split_of(tmp_path / "test_x/raw/q.jsonl", tmp_path / "test_x/raw") is None
+
+
+def test_errors(tmp_path):
+    with pytest.raises(DataError, match="unknown dataset 'nope'; known: gsm8k"):
+        run("nope", tmp_path, tmp_path / "out")
+    with pytest.raises(DataError, match="does not exist"):
+        run("gsm8k", tmp_path / "missing", tmp_path / "out")
+    jsonl(tmp_path / "raw/questions.jsonl", GSM)
+    with pytest.raises(DataError, match="cannot tell the split of .*questions.jsonl"):
+        run("gsm8k", tmp_path / "raw/questions.jsonl", tmp_path / "out")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad/train.jsonl").write_text("{not json\n")
+    with pytest.raises(DataError, match="cannot read raw file .*train.jsonl"):
+        run("gsm8k", tmp_path / "bad", tmp_path / "out")
+
+
+def test_registry_names():
+    assert set(PREPROCESSORS) >= {"gsm8k", "math", "hellaswag", "hh_rlhf"}

@@ -1,0 +1,113 @@
+"""evaluate(): responses.jsonl joined with a parquet file by row index, scored in-process."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from meshrl.config.schema import RewardConfig
+from services.reward.evaluate import evaluate, format_table, main, read_responses
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def row(source, gt, **extra):
+    return {
+        "data_source": source,
+        "prompt": [{"role": "user", "content": "q"}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": gt},
+        "extra_info": {"split": "test", "index": 0, **extra},
+    }
+
+
+@pytest.fixture
+def files(tmp_path):
+    rows = [
+        row("openai/gsm8k", "72"),  # 0
+        row("openai/gsm8k", "1234"),  # 1
+        row("DigitalLearningGmbH/MATH-lighteval", "\\frac{1}{2}"),  # 2
+        row("openai/gsm8k", "5"),  # 3: no response -> missing
+    ]
+    data = tmp_path / "test.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    lines = [
+        {"index": 0, "response": "... #### 72"},
+        {"index": 1, "responses": ["#### 1,234", "#### 1235", "no answer"]},
+        {"index": 2, "response": "so $\\boxed{0.5}$"},
+        {"index": 2, "response": "so $\\boxed{0.25}$"},  # lines for one index add up
+    ]
+    responses = tmp_path / "responses.jsonl"
+    responses.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return data, responses
+
+
+def test_evaluate_in_process(files, tmp_path):
+    data, responses = files
+    out = tmp_path / "report.json"
+    report = evaluate(data, responses, output=out, cfg=RewardConfig(num_workers=1))
+    by = {s.data_source: s for s in report.sources}
+    gsm = by["openai/gsm8k"]
+    # responses: row 0 right; row 1: right, wrong, none -> 2/4 right; both prompts solved once.
+    assert (gsm.prompts, gsm.responses, gsm.acc, gsm.pass_at_n, gsm.mean_score) == (
+        2,
+        4,
+        0.5,
+        1.0,
+        0.5,
+    )
+    math = by["DigitalLearningGmbH/MATH-lighteval"]
+    assert (math.prompts, math.responses, math.acc, math.pass_at_n) == (1, 2, 0.5, 1.0)
+    assert report.overall.responses == 6 and report.overall.acc == pytest.approx(3 / 6)
+    assert report.missing_rows == 1 and report.overall.failed == 0
+    assert [(s.index, s.sample, s.score) for s in report.samples[:4]] == [
+        (0, 0, 1.0),
+        (1, 0, 1.0),
+        (1, 1, 0.0),
+        (1, 2, 0.0),
+    ]
+    saved = json.loads(out.read_text())
+    assert saved["overall"]["acc"] == pytest.approx(0.5) and len(saved["samples"]) == 6
+    table = format_table(report)
+    assert table.splitlines()[0].split() == [
+        "data_source",
+        "prompts",
+        "responses",
+        "mean_score",
+        "acc",
+        "pass@n",
+        "failed",
+    ]
+    assert "openai/gsm8k" in table and table.splitlines()[-2].startswith("all")
+    assert "(1 rows of the data had no response)" in table
+
+
+def test_cli_main(files, tmp_path, capsys):
+    data, responses = files
+    assert main(["--data", str(data), "--responses", str(responses), "--num-workers", "1"]) == 0
+    assert "openai/gsm8k" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "line 1: expected"),
+        ('{"response": "x"}', "line 1: expected"),
+        ('{"index": 9, "response": "x"}', "index 9 is outside the data's 4 rows"),
+        ('{"index": 0, "responses": [1]}', "responses must be strings"),
+    ],
+)
+def test_bad_responses_file(tmp_path, line, message):
+    path = tmp_path / "r.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(ValueError, match=message):
+        read_responses(path, 4)
+
+
+def test_unknown_data_source_in_data(tmp_path):
+    data = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist([row("my/set", "1")]), data)
+    (tmp_path / "r.jsonl").write_text('{"index": 0, "response": "1"}\n')
+    with pytest.raises(ValueError, match="unknown data_source 'my/set'"):
+        evaluate(data, tmp_path / "r.jsonl", cfg=RewardConfig(num_workers=1))

@@ -1,0 +1,182 @@
+"""Worker pool: a scorer that raises, hangs, dies, or returns a non-number costs its sample
+only, and the pool keeps working. Custom functions from a file."""
+
+import time
+
+import pytest
+
+from meshrl.config.schema import RewardConfig
+from services.reward.pool import ScorerPool
+from services.reward.scoring import ANY_SOURCE, RewardScorer
+from services.reward.types import ScoreItem
+from services.reward.worker import BadScore, coerce
+
+pytestmark = pytest.mark.timeout(120)
+
+CUSTOM = '''
+import os, time
+
+def misbehave(data_source, solution_str, ground_truth, extra_info):
+    """Does what the response says."""
+    if solution_str == "raise":
+        raise ValueError("bad input")
+    if solution_str == "hang":
+        time.sleep(600)
+    if solution_str == "str":
+        return "1.0"
+    if solution_str == "nan":
+        return float("nan")
+    if solution_str == "die":
+        os._exit(3)
+    if solution_str == "hog":
+        return len(bytearray(2 * 1024**3))
+    if solution_str == "dict":
+        return {"score": 0.5, "acc": 1, "note": "not a number, dropped"}
+    if solution_str == "nodict":
+        return {"acc": 1}
+    return 1.0 if solution_str == ground_truth else 0.0
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return float(len(data_source))
+'''
+
+
+@pytest.fixture(scope="module")
+def custom_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("custom") / "my_reward.py"
+    path.write_text(CUSTOM)
+    return path
+
+
+@pytest.fixture(scope="module")
+def scorer(custom_file):
+    cfg = RewardConfig(custom_function=f"{custom_file}:misbehave", timeout_s=1.0, num_workers=2)
+    with RewardScorer(cfg, memory_limit_mb=1024) as s:
+        yield s
+
+
+def item(response, gt="7", source="any/thing"):
+    return ScoreItem(data_source=source, response=response, ground_truth=gt)
+
+
+@pytest.mark.slow
+def test_each_failure_costs_its_sample_only(scorer):
+    kinds = ["7", "raise", "hang", "str", "nan", "die", "hog", "dict", "nodict", "8"]
+    t0 = time.monotonic()
+    out = scorer.score([item(k) for k in kinds])
+    assert time.monotonic() - t0 < 10  # the hang costs its timeout, not the batch
+    by = dict(zip(kinds, out, strict=True))
+    assert (by["7"].score, by["7"].ok) == (1.0, True)
+    assert (by["8"].score, by["8"].ok) == (0.0, True)
+    assert by["raise"].reason == "ValueError: bad input"
+    assert by["hang"].reason == "timeout after 1.0s"
+    assert by["str"].reason == "returned str, expected a number"
+    assert by["nan"].reason == "returned nan, expected a finite number"
+    assert by["die"].reason.startswith("worker died")
+    assert by["hog"].reason.startswith("MemoryError")
+    assert by["nodict"].reason.startswith("returned a dict without 'score'")
+    for k in ["raise", "hang", "str", "nan", "die", "hog", "nodict"]:
+        assert (by[k].score, by[k].ok) == (0.0, False), k
+    assert by["dict"].ok and by["dict"].score == 0.5
+    assert by["dict"].extra == {"acc": 1.0, "rule_score": 0.5}
+    # the pool still works afterwards
+    again = scorer.score([item("7"), item("7")])
+    assert [o.score for o in again] == [1.0, 1.0]
+
+
+def test_custom_function_overrides_every_data_source(scorer):
+    assert ANY_SOURCE in scorer.known_data_sources()
+    out = scorer.score([item("7", source="openai/gsm8k"), item("7", source="never/heard")])
+    assert [o.score for o in out] == [1.0, 1.0]
+
+
+def test_custom_function_default_name(custom_file):
+    with RewardScorer(RewardConfig(custom_function=str(custom_file), num_workers=1)) as s:
+        assert s.score([item("x", source="abc")])[0].score == 3.0
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("{dir}/missing.py:fn", "does not exist"),
+        ("{file}:nope", "has no function 'nope'; callables there: misbehave, compute_score"),
+    ],
+)
+def test_bad_custom_function_fails_at_start(custom_file, spec, message):
+    spec = spec.format(dir=custom_file.parent, file=custom_file)
+    with pytest.raises(ValueError, match=message):
+        RewardScorer(RewardConfig(custom_function=spec, num_workers=1))
+
+
+@pytest.mark.slow
+def test_pathological_math_finishes_within_timeout():
+    towers = [
+        "\\boxed{9^{9^{9^{9}}}}",
+        "\\boxed{9^{999999999}}",  # a power computed in C: only killing the worker ends it
+        "\\boxed{" + "{" * 3000 + "1" + "}" * 3000 + "}",
+    ]
+    items = [ScoreItem("lighteval/MATH", r, "5") for r in towers]
+    with RewardScorer(RewardConfig(timeout_s=2.0, num_workers=2)) as s:
+        t0 = time.monotonic()
+        out = s.score(items + [ScoreItem("math", "\\boxed{5}", "5")])
+        # Each sample ends at its 2 s timeout at the latest; the wall time adds the start of
+        # replacement workers (a second or more on a loaded 2-core machine).
+        assert time.monotonic() - t0 < 20
+        assert [o.score for o in out] == [0.0, 0.0, 0.0, 1.0]
+        assert out[1].reason == "timeout after 2.0s"
+        assert s.score([ScoreItem("math", "\\boxed{\\frac{1}{2}}", "0.5")])[0].score == 1.0
+
+
+def test_unknown_data_source_is_rejected_before_any_work():
+    pool_calls = []
+    with RewardScorer(RewardConfig(num_workers=1)) as s:
+        s.pool.submit = lambda *a, **k: pool_calls.append(a)  # must not be reached
+        with pytest.raises(ValueError, match="unknown data_source 'x/y'; known: openai/gsm8k"):
+            s.score([ScoreItem("openai/gsm8k", "#### 1", "1"), ScoreItem("x/y", "1", "1")])
+    assert not pool_calls
+
+
+def test_rule_scores_carry_acc_and_rule_score():
+    with RewardScorer(RewardConfig(num_workers=1)) as s:
+        out = s.score([ScoreItem("gsm8k", "#### 3", "3"), ScoreItem("gsm8k", "#### 4", "3")])
+    assert out[0].extra == {"rule_score": 1.0, "acc": 1.0}
+    assert out[1].extra == {"rule_score": 0.0, "acc": 0.0}
+
+
+def test_pool_directly_and_empty_batch():
+    pool = ScorerPool(num_workers=1)
+    try:
+        assert pool.score([], 1.0) == []
+        out = pool.score([ScoreItem("openai/gsm8k", "#### 1,000", "1000")], 5.0)
+        assert out[0].ok and out[0].score == 1.0
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (1, (1.0, {})),
+        (True, (1.0, {})),
+        (0.5, (0.5, {})),
+        ({"score": 2, "x": 1.5}, (2.0, {"x": 1.5})),
+    ],
+)
+def test_coerce(value, expected):
+    assert coerce(value) == expected
+
+
+@pytest.mark.parametrize("value", [None, "1", [1], float("inf"), {"score": "1"}])
+def test_coerce_rejects(value):
+    with pytest.raises(BadScore):
+        coerce(value)
+
+
+def test_a_stopped_pool_is_replaced():
+    pool = ScorerPool(num_workers=1)
+    try:
+        pool._pool.stop()  # as if every worker had died: pebble refuses new tasks
+        out = pool.score([ScoreItem("gsm8k", "#### 1", "1")], 5.0)
+        assert out[0].ok and out[0].score == 1.0
+    finally:
+        pool.close()

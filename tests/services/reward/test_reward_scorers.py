@@ -1,0 +1,134 @@
+"""Rule scorers on hand-written responses, hard cases included. Run in-process here; the
+pool tests run them in workers."""
+
+import pytest
+
+from services.reward.scorers import gsm8k, hellaswag
+from services.reward.scorers import math as math_scorer
+from services.reward.scorers.registry import (
+    UnknownDataSource,
+    family_of,
+    get_scorer,
+    known_data_sources,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.parametrize(
+    ("response", "gt", "expected"),
+    [
+        ("48/2 = 24, 48+24 = 72\n#### 72", "72", 1.0),
+        ("so the total is #### 1,234", "1234", 1.0),  # commas stripped
+        ("#### $1,234", "1234", 1.0),  # dollar stripped
+        ("#### 72.", "72", 1.0),  # a sentence's period
+        ("it drops by 5 degrees\n#### -5", "-5", 1.0),  # negative
+        ("#### 0.25", "0.25", 1.0),  # decimal
+        ("#### 0.250", "0.25", 0.0),  # strings must match, as verl
+        ("first guess #### 12 ... wait, recheck #### 13", "13", 1.0),  # the last #### counts
+        ("first guess #### 13 ... wait, recheck #### 12", "13", 0.0),
+        ("the answer is 72", "72", 0.0),  # strict: no #### at all
+        ("", "72", 0.0),
+        ("####", "72", 0.0),
+        ("#### seventy-two", "72", 0.0),
+    ],
+)
+def test_gsm8k_strict(response, gt, expected):
+    assert gsm8k.compute_score(response, gt) == expected
+
+
+def test_gsm8k_format_score_only_when_an_answer_was_extracted():
+    assert gsm8k.compute_score("#### 71", "72", format_score=0.1) == 0.1
+    assert gsm8k.compute_score("no number", "72", format_score=0.1) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("the answer is 1,234.", "1234"),
+        ("from 3 we go to -7", "-7"),
+        ("costs $4.50 in total", "4.50"),
+        ("12 apples, then 15.", "15"),
+        ("no digits", None),
+    ],
+)
+def test_gsm8k_flexible_extracts_last_number(response, expected):
+    assert gsm8k.extract_answer(response, "flexible") == expected
+
+
+@pytest.mark.parametrize(
+    ("response", "gt", "expected"),
+    [
+        ("so $\\boxed{\\frac{1}{2}}$", "0.5", 1.0),
+        ("$\\boxed{0.5}$", "\\frac{1}{2}", 1.0),
+        ("\\boxed{\\dfrac12}", "\\frac{1}{2}", 1.0),
+        (
+            "\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}",
+            "\\left( 3, \\frac{\\pi}{2} \\right)",
+            1.0,
+        ),
+        ("\\boxed{(3,\\frac{\\pi}{2})}", "\\left( 3, \\frac{\\pi}{2} \\right)", 1.0),
+        ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{1}{2}\\sqrt{3}", 1.0),  # nested braces
+        ("guess \\boxed{3} then \\boxed{4}", "4", 1.0),  # the last box counts
+        ("guess \\boxed{4} then \\boxed{3}", "4", 0.0),
+        ("\\boxed{x^2+1}", "1+x^2", 1.0),
+        ("\\boxed{2}", "3", 0.0),
+        ("the answer is 2", "2", 0.0),  # no box: no answer
+        ("\\boxed{}", "2", 0.0),
+        ("\\boxed{2", "2", 0.0),  # never closed
+        ("\\boxed{" + "1" * 2000 + "}", "1", 0.0),  # over the answer-length cap
+    ],
+)
+def test_math(response, gt, expected):
+    assert math_scorer.compute_score(response, gt) == expected
+
+
+ENDINGS = [
+    "adds wax to the car.",
+    "boards a ski lift.",
+    "puts on a coat.",
+    "keeps removing the snow.",
+]
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("D", 1.0),
+        ("(D)", 1.0),
+        ("d.", 1.0),
+        ("3", 1.0),  # the index
+        ("The answer is D.", 1.0),
+        ("Answer: (D)", 1.0),
+        ("answer: 3", 1.0),
+        ("Options (A) and (B) are odd; the best is (D)", 1.0),
+        ("A man keeps removing the snow.", 1.0),  # the ending's text
+        ("The answer is B.", 0.0),
+        ("I do not know", 0.0),
+    ],
+)
+def test_hellaswag(response, expected):
+    assert hellaswag.compute_score(response, "3", {"endings": ENDINGS}) == expected
+
+
+def test_hellaswag_reads_verl_choices():
+    assert hellaswag.compute_score("he boards a ski lift.", "1", {"choices": ENDINGS}) == 1.0
+
+
+def test_registry_names_and_unknown():
+    for name in ["openai/gsm8k", "gsm8k"]:
+        assert family_of(name) == "gsm8k"
+    for name in [
+        "lighteval/MATH",
+        "DigitalLearningGmbH/MATH-lighteval",
+        "HuggingFaceH4/MATH-500",
+        "math",
+    ]:
+        assert family_of(name) == "math"
+    for name in ["Rowan/hellaswag", "hellaswag"]:
+        assert family_of(name) == "hellaswag"
+    assert get_scorer("openai/gsm8k")("#### 3", "3", {}) == 1.0
+    with pytest.raises(UnknownDataSource) as e:
+        family_of("nope/data")
+    assert isinstance(e.value, ValueError)
+    assert "'nope/data'" in str(e.value) and ", ".join(known_data_sources()) in str(e.value)

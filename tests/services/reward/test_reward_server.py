@@ -1,0 +1,209 @@
+"""The reward server as a real process: `python -m services.reward.server` on a free port,
+scored over gRPC; evaluate() through it."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from meshrl.api.v1 import reward_pb2, reward_pb2_grpc
+from meshrl.config import build_config, config_to_yaml
+from meshrl.rpc.client import open_channel, wait_for_health
+from services.reward.client import RewardClient
+from services.reward.evaluate import evaluate
+from services.reward.scorers.registry import known_data_sources
+from services.reward.server import SERVICE_NAME
+from services.reward.types import ScoreItem
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _children(pid: int) -> list[int]:
+    """Direct child processes of `pid` (Linux /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+class Server:
+    def __init__(self, log_path: Path, *args: str):
+        self.address = f"127.0.0.1:{_free_port()}"
+        self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "services.reward.server",
+                "--port",
+                self.address.split(":")[1],
+                "--timeout-s",
+                "2",
+                *args,
+            ],
+            cwd=REPO,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.workers: list[int] = []
+        try:
+            wait_for_health(
+                self.address, SERVICE_NAME, timeout_s=90, alive=lambda: self.proc.poll() is None
+            )
+        except Exception:
+            self.stop()
+            raise RuntimeError(f"server did not start:\n{log_path.read_text()}") from None
+        self.workers = _children(self.proc.pid)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for pid in self.workers + _children(self.proc.pid):  # ours only, by id
+            if _alive(pid):
+                os.kill(pid, 9)
+        self._log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = Server(tmp_path_factory.mktemp("reward") / "server.log")
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def client(server):
+    with RewardClient(server.address, timeout_s=60) as c:
+        yield c
+
+
+def test_info_and_scorers(client):
+    info = client.info()
+    assert info.service == "reward" and info.ready and info.api_version == "meshrl.api.v1"
+    assert client.list_scorers() == known_data_sources()
+
+
+def test_score_over_grpc(client):
+    endings = ["a", "b", "c", "d"]
+    items = [
+        ScoreItem("openai/gsm8k", "so #### 1,234", "1234"),
+        ScoreItem("openai/gsm8k", "#### 5", "6"),
+        ScoreItem("HuggingFaceH4/MATH-500", "$\\boxed{\\frac{1}{2}}$", "0.5"),
+        ScoreItem("Rowan/hellaswag", "The answer is C", "2", extra_info={"endings": endings}),
+        ScoreItem("math", "\\boxed{9^{999999999}}", "5"),  # killed at the 2 s timeout
+    ]
+    out = client.score(items)
+    assert [o.score for o in out] == [1.0, 0.0, 1.0, 1.0, 0.0]
+    assert [o.ok for o in out] == [True, True, True, True, False]
+    assert out[4].reason == "timeout after 2.0s"
+    assert out[0].extra == {"rule_score": 1.0, "acc": 1.0}
+    # the request's own per-sample timeout wins
+    assert client.score(items[4:], per_sample_timeout_s=1.0)[0].reason == "timeout after 1.0s"
+
+
+def test_unknown_data_source_is_invalid_argument(client):
+    with pytest.raises(grpc.RpcError) as e:
+        client.score([ScoreItem("openai/gsm8k", "#### 1", "1"), ScoreItem("my/own", "x", "y")])
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "unknown data_source 'my/own'" in e.value.details()
+    assert ", ".join(known_data_sources()) in e.value.details()
+
+
+def test_bad_extra_info_json_is_invalid_argument(server):
+    channel = open_channel(server.address)
+    stub = reward_pb2_grpc.RewardServiceStub(channel)
+    req = reward_pb2.ScoreRequest(
+        items=[reward_pb2.ScoreItem(data_source="gsm8k", extra_info_json="{oops")]
+    )
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Score(req, timeout=30)
+    channel.close()
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not JSON" in e.value.details()
+
+
+def test_evaluate_through_server(server, tmp_path):
+    data = tmp_path / "test.parquet"
+    rows = [
+        {
+            "data_source": "openai/gsm8k",
+            "prompt": [{"role": "user", "content": f"q{i}"}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(i)},
+            "extra_info": {"split": "test", "index": i},
+        }
+        for i in range(3)
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    (tmp_path / "r.jsonl").write_text(
+        "".join(json.dumps({"index": i, "response": f"#### {i}"}) + "\n" for i in (0, 1))
+    )
+    report = evaluate(data, tmp_path / "r.jsonl", server=server.address)
+    assert (report.overall.responses, report.overall.acc, report.missing_rows) == (2, 1.0, 1)
+
+
+def test_initialize_with_custom_function_then_bad_config(server, tmp_path):
+    fn = tmp_path / "reward_fn.py"
+    fn.write_text(
+        "def score(data_source, solution_str, ground_truth, extra_info):\n    return 0.25\n"
+    )
+    cfg = build_config({"reward": {"custom_function": f"{fn}:score", "num_workers": 1}})
+    with RewardClient(server.address, timeout_s=90) as c:
+        c.initialize(config_to_yaml(cfg))
+        assert "*" in c.list_scorers()
+        assert c.score([ScoreItem("whatever", "x", "y")])[0].score == 0.25
+        with pytest.raises(grpc.RpcError) as e:
+            c.initialize("reward:\n  timeout_s: -1\n")
+        assert (
+            e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            and "reward.timeout_s" in e.value.details()
+        )
+        c.initialize(config_to_yaml(build_config({})))  # back to the rule scorers
+        assert c.list_scorers() == known_data_sources()
+
+
+def test_sigterm_stops_server_and_workers(tmp_path):
+    s = Server(tmp_path / "own.log", "--num-workers", "2")
+    workers = list(s.workers)
+    assert len(workers) >= 2  # the scorer workers (and multiprocessing's resource tracker)
+    s.proc.terminate()
+    assert s.proc.wait(15) == 0 or s.proc.returncode is not None
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [p for p in workers if _alive(p)]
+    s.stop()
+    assert not left, f"processes left behind: {left}"
