@@ -1,0 +1,190 @@
+"""Multi-GPU checks for nvidia-h200-x2 (issue 9), in one call:
+
+1. NCCL weight sync, actor on GPU 0 -> rollout on GPU 1, Qwen2.5-0.5B shape in bf16, through
+   meshrl's bucketed sender/receiver, against a plain NCCL broadcast of the same bytes
+   (one flat tensor) measured in the same processes.
+2. The actor's PPO loss on one fixed batch with FSDP2 over 2 GPUs against 1 GPU.
+
+    python benchmarks/multi_gpu_x2.py --out results.json            # on the 2-GPU machine
+    python benchmarks/multi_gpu_x2.py --device cpu --small           # the same code on CPU (gloo)
+
+Each part runs in freshly spawned processes (torch.multiprocessing, spawn).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+QWEN05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+               num_key_value_heads=2, vocab_size=151936, max_position_embeddings=4096,
+               tie_word_embeddings=True, rope_theta=1e6)
+SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+             num_key_value_heads=2, vocab_size=512, max_position_embeddings=256, tie_word_embeddings=True)
+
+
+def build_model(small: bool, dtype: torch.dtype, device: str):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(Qwen2Config(**(SMALL if small else QWEN05B))).to(dtype=dtype, device=device)
+
+
+def _device(kind: str, rank: int) -> str:
+    if kind == "cuda":
+        torch.cuda.set_device(rank)
+        return f"cuda:{rank}"
+    return "cpu"
+
+
+# ---------------------------------------------------------------------------------- part 1
+def sync_worker(rank: int, args, port: int, queue) -> None:
+    from meshrl.weight_sync.buckets import plan_buckets
+    from meshrl.weight_sync.group import WeightGroup
+    from meshrl.weight_sync.receiver import receive_weights
+    from meshrl.weight_sync.sender import send_weights
+    from meshrl.weight_sync.types import GroupSpec, WeightManifest
+
+    device = _device(args.device, rank)
+    transport = "nccl" if args.device == "cuda" else "gloo"
+    model = build_model(args.small, torch.bfloat16, device)
+    if rank == 0:  # the actor's weights differ from the freshly built ones the rollout holds
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(2)  # exact in bf16
+    named = list(model.named_parameters())
+    bucket_bytes = args.bucket_mb * 1024 * 1024
+    manifest = WeightManifest(1, plan_buckets([(n, tuple(p.shape)) for n, p in named], torch.bfloat16,
+                                              bucket_bytes), group_id="x2")
+    spec = GroupSpec(transport, "127.0.0.1", port, 2, rank, 120.0, "x2")
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, wait_for_workers=False)
+    group = WeightGroup.join(spec, store)
+    total = sum(p.numel() for _, p in named)
+    flat = torch.empty(total, dtype=torch.bfloat16, device=device)
+
+    def sync_once() -> float:
+        start = time.perf_counter()
+        if rank == 0:
+            send_weights(group, ((n, p.detach()) for n, p in named), manifest)
+        else:
+            for name, tensor in receive_weights(group, manifest, device=device):
+                dict(named)[name].data.copy_(tensor)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    def raw_once() -> float:
+        start = time.perf_counter()
+        group.broadcast(flat, src=0)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    for _ in range(2):  # warm-up: NCCL communicators, allocator
+        sync_once()
+        raw_once()
+    syncs, raws = [], []
+    for _ in range(args.reps):  # interleaved, so drift hits both alike
+        syncs.append(sync_once())
+        raws.append(raw_once())
+    if rank == 1:  # received weights equal the sender's (same seed builds the same model)
+        ref = build_model(args.small, torch.bfloat16, device)
+        ok = all(torch.equal(p, 2 * q) for (_, p), q in zip(named, ref.parameters(), strict=True))
+        queue.put({"bytes": total * 2, "sync_s": statistics.median(syncs),
+                   "raw_broadcast_s": statistics.median(raws), "weights_equal": ok,
+                   "params": total, "buckets": len(manifest.buckets), "bucket_mb": args.bucket_mb})
+    group.close()
+
+
+# ---------------------------------------------------------------------------------- part 2
+def loss_worker(rank: int, world: int, args, port: int, queue) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshrl.algorithms.policy_loss import ppo_policy_loss
+    from services.trainer.fsdp import shard_model
+
+    device = _device(args.device, rank)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", rank=rank, world_size=world)
+    model = build_model(args.small, torch.float32, device)
+    mesh = init_device_mesh(args.device, (world,))
+    if args.device == "cuda":
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        shard_model(model, mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                                 reduce_dtype=torch.float32))
+    else:
+        shard_model(model, mesh)
+    g = torch.Generator().manual_seed(1)
+    vocab = model.config.vocab_size
+    b, t = (16, 1024) if not args.small else (8, 32)
+    ids = torch.randint(0, vocab, (b, t), generator=g).to(device)
+    adv = torch.randn(b, t - 1, generator=g).to(device)
+    share = b // world  # data parallel: each rank its slice; global counts over the batch
+    rows = slice(rank * share, (rank + 1) * share)
+    logits = model(input_ids=ids[rows]).logits[:, :-1].float()
+    logp = torch.log_softmax(logits, -1).gather(-1, ids[rows, 1:, None])[..., 0]
+    mask = torch.ones_like(logp)
+    out = ppo_policy_loss(logp, logp.detach() - 0.01, adv[rows], mask, global_token_count=b * (t - 1))
+    loss = out.loss.detach().clone()
+    dist.all_reduce(loss)  # sum of the ranks' shares = the whole batch's token-mean loss
+    out.loss.backward()
+    if rank == 0:
+        queue.put({"world": world, "loss": float(loss)})
+    dist.destroy_process_group()
+
+
+def _spawn(fn, nprocs: int, *args) -> list[dict]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    from meshrl.launcher.ports import free_port
+
+    port = free_port()
+    procs = [ctx.Process(target=fn, args=(r, *args, port, queue)) for r in range(nprocs)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+        if p.exitcode != 0:
+            raise RuntimeError(f"{fn.__name__} rank failed with exit code {p.exitcode}")
+    out = []
+    while not queue.empty():
+        out.append(queue.get())
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--small", action="store_true", help="a tiny model (CPU check)")
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--bucket-mb", type=int, default=512)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    result: dict = {"device": args.device, "small": args.small}
+    if args.device == "cuda":
+        result["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    sync = _spawn(sync_worker, 2, args)[0]
+    sync["gbps"] = sync["bytes"] / sync["sync_s"] / 1e9
+    sync["raw_gbps"] = sync["bytes"] / sync["raw_broadcast_s"] / 1e9
+    sync["ratio_to_raw"] = sync["sync_s"] / sync["raw_broadcast_s"]
+    result["weight_sync"] = sync
+    one = _spawn(loss_worker, 1, 1, args)[0]
+    two = _spawn(loss_worker, 2, 2, args)[0]
+    result["fsdp_loss"] = {"one_gpu": one["loss"], "two_gpus": two["loss"],
+                           "abs_diff": abs(one["loss"] - two["loss"])}
+    print(json.dumps(result, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
