@@ -60,6 +60,7 @@ def sync_worker(rank: int, args, port: int, queue) -> None:
             for p in model.parameters():
                 p.mul_(2)  # exact in bf16
     named = list(model.named_parameters())
+    by_name = dict(named)
     bucket_bytes = args.bucket_mb * 1024 * 1024
     manifest = WeightManifest(1, plan_buckets([(n, tuple(p.shape)) for n, p in named], torch.bfloat16,
                                               bucket_bytes), group_id="x2")
@@ -75,7 +76,7 @@ def sync_worker(rank: int, args, port: int, queue) -> None:
             send_weights(group, ((n, p.detach()) for n, p in named), manifest)
         else:
             for name, tensor in receive_weights(group, manifest, device=device):
-                dict(named)[name].data.copy_(tensor)
+                by_name[name].data.copy_(tensor)
         if args.device == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - start
