@@ -5,6 +5,8 @@ Tensors cross the network as raw bytes + dtype + shape; no pickle is ever involv
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -46,12 +48,43 @@ def tensor_to_proto(t: torch.Tensor) -> common_pb2.Tensor:
     )
 
 
+MAX_DIMS = 8
+"""More dimensions than any tensor of the API has: a request with more is malformed."""
+MAX_SPAN = 2**48
+"""Bound on the product of a shape's sizes, zero sizes counted as 1: an empty tensor of shape
+(0, 2**62, 2**62) holds no bytes, but its strides overflow int64 in torch."""
+
+
+def _check_shape(shape: tuple[int, ...]) -> int:
+    """Element count of `shape`; ValueError for negative sizes, too many dimensions, or a
+    shape no message could hold."""
+    if len(shape) > MAX_DIMS:
+        raise ValueError(f"tensor shape has {len(shape)} dimensions; at most {MAX_DIMS}")
+    if any(d < 0 for d in shape):
+        raise ValueError(f"tensor shape {list(shape)} has a negative size")
+    if math.prod(max(d, 1) for d in shape) > MAX_SPAN:
+        raise ValueError(f"tensor shape {list(shape)} is too large")
+    return math.prod(shape)  # exact: Python ints cannot overflow the way int64 products do
+
+
 def tensor_from_proto(msg: common_pb2.Tensor) -> torch.Tensor:
-    """An empty message (no dtype) decodes to an empty float32 tensor."""
+    """An empty message (no dtype) decodes to an empty float32 tensor.
+
+    Raises ValueError for anything malformed (unknown dtype, a byte count that is not a whole
+    number of elements, a shape that does not match them); never allocates more than the
+    message's own bytes.
+    """
     if not msg.dtype:
         return torch.zeros(0)
     dtype = dtype_from_name(msg.dtype)
     shape = tuple(msg.shape)
+    expected = _check_shape(shape)  # before touching the bytes
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    if len(msg.data) != expected * itemsize:
+        raise ValueError(
+            f"tensor bytes hold {len(msg.data)} bytes but shape {list(shape)} of {msg.dtype} "
+            f"needs {expected} elements ({expected * itemsize} bytes)"
+        )
     if dtype == torch.bfloat16:
         arr = np.frombuffer(msg.data, dtype=np.int16)
         out = torch.from_numpy(arr.copy()).view(torch.bfloat16)
@@ -59,9 +92,6 @@ def tensor_from_proto(msg: common_pb2.Tensor) -> torch.Tensor:
         np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
         arr = np.frombuffer(msg.data, dtype=np_dtype)
         out = torch.from_numpy(arr.copy())
-    expected = int(np.prod(shape)) if shape else 1
-    if out.numel() != expected:
-        raise ValueError(f"tensor bytes hold {out.numel()} elements but shape {shape} needs {expected}")
     return out.reshape(shape)
 
 
@@ -72,7 +102,20 @@ def ragged_to_proto(r: Ragged) -> common_pb2.TokenBatch:
     )
 
 
+_INTEGER = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
 def ragged_from_proto(msg: common_pb2.TokenBatch) -> Ragged:
+    """Token rows; ValueError unless ids and offsets are 1-D integer tensors and the offsets
+    start at 0, never decrease and end at the number of ids."""
     if not msg.offsets.dtype:
         return Ragged(torch.zeros(0, dtype=torch.int32), torch.zeros(1, dtype=torch.int64))
-    return Ragged(tensor_from_proto(msg.ids).to(torch.int64), tensor_from_proto(msg.offsets))
+    offsets = tensor_from_proto(msg.offsets)
+    ids = tensor_from_proto(msg.ids) if msg.ids.dtype else torch.zeros(0, dtype=torch.int64)
+    for name, t in (("ids", ids), ("offsets", offsets)):
+        if t.dim() != 1 or t.dtype not in _INTEGER:
+            raise ValueError(
+                f"token batch {name} must be a 1-D integer tensor, got {dtype_name(t.dtype)} "
+                f"of shape {list(t.shape)}"
+            )
+    return Ragged(ids.to(torch.int64), offsets.to(torch.int64))

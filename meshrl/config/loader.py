@@ -80,6 +80,9 @@ def _format_validation_error(err: ValidationError) -> str:
         key = ".".join(str(p) for p in e["loc"]) or "<config>"
         if e["type"] == "extra_forbidden":
             lines.append(f"{key}: unknown config key")
+        elif e["type"] == "value_error":  # our validators: the message names its keys
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(msg if key == "<config>" or msg.startswith(key) else f"{key}: {msg}")
         else:
             lines.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
     return "invalid config:\n  " + "\n  ".join(lines)

@@ -280,16 +280,80 @@ class TrainerConfig(Section):
     """Write metrics.png (score, KL, response length) at the end."""
 
 
+class ResourcePoolConfig(Section):
+    """A Ray resource pool (verl's `resource_pool_spec` entry): one bundle per node."""
+
+    nodes: int = Field(1, ge=1)
+    """Nodes the pool spans (one placement-group bundle each, on distinct nodes when > 1)."""
+    cpus_per_node: float = Field(1.0, gt=0)
+    """Ray CPUs each bundle reserves; the role servers placed on it share them."""
+    gpus_per_node: int = Field(0, ge=0)
+    """GPUs each bundle reserves; co-located role servers share them."""
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources each bundle needs, e.g. {"node2": 1} pins it to nodes offering that."""
+
+
+LAUNCHER_ROLES = ("rollout", "actor", "critic", "ref", "reward")
+
+
 class LauncherConfig(Section):
     kind: Literal["local", "ray", "external"] = "local"
     """local subprocesses, Ray actors, or servers already running (addresses below)."""
     host: str = "127.0.0.1"
-    """Interface the role servers bind to."""
+    """Interface the role servers bind to (ray: each node's own address is used)."""
     startup_timeout_s: float = Field(120.0, gt=0)
     max_restarts: int = Field(2, ge=0)
     """Restarts of a dead role server before the run stops."""
     addresses: dict[str, list[str]] = Field(default_factory=dict)
     """external: role -> ["host:port", ...] (rollout may have several)."""
+    ray_address: str | None = None
+    """ray: the cluster to join ("auto", "HOST:PORT"); None = start a private one here."""
+    resource_pool: dict[str, ResourcePoolConfig] = Field(default_factory=dict)
+    """ray: pool id -> resources. Roles mapped to one pool are co-located (share its bundles)."""
+    role_pool: dict[str, str] = Field(default_factory=dict)
+    """ray: role (rollout, actor, critic, ref, reward) -> pool id; unnamed roles use "global"."""
+
+    @model_validator(mode="after")
+    def _check_pools(self) -> LauncherConfig:
+        for role, pool in self.role_pool.items():
+            if role not in LAUNCHER_ROLES:
+                raise ValueError(f"launcher.role_pool.{role}: unknown role (one of {', '.join(LAUNCHER_ROLES)})")
+            if pool != "global" and pool not in self.resource_pool:
+                raise ValueError(f"launcher.role_pool.{role}: pool {pool!r} is not in launcher.resource_pool")
+        return self
+
+
+class SecurityConfig(Section):
+    """TLS / mutual TLS and the shared token of every gRPC server and client of the run.
+
+    The launcher hands these to each role server as MESHRL_TLS_* / MESHRL_AUTH_TOKEN_FILE
+    (see meshrl/rpc/security.py); paths are read where each process runs.
+    """
+
+    tls_cert: str | None = None
+    """PEM certificate chain of the servers; set (with tls_key) = TLS on every server."""
+    tls_key: str | None = None
+    """PEM private key of tls_cert."""
+    tls_ca: str | None = None
+    """PEM CA bundle: clients verify servers with it; servers verify client certificates."""
+    client_cert: str | None = None
+    """PEM certificate clients present (mutual TLS)."""
+    client_key: str | None = None
+    """PEM private key of client_cert."""
+    require_client_cert: bool = False
+    """Servers refuse clients without a certificate signed by tls_ca (mutual TLS)."""
+    auth_token_file: str | None = None
+    """File holding the shared token; servers refuse calls without it, clients send it."""
+
+    @model_validator(mode="after")
+    def _check_pairs(self) -> SecurityConfig:
+        for a, b in (("tls_cert", "tls_key"), ("client_cert", "client_key")):
+            if bool(getattr(self, a)) != bool(getattr(self, b)):
+                have, missing = (a, b) if getattr(self, a) else (b, a)
+                raise ValueError(f"security.{have} is set but security.{missing} is not")
+        if self.require_client_cert and not (self.tls_cert and self.tls_ca):
+            raise ValueError("security.require_client_cert needs security.tls_cert and security.tls_ca")
+        return self
 
 
 class RunConfig(Section):
@@ -300,6 +364,7 @@ class RunConfig(Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     launcher: LauncherConfig = Field(default_factory=LauncherConfig)
+    security: SecurityConfig = Field(default_factory=SecurityConfig)
 
     @model_validator(mode="after")
     def _check_batch_shapes(self) -> RunConfig:

@@ -1,4 +1,8 @@
-"""Client side: channels with the shared options, waiting for health, calls with deadlines."""
+"""Client side: channels with the shared options, waiting for health, calls with deadlines.
+
+`open_channel` applies the process's security settings (`meshrl.rpc.security`, read from the
+environment): TLS or mutual TLS, and the token and API-version metadata on every call.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +12,26 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from meshrl.rpc.options import GRPC_OPTIONS
+from meshrl.rpc.security import SecuritySettings, channel_credentials, client_interceptor
 
 
 class ServiceUnavailable(RuntimeError):
     """A role server did not answer (dead, not started, or not ready) in time."""
 
 
-def open_channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=GRPC_OPTIONS)
+# Answers that waiting will not change: give up at once with the server's message.
+_PERMANENT = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION)
+
+
+def open_channel(address: str, security: SecuritySettings | None = None) -> grpc.Channel:
+    """A channel to `address`; `security` None = from the environment (MESHRL_TLS_*, ...)."""
+    settings = security if security is not None else SecuritySettings.from_env()
+    credentials = channel_credentials(settings)
+    if credentials is None:
+        channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+    else:
+        channel = grpc.secure_channel(address, credentials, options=GRPC_OPTIONS)
+    return grpc.intercept_channel(channel, client_interceptor(settings))
 
 
 def health_status(channel: grpc.Channel, service: str = "", timeout_s: float = 2.0) -> int:
@@ -24,26 +40,38 @@ def health_status(channel: grpc.Channel, service: str = "", timeout_s: float = 2
 
 
 def wait_for_health(
-    address: str, service: str = "", timeout_s: float = 60.0, alive: callable | None = None
+    address: str,
+    service: str = "",
+    timeout_s: float = 60.0,
+    alive: callable | None = None,
+    security: SecuritySettings | None = None,
 ) -> None:
     """Polls the health service until `service` is SERVING.
 
     `alive` (optional) is checked between polls, so a server process that died during
-    start-up fails fast instead of after the whole timeout.
+    start-up fails fast instead of after the whole timeout. A refusal that waiting cannot
+    change (no or a wrong token, another API version) fails at once with the server's message.
     """
     deadline = time.monotonic() + timeout_s
-    channel = open_channel(address)
+    channel = open_channel(address, security)
     last_error = "no answer"
     try:
         while time.monotonic() < deadline:
             if alive is not None and not alive():
-                raise ServiceUnavailable(f"{service or 'server'} at {address} exited during start-up")
+                raise ServiceUnavailable(
+                    f"{service or 'server'} at {address} exited during start-up"
+                )
             try:
                 if health_status(channel, service) == health_pb2.HealthCheckResponse.SERVING:
                     return
                 last_error = "NOT_SERVING"
             except grpc.RpcError as e:
-                last_error = e.code().name
+                if e.code() in _PERMANENT:
+                    raise ServiceUnavailable(
+                        f"{service or 'server'} at {address} refused the health check: "
+                        f"{e.code().name}: {e.details()}"
+                    ) from None
+                last_error = f"{e.code().name}: {e.details()}"
             time.sleep(0.2)
     finally:
         channel.close()

@@ -7,7 +7,11 @@ responses of 8k tokens with room to spare while still refusing a runaway message
 
 from __future__ import annotations
 
-MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+import os
+
+MAX_MESSAGE_BYTES = int(float(os.environ.get("MESHRL_GRPC_MAX_MESSAGE_MB", "512")) * 1024 * 1024)
+"""MESHRL_GRPC_MAX_MESSAGE_MB overrides the limit (same value on every process of a run).
+A message over it is refused with RESOURCE_EXHAUSTED; the receiving server lives on."""
 
 GRPC_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

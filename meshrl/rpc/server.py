@@ -2,13 +2,19 @@
 
 Health is honest: the overall service ("") is SERVING once the process listens; the role's
 own service name stays NOT_SERVING until its model is loaded (see `mark_ready`).
+
+Security comes from the environment (see `meshrl.rpc.security`): TLS or mutual TLS, the
+shared-token check and the API-version check apply to every call, health checks included.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
+import ipaddress
 import logging
 import signal
+import socket
 import threading
 import traceback
 from collections.abc import Callable
@@ -18,6 +24,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from meshrl.rpc.options import SERVER_OPTIONS
+from meshrl.rpc.parent_watch import watch_parent
+from meshrl.rpc.security import SecuritySettings, server_credentials, server_interceptors
 
 log = logging.getLogger(__name__)
 
@@ -57,33 +65,72 @@ def rpc_method(fn: Callable) -> Callable:
 class GrpcServer:
     """A gRPC server bound to host:port with health checking; one per role process."""
 
-    def __init__(self, service_name: str, host: str = "127.0.0.1", port: int = 0, max_workers: int = 16):
+    def __init__(
+        self,
+        service_name: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_workers: int = 16,
+        security: SecuritySettings | None = None,
+    ):
+        """`security` None = from the environment (MESHRL_TLS_*, MESHRL_AUTH_TOKEN_FILE)."""
         self.service_name = service_name
+        security = security if security is not None else SecuritySettings.from_env()
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=max_workers), options=SERVER_OPTIONS
+            futures.ThreadPoolExecutor(max_workers=max_workers),
+            options=SERVER_OPTIONS,
+            interceptors=server_interceptors(security),
         )
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        try:
-            self.port = self.server.add_insecure_port(f"{host}:{port}")
-        except RuntimeError as e:
-            raise OSError(f"cannot bind {service_name} to {host}:{port}: {e}") from None
-        if self.port == 0:
-            raise OSError(f"cannot bind {service_name} to {host}:{port} (port taken?)")
+        credentials = server_credentials(security)
+        self.port = self._bind(host, port, credentials)
         self.host = host
+        self.security = _describe(security)
+        if credentials is None and not _is_loopback(host):
+            log.warning(
+                "%s listens on %s without TLS: %s",
+                service_name,
+                host,
+                "the token travels in clear text"
+                if security.auth_token_file
+                else "anyone who can reach the port can call it (set MESHRL_TLS_* / security.*)",
+            )
         self.health.set(service_name, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    def _bind(self, host: str, port: int, credentials: grpc.ServerCredentials | None) -> int:
+        address = f"{host}:{port}"
+        try:
+            if credentials is None:
+                bound = self.server.add_insecure_port(address)
+            else:
+                bound = self.server.add_secure_port(address, credentials)
+        except RuntimeError:
+            bound = 0
+        if bound == 0:
+            raise OSError(
+                f"{self.service_name} cannot listen on {address}: {_bind_problem(host, port)}"
+            )
+        return bound
 
     def add(self, register: Callable, servicer) -> None:
         register(servicer, self.server)
 
     def mark_ready(self, ready: bool = True) -> None:
-        status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if ready
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
         self.health.set(self.service_name, status)
 
     def start(self) -> None:
         self.server.start()
+        watch_parent()  # exit with the launcher that started us, if one did
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        log.info("%s listening on %s:%d", self.service_name, self.host, self.port)
+        log.info(
+            "%s listening on %s:%d (%s)", self.service_name, self.host, self.port, self.security
+        )
 
     def stop(self, grace: float = 2.0) -> None:
         self.health.enter_graceful_shutdown()
@@ -96,3 +143,38 @@ class GrpcServer:
             signal.signal(sig, lambda *_: done.set())
         done.wait()
         self.stop()
+
+
+def _describe(security: SecuritySettings) -> str:
+    transport = "insecure"
+    if security.server_tls:
+        transport = "mutual TLS" if security.require_client_cert else "TLS"
+    return transport + (", token required" if security.auth_token_file else "")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _bind_problem(host: str, port: int) -> str:
+    """Why gRPC could not bind: asks the OS with a plain socket, which says what it is."""
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind((host.strip("[]"), port))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            return f"port {port} is already in use (another server, or one left over from an earlier run)"
+        if e.errno == errno.EADDRNOTAVAIL:
+            return f"address {host} is not an address of this machine"
+        if e.errno == errno.EACCES:
+            return f"no permission to bind port {port}"
+        return f"{e.strerror or e}"
+    except (socket.gaierror, UnicodeError) as e:
+        return f"host {host!r} does not resolve ({e})"
+    return "gRPC refused the address (port in use, or not an address of this machine)"

@@ -134,11 +134,20 @@ class CheckpointManager:
             if final.exists():  # a re-run of the same step replaces it whole
                 shutil.rmtree(final)
             os.replace(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+        except BaseException as e:
+            shutil.rmtree(tmp, ignore_errors=True)  # frees what it took, e.g. on a full disk
+            if isinstance(e, Exception):
+                raise CheckpointError(self._failure(step, e)) from e
             raise
         self.prune()
         return final
+
+    def _failure(self, step: int, e: Exception) -> str:
+        """Names the folder, the cause, and what is kept: nothing was replaced."""
+        cause = f"{e.strerror}: {e.filename}" if isinstance(e, OSError) and e.strerror else str(e)
+        previous = self.complete()
+        kept = f"the latest checkpoint is still {previous[-1]}" if previous else "no earlier checkpoint"
+        return f"could not write the checkpoint of step {step} in {self.root}: {cause}; {kept}"
 
     def prune(self) -> None:
         """Removes the oldest checkpoints beyond max_to_keep (the new one is already complete)."""

@@ -21,6 +21,7 @@ from meshrl.api.v1 import (
 )
 from meshrl.ragged import Ragged
 from meshrl.rpc.client import open_channel
+from meshrl.rpc.options import MAX_MESSAGE_BYTES
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
 from meshrl.wire import ragged_from_proto, ragged_to_proto, tensor_from_proto, tensor_to_proto
 
@@ -33,7 +34,14 @@ class RoleCallError(RuntimeError):
         self.code = err.code() if hasattr(err, "code") else None
         details = err.details() if hasattr(err, "details") else str(err)
         code = self.code.name if self.code is not None else "ERROR"
-        super().__init__(f"{service} at {address} failed during {method}: {code}: {details}")
+        hint = ""
+        if self.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            hint = (
+                f" (a message over a gRPC size limit, {MAX_MESSAGE_BYTES >> 20} MiB in this "
+                "process: lower data.train_batch_size or rollout.n, or raise "
+                "MESHRL_GRPC_MAX_MESSAGE_MB on every process of the run)"
+            )
+        super().__init__(f"{service} at {address} failed during {method}: {code}: {details}{hint}")
 
 
 @dataclass(frozen=True)
@@ -231,3 +239,9 @@ class RewardRoleClient(_RoleClient):
         req = reward_pb2.ScoreRequest(items=[reward_pb2.ScoreItem(**it) for it in items])
         resp = self._call("Score", req)
         return [ScoredSample(r.score, r.ok, r.reason, dict(r.extra)) for r in resp.results]
+
+    def list_scorers(self) -> list[str]:
+        """data_source names the server scores ("*" = any)."""
+        from meshrl.api.v1 import reward_pb2
+
+        return list(self._call("ListScorers", reward_pb2.ListScorersRequest()).data_sources)

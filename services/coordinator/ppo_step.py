@@ -8,12 +8,13 @@ Each phase is a small method around one call, timed under verl's name.
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
-from meshrl.algorithms.metrics import masked_stats
+from meshrl.algorithms.metrics import explained_variance, masked_stats
 from meshrl.api.v1 import rollout_pb2
 from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
@@ -27,6 +28,8 @@ from services.coordinator.clients import (
 from services.coordinator.rollout_batch import RolloutBatch, padded
 from services.coordinator.timing import PhaseTimer
 from services.coordinator.weight_sync import WeightSyncer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -60,6 +63,32 @@ def generate_split(
         finish_reasons=[x for r in results for x in r.finish_reasons],
         weight_version=versions.pop(),
     )
+
+
+def reward_failure_summary(results: list, data_sources: list[str]) -> str | None:
+    """One line on the samples the reward service could not score (a scorer that raised, hung,
+    returned a non-number, or killed its worker), or None when every sample was scored."""
+    failed = [(ds, r.reason) for ds, r in zip(data_sources, results, strict=True) if not r.ok]
+    if not failed:
+        return None
+    ds, reason = failed[0]
+    return (
+        f"{len(failed)} of {len(results)} samples could not be scored and count as 0 "
+        f"(first: a {ds!r} sample: {reason})"
+    )
+
+
+def skipped_update_warnings(metrics: dict[str, float]) -> list[str]:
+    """A line per trainer that skipped optimizer steps for a non-finite gradient norm."""
+    out = []
+    for role in ("actor", "critic"):
+        skipped = int(metrics.get(f"{role}/nonfinite_grad_steps", 0.0))
+        if skipped:
+            out.append(
+                f"the {role} skipped {skipped} optimizer step(s): the gradient norm was not "
+                "finite (NaN/inf loss); its weights did not change in them"
+            )
+    return out
 
 
 class PPOStep:
@@ -104,6 +133,9 @@ class PPOStep:
     def score(self, batch: RolloutBatch) -> None:
         results = self.roles.reward.score(batch.reward_items(self.tokenizer))
         batch.scores = torch.tensor([r.score for r in results], dtype=torch.float32)
+        batch.reward_failed = sum(not r.ok for r in results)
+        if summary := reward_failure_summary(results, batch.data_sources):
+            log.warning("reward: %s", summary)
         batch.reward_extra = [r.extra for r in results]
 
     def ref_log_probs(self, batch: RolloutBatch) -> None:
@@ -168,7 +200,9 @@ class PPOStep:
             **masked_stats(out.token_rewards.sum(-1), torch.ones(len(batch)), "critic/rewards"),
         }
         if batch.values is not None:
-            metrics.update(masked_stats(padded(batch.values, width), mask, "critic/values"))
+            values = padded(batch.values, width)
+            metrics.update(masked_stats(values, mask, "critic/values"))
+            metrics["critic/vf_explained_var"] = float(explained_variance(values, out.returns, mask))
         if self.cfg.algorithm.use_kl_in_reward:
             metrics["actor/reward_kl_penalty"] = out.kl_mean
             metrics["actor/reward_kl_penalty_coeff"] = self.kl_ctrl.value
@@ -225,6 +259,8 @@ class PPOStep:
                 sync_metrics = self.syncer.sync(version=step)
         metrics = {**adv_metrics, **update_metrics, **sync_metrics, **timer.metrics()}
         metrics.update(self.batch_metrics(batch, timer.seconds["step"]))
+        for warning in skipped_update_warnings(metrics):
+            log.warning("step %d: %s", step, warning)
         return metrics
 
     def batch_metrics(self, batch: RolloutBatch, step_seconds: float) -> dict[str, float]:
@@ -244,10 +280,14 @@ class PPOStep:
             "prompt_length/mean": float(prompt_len.mean()),
             "prompt_length/max": float(prompt_len.max()),
             "prompt_length/min": float(prompt_len.min()),
+            "prompt_length/clip_ratio": float(
+                (prompt_len >= self.cfg.data.max_prompt_length).float().mean()
+            ),
             "perf/total_num_tokens": total_tokens,
             "perf/time_per_step": step_seconds,
             "perf/throughput": total_tokens / max(step_seconds, 1e-9),
             "rollout/weight_version": float(batch.weight_version),
+            "reward/failed_samples": float(batch.reward_failed),
         }
 
     def close(self) -> None:

@@ -26,6 +26,7 @@ class RolloutBatch:
     # filled by the phases of the step
     scores: torch.Tensor | None = None  # (B·n,)
     reward_extra: list[dict[str, float]] = field(default_factory=list)
+    reward_failed: int = 0  # samples the reward service could not score (they score 0)
     old_logprobs: Ragged | None = None
     ref_logprobs: Ragged | None = None
     values: Ragged | None = None

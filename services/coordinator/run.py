@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
-from transformers import AutoTokenizer
 
 from meshrl.algorithms.kl import make_kl_controller
 from meshrl.config import RunConfig, config_to_yaml
@@ -35,6 +34,7 @@ from services.coordinator.clients import (
 from services.coordinator.metrics_sinks import ConsoleSink, JsonlSink, MetricsSink
 from services.coordinator.plot import plot_metrics
 from services.coordinator.ppo_step import PPOStep, Roles
+from services.coordinator.preflight import check_data_sources, load_tokenizer
 from services.coordinator.recovery import STATEFUL_ROLES, Restarter, find_dead
 from services.coordinator.validation import validate
 from services.coordinator.weight_sync import WeightSyncer
@@ -111,7 +111,7 @@ class PPORun:
     def setup(self) -> None:
         cfg = self.cfg
         model = cfg.actor_rollout_ref.model
-        self.tokenizer = AutoTokenizer.from_pretrained(model.tokenizer_path or model.path)
+        self.tokenizer = load_tokenizer(model)  # ConfigError naming the key if absent
         self.train_set = make_dataset(cfg, cfg.data.train_files, self.tokenizer)
         self.val_set = make_dataset(cfg, cfg.data.val_files, self.tokenizer) if cfg.data.val_files else None
         self.loader = PromptLoader(
@@ -121,11 +121,17 @@ class PPORun:
             cfg.trainer.total_epochs * self.loader.steps_per_epoch
         )
         self.initialize_roles()
+        check_data_sources(self.data_sources(), self.roles.reward.list_scorers())
         kl = cfg.algorithm.kl_ctrl
         self.kl_ctrl = make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
         self.checkpoints = CheckpointManager(self.run_dir, cfg.trainer.max_ckpt_to_keep)
         self.resume()
         self.start_weight_sync()
+
+    def data_sources(self) -> dict[str, list[str]]:
+        """Config key -> the data_source of each prompt (what the reward server must score)."""
+        sets = {"data.train_files": self.train_set, "data.val_files": self.val_set}
+        return {k: [r.data_source for r in ds.records] for k, ds in sets.items() if ds is not None}
 
     def start_weight_sync(self) -> None:
         """(Re)builds the syncer and the step runner around the current clients, then makes

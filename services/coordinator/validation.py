@@ -3,6 +3,7 @@ data_source, reported as `val-core/<data_source>/acc/mean@1` like verl."""
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 
 import torch
@@ -11,8 +12,10 @@ from meshrl.api.v1 import rollout_pb2
 from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
 from services.coordinator.clients import RewardRoleClient, RolloutClient
-from services.coordinator.ppo_step import generate_split
+from services.coordinator.ppo_step import generate_split, reward_failure_summary
 from services.coordinator.rollout_batch import RolloutBatch
+
+log = logging.getLogger(__name__)
 
 
 def validation_sampling(cfg: RunConfig) -> rollout_pb2.SamplingParams:
@@ -43,7 +46,10 @@ def validate(cfg: RunConfig, records: list, rollouts: list[RolloutClient],
             ground_truths=[chunk[i].ground_truth for i in repeat],
             extra_infos=[chunk[i].extra_info for i in repeat], weight_version=out.weight_version,
         )
-        for ds, result in zip(batch.data_sources, reward.score(batch.reward_items(tokenizer)), strict=True):
+        results = reward.score(batch.reward_items(tokenizer))
+        if summary := reward_failure_summary(results, batch.data_sources):
+            log.warning("validation reward: %s", summary)
+        for ds, result in zip(batch.data_sources, results, strict=True):
             scores_by_source[ds].append(result.score)
             acc_by_source[ds].append(result.extra.get("acc", float(result.score >= 1.0)))
     metrics = {}

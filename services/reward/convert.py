@@ -17,6 +17,10 @@ def item_from_proto(msg: reward_pb2.ScoreItem) -> ScoreItem:
             raise ValueError(
                 f"extra_info_json of a {msg.data_source!r} item is not JSON: {e}"
             ) from None
+        except RecursionError:  # "[[[[..." nested past the decoder's depth limit
+            raise ValueError(
+                f"extra_info_json of a {msg.data_source!r} item is nested too deeply"
+            ) from None
         if not isinstance(extra, dict):
             raise ValueError(f"extra_info_json of a {msg.data_source!r} item is not a JSON object")
     return ScoreItem(

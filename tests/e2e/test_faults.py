@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 
+import psutil
 import pytest
 import yaml
 
@@ -84,10 +85,13 @@ def test_coordinator_killed_then_resumed_from_cli(tiny_model, arithmetic_data, t
         time.sleep(0.1)
     else:
         pytest.fail("no checkpoint within 300 s")
-    os.killpg(proc.pid, signal.SIGKILL)  # the coordinator and, with it, its whole session
+    servers = psutil.Process(proc.pid).children(recursive=True)
+    assert servers, "the coordinator had started its role servers"
+    os.killpg(proc.pid, signal.SIGKILL)  # the coordinator (role servers run in own sessions)
     proc.wait()
-    # role servers run in their own sessions: they lose their parent and must be cleaned up
-    subprocess.run(["pkill", "-9", "-f", f"--port .*{run_dir.name}"], check=False)
+    # orphaned role servers notice their launcher is gone and stop by themselves
+    _, alive = psutil.wait_procs(servers, timeout=30)
+    assert not alive, f"role servers left behind: {alive}"
 
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

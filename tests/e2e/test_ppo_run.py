@@ -45,6 +45,7 @@ def test_ppo_run_end_to_end(tiny_model, arithmetic_data, tmp_path):
     steps = [r for r in rows if "critic/score/mean" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]
     for key in ["critic/score/mean", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl",
+                "critic/vf_explained_var", "training/rollout_probs_diff_mean", "actor/grad_norm",
                 "actor/entropy", "critic/vf_loss", "response_length/mean", "timing_s/gen",
                 "timing_s/update_actor", "timing_s/sync_weights", "perf/throughput",
                 "actor/reward_kl_penalty", "critic/advantages/mean"]:

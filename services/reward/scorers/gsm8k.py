@@ -14,8 +14,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_STRICT = re.compile(r"####\s*\$?\s*(-?[0-9][0-9.,]*|-?\.[0-9][0-9.,]*)")
-_NUMBER = re.compile(r"-?[0-9.,]*[0-9][0-9.,]*")
+# Written so that no input backtracks quadratically: ``\s*\$?\s*`` and a number allowed to
+# start inside a run of dots took seconds on a 10k-character run of spaces or dots (a
+# degenerate response), i.e. the whole sample timeout. Same matches as the obvious forms.
+_STRICT = re.compile(r"####\s*(?:\$\s*)?(-?[0-9][0-9.,]*|-?\.[0-9][0-9.,]*)")
+_NUMBER = re.compile(r"-?(?<![0-9.,])[0-9.,]*[0-9][0-9.,]*")
 
 
 def _clean(number: str) -> str:

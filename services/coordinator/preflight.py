@@ -1,0 +1,57 @@
+"""Checks at the start of a run that turn late, obscure failures into early, named ones.
+
+- The tokenizer comes from a local folder, with a message naming the config key, instead of
+  transformers' "Repo id must be in the form ..." for a path that does not exist.
+- Every data_source of the data has a reward scorer, checked against the reward server once
+  it is initialized, instead of an INVALID_ARGUMENT after the first step's generation.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from meshrl.config.loader import ConfigError
+from meshrl.config.schema import ModelConfig
+from meshrl.data.errors import DataError
+
+ANY_SOURCE = "*"
+"""What the reward server lists when it scores every data_source (custom function, RM)."""
+
+
+def load_tokenizer(model: ModelConfig):
+    """The run's tokenizer from `model.tokenizer_path` or `model.path`; ConfigError if absent."""
+    key = "actor_rollout_ref.model." + ("tokenizer_path" if model.tokenizer_path else "path")
+    path = model.tokenizer_path or model.path
+    if not path:
+        raise ConfigError(f"{key} is empty: set it to a local Hugging Face model folder")
+    if not Path(path).is_dir():
+        raise ConfigError(
+            f"{key}={path!r} is not a folder on this machine (the coordinator loads the "
+            "tokenizer from it; models are never downloaded)"
+        )
+    from transformers import AutoTokenizer  # heavy: only when a run starts
+
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{key}={path!r}: no tokenizer could be loaded from it: {e}") from None
+
+
+def check_data_sources(datasets: dict[str, list[str]], known: list[str]) -> None:
+    """datasets: config key (``data.train_files``) -> the data_source of every row.
+
+    Raises DataError naming the key, the unknown data_source and its row count.
+    """
+    if ANY_SOURCE in known:
+        return
+    for key, sources in datasets.items():
+        unknown = Counter(s for s in sources if s not in known)
+        if unknown:
+            name, rows = unknown.most_common(1)[0]
+            others = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+            raise DataError(
+                f"{key}: data_source {name!r} ({rows} rows){others} has no reward scorer; the "
+                f"reward server scores {', '.join(known)}. Set reward.custom_function to score "
+                "it yourself, or enable reward.reward_model"
+            )

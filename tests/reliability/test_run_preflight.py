@@ -1,0 +1,136 @@
+"""Bad input a run meets at its start or in its steps, reported by the coordinator with the
+key or the cause named: a missing model path, a folder without a tokenizer, a data_source no
+scorer knows, samples the reward service could not score."""
+
+from __future__ import annotations
+
+import logging
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from meshrl.config import ConfigError, build_config
+from meshrl.data.dataset import PromptDataset
+from meshrl.data.errors import DataError
+from meshrl.ragged import Ragged
+from meshrl.testing.char_tokenizer import build_char_tokenizer, save_char_tokenizer
+from services.coordinator.clients import ScoredSample
+from services.coordinator.ppo_step import PPOStep, Roles, reward_failure_summary
+from services.coordinator.preflight import check_data_sources, load_tokenizer
+from services.coordinator.rollout_batch import RolloutBatch
+from services.coordinator.run import Endpoints, PPORun
+from services.reward.scorers.registry import known_data_sources
+
+pytestmark = pytest.mark.timeout(60)
+
+NOWHERE = Endpoints(rollout=["127.0.0.1:9"], actor="127.0.0.1:9", reward="127.0.0.1:9")
+
+
+def test_missing_model_path_fails_the_run_at_setup(tmp_path):
+    cfg = build_config(
+        {},
+        [
+            f"actor_rollout_ref.model.path={tmp_path / 'no-model'}",
+            "trainer.logger=[]",
+            "trainer.plot=false",
+        ],
+    )
+    run = PPORun(cfg, NOWHERE, tmp_path / "run")  # channels open lazily: nothing is called
+    try:
+        with pytest.raises(ConfigError) as e:
+            run.setup()
+    finally:
+        run.close()
+    assert str(e.value) == (
+        f"actor_rollout_ref.model.path={str(tmp_path / 'no-model')!r} is not a folder on this "
+        "machine (the coordinator loads the tokenizer from it; models are never downloaded)"
+    )
+
+
+def test_empty_model_path_and_folder_without_tokenizer(tmp_path):
+    cfg = build_config({})
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref.model.path is empty: set it to a "):
+        load_tokenizer(cfg.actor_rollout_ref.model)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cfg = build_config({}, [f"actor_rollout_ref.model.tokenizer_path={empty}"])
+    with pytest.raises(
+        ConfigError, match=r"tokenizer_path='.*empty': no tokenizer could be loaded"
+    ):
+        load_tokenizer(cfg.actor_rollout_ref.model)
+    save_char_tokenizer(tmp_path / "tok")
+    cfg = build_config({}, [f"actor_rollout_ref.model.tokenizer_path={tmp_path / 'tok'}"])
+    assert load_tokenizer(cfg.actor_rollout_ref.model).pad_token == "<pad>"
+
+
+def _rows(sources):
+    return [
+        {
+            "data_source": s,
+            "prompt": [{"role": "user", "content": "Q: 1+2="}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": "3"},
+            "extra_info": {"index": i},
+        }
+        for i, s in enumerate(sources)
+    ]
+
+
+def test_unknown_data_source_fails_at_start_naming_it(tmp_path):
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(_rows(["openai/gsm8k", "my/own", "my/own"])), path)
+    ds = PromptDataset([str(path)], build_char_tokenizer())
+    sources = {"data.train_files": [r.data_source for r in ds.records]}
+    with pytest.raises(DataError) as e:
+        check_data_sources(sources, known_data_sources())
+    assert str(e.value) == (
+        "data.train_files: data_source 'my/own' (2 rows) has no reward scorer; the reward server "
+        f"scores {', '.join(known_data_sources())}. Set reward.custom_function to score it "
+        "yourself, or enable reward.reward_model"
+    )
+    check_data_sources(sources, [*known_data_sources(), "*"])  # a custom function scores all
+
+
+class _FailingReward:
+    def score(self, items):
+        return [
+            ScoredSample(1.0, True, "", {"acc": 1.0}),
+            ScoredSample(0.0, False, "timeout after 10.0s", {}),
+            ScoredSample(0.0, False, "returned str, expected a number", {}),
+        ]
+
+
+def test_samples_that_could_not_be_scored_are_reported(caplog):
+    tok = build_char_tokenizer()
+    rows = Ragged.from_lists([[5, 6], [7], [8, 9]])
+    batch = RolloutBatch(
+        prompts=rows,
+        responses=rows,
+        rollout_logprobs=rows.with_values(torch.zeros(5)),
+        finish_reasons=["stop"] * 3,
+        group_ids=torch.arange(3),
+        data_sources=["openai/gsm8k", "math", "my/custom"],
+        ground_truths=["1", "2", "3"],
+        extra_infos=[{}, {}, {}],
+        weight_version=0,
+    )
+    step = PPOStep(
+        build_config({}),
+        Roles(rollouts=[], actor=None, reward=_FailingReward()),
+        tok,
+        syncer=None,
+        kl_ctrl=None,
+    )
+    try:
+        with caplog.at_level(logging.WARNING):
+            step.score(batch)
+    finally:
+        step.close()
+    assert batch.reward_failed == 2 and batch.scores.tolist() == [1.0, 0.0, 0.0]
+    assert (
+        "reward: 2 of 3 samples could not be scored and count as 0 "
+        "(first: a 'math' sample: timeout after 10.0s)"
+    ) in caplog.text
+    assert reward_failure_summary([ScoredSample(1.0, True, "", {})], ["x"]) is None
