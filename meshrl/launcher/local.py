@@ -18,6 +18,7 @@ from pathlib import Path
 from meshrl.config import RunConfig
 from meshrl.launcher.ports import free_port
 from meshrl.rpc.client import wait_for_health
+from meshrl.rpc.security import SecuritySettings
 from services.coordinator.run import Endpoints
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,8 @@ class LocalLauncher:
 
     def _spawn(self, proc: RoleProcess) -> None:
         env = dict(os.environ, OMP_NUM_THREADS=str(proc.threads), PYTHONUNBUFFERED="1",
-                   TOKENIZERS_PARALLELISM="false")
+                   TOKENIZERS_PARALLELISM="false", MESHRL_PARENT_PID=str(os.getpid()))
+        env.update(SecuritySettings.from_config(self.cfg.security).to_env())  # TLS / token
         log_file = proc.log_path.open("ab")
         proc.popen = subprocess.Popen(
             proc.command, stdout=log_file, stderr=subprocess.STDOUT, env=env,

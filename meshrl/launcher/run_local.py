@@ -1,37 +1,71 @@
-"""`meshrl run CONFIG` with the local launcher: start servers, run PPO, stop everything."""
+"""`meshrl run CONFIG` on this machine: start the role servers (local subprocesses, or Ray
+actors / external servers by `launcher.kind`), run PPO, stop everything.
+
+Ctrl-C or SIGTERM once: the current step finishes, a checkpoint is saved, every process
+stops. A second signal abandons the step at once (the role servers are still stopped).
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import threading
 from pathlib import Path
 
 from meshrl.config import RunConfig, config_to_yaml
-from meshrl.launcher.local import LocalLauncher
+from meshrl.launcher.factory import make_launcher
+from meshrl.rpc.security import SecuritySettings
 from services.coordinator.run import PPORun
 
 log = logging.getLogger(__name__)
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+class GracefulStop:
+    """First SIGINT/SIGTERM asks the run to stop after its step; the second interrupts."""
+
+    def __init__(self, run: PPORun):
+        self.run = run
+        self.signals = 0
+        self.previous: dict[int, object] = {}
+
+    def __enter__(self) -> GracefulStop:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.signals += 1
+        if self.signals == 1:
+            log.warning("signal %d: finishing the current step, then checkpoint and stop "
+                        "(again to abandon it)", signum)
+            self.run.stop()
+        else:
+            raise KeyboardInterrupt(f"signal {signum}")
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 def run_local(cfg: RunConfig) -> dict[str, float]:
-    """Runs the whole PPO job on this machine; returns the last step's metrics."""
+    """Runs the whole PPO job; returns the last step's metrics."""
+    # This process's own clients (and health probes) use the run's TLS / token settings
+    # (config values over the environment's), checked now: a bad path fails here, named.
+    os.environ.update(SecuritySettings.from_config(cfg.security).to_env())
+    SecuritySettings.from_env().verify()
     run_dir = Path(cfg.trainer.default_local_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM tidies up like Ctrl-C
-    try:
-        with LocalLauncher(cfg, run_dir) as launcher:
-            endpoints = launcher.start()
-            log.info("role servers up: %s", endpoints)
-            run = PPORun(cfg, endpoints, run_dir)
+    with make_launcher(cfg, run_dir) as launcher:  # local unless launcher.kind says otherwise
+        endpoints = launcher.start()
+        log.info("role servers up: %s", endpoints)
+        restarter = launcher if hasattr(launcher, "restart") and hasattr(launcher, "dead_roles") else None
+        run = PPORun(cfg, endpoints, run_dir, restarter=restarter)
+        with GracefulStop(run):
             try:
                 run.setup()
                 return run.train()
             finally:
                 run.close()
-    finally:
-        signal.signal(signal.SIGTERM, previous)

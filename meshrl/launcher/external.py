@@ -1,0 +1,122 @@
+"""External launcher: the role servers already run (docker compose, systemd, another host);
+the config names them in `launcher.addresses`, and this launcher only checks and waits.
+
+Nothing is started or stopped here: the servers outlive the run, and the next run calls
+Initialize on them again. A server that dies mid-run is restarted by whatever runs it
+(compose's `restart: unless-stopped`); the run waits for it and re-initializes it.
+"""
+
+from __future__ import annotations
+
+import grpc
+from grpc_health.v1 import health_pb2
+
+from meshrl.config import ConfigError, RunConfig
+from meshrl.rpc.client import health_status, open_channel, wait_for_health
+from services.coordinator.run import Endpoints
+
+ROLES = ("rollout", "actor", "critic", "ref", "reward")
+
+
+def needed_roles(cfg: RunConfig) -> list[str]:
+    roles = ["rollout", "actor", "reward"]
+    roles += ["critic"] if cfg.use_critic else []
+    roles += ["ref"] if cfg.use_ref else []
+    return roles
+
+
+def external_endpoints(cfg: RunConfig) -> Endpoints:
+    """Endpoints from `launcher.addresses`; a missing or surplus address fails naming the key."""
+    given = cfg.launcher.addresses
+    for role in given:
+        if role not in ROLES:
+            raise ConfigError(
+                f"launcher.addresses.{role}: unknown role (expected one of {', '.join(ROLES)})"
+            )
+    for role in needed_roles(cfg):
+        if not given.get(role):
+            raise ConfigError(
+                f"launcher.addresses.{role}: no address given, and this run needs a {role}"
+            )
+    replicas = cfg.actor_rollout_ref.rollout.replicas
+    if len(given["rollout"]) != replicas:
+        raise ConfigError(
+            f"launcher.addresses.rollout: {len(given['rollout'])} address(es) for "
+            f"actor_rollout_ref.rollout.replicas={replicas}"
+        )
+    for role in ("actor", "critic", "ref", "reward"):
+        if len(given.get(role, [])) > 1:
+            raise ConfigError(f"launcher.addresses.{role}: one address expected, got {given[role]}")
+    one = {role: given[role][0] for role in needed_roles(cfg) if role != "rollout"}
+    return Endpoints(
+        rollout=list(given["rollout"]),
+        actor=one["actor"],
+        reward=one["reward"],
+        critic=one.get("critic"),
+        ref=one.get("ref"),
+    )
+
+
+# The role service each launcher name serves (health is SERVING once its model is loaded).
+_SERVICES = {"rollout": "meshrl.api.v1.RolloutService", "reward": "meshrl.api.v1.RewardService"}
+_TRAINER_SERVICE = "meshrl.api.v1.TrainerService"
+
+
+def _serving(name: str, address: str, timeout_s: float = 3.0) -> bool:
+    service = _SERVICES.get(name.rstrip("0123456789"), _TRAINER_SERVICE)
+    channel = open_channel(address)
+    try:
+        return health_status(channel, service, timeout_s) == health_pb2.HealthCheckResponse.SERVING
+    except grpc.RpcError:
+        return False
+    finally:
+        channel.close()
+
+
+class ExternalLauncher:
+    """Same interface as LocalLauncher: `start()` -> Endpoints once every server answers."""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self._endpoints = external_endpoints(cfg)  # fails at once on a bad address list
+
+    def addresses(self) -> list[str]:
+        e = self._endpoints
+        return [*e.rollout, e.actor, e.reward, *(a for a in (e.critic, e.ref) if a)]
+
+    def start(self) -> Endpoints:
+        for address in self.addresses():
+            wait_for_health(address, "", self.cfg.launcher.startup_timeout_s)
+        return self._endpoints
+
+    def named_addresses(self) -> dict[str, str]:
+        """Launcher names (rollout0, actor, ...) -> addresses, as PPORun names its clients."""
+        e = self._endpoints
+        named = {f"rollout{i}": a for i, a in enumerate(e.rollout)}
+        named.update(actor=e.actor, reward=e.reward)
+        named.update({k: a for k, a in (("critic", e.critic), ("ref", e.ref)) if a})
+        return named
+
+    # --- recovery (services/coordinator/recovery.py's Restarter) ---------------------------
+    # A server that died is brought back by whoever runs it (docker compose's restart
+    # policy, systemd); recovering here means waiting for it on the same address.
+    def dead_roles(self) -> list[str]:
+        """Servers that do not answer, or answer but lost their model (a restarted rollout or
+        trainer keeps its role service NOT_SERVING until it is initialized again)."""
+        return [
+            name for name, address in self.named_addresses().items() if not _serving(name, address)
+        ]
+
+    def restart(self, name: str) -> str:
+        address = self.named_addresses()[name]
+        wait_for_health(address, "", self.cfg.launcher.startup_timeout_s)
+        return address
+
+    def stop(self) -> None:
+        """The servers are not ours to stop."""
+
+    def __enter__(self) -> ExternalLauncher:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

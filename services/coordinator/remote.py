@@ -1,0 +1,205 @@
+"""Client of the coordinator service, and the CLI verbs built on it.
+
+    meshrl run --coordinator HOST:PORT CONFIG.yaml [key=value ...]   submit, then follow
+    meshrl status [RUN] [--coordinator HOST:PORT]
+    meshrl stop RUN [--coordinator HOST:PORT]
+
+The config file is read here, on the client, and sent as text; the paths inside it are
+paths on the coordinator's (and role servers') filesystems. Ctrl-C while following asks
+the coordinator to stop the run (StopRun) and keeps following until it has; a second
+Ctrl-C leaves at once, the run going on without a watcher.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+
+from meshrl.api.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from meshrl.config import ConfigError
+from meshrl.rpc.client import open_channel
+from services.coordinator.run_types import RunEvent, RunState, RunStatus
+
+DEFAULT_ADDRESS = "127.0.0.1:50050"
+EXIT_CODES = {RunState.SUCCEEDED: 0, RunState.FAILED: 1, RunState.STOPPED: 3}
+
+
+def default_address() -> str:
+    return os.environ.get("MESHRL_COORDINATOR", DEFAULT_ADDRESS)
+
+
+class CoordinatorError(RuntimeError):
+    """A call to the coordinator failed; `code` is the gRPC status code."""
+
+    def __init__(self, address: str, code: grpc.StatusCode, details: str):
+        self.code, self.details = code, details
+        what = "unreachable" if code == grpc.StatusCode.UNAVAILABLE else code.name
+        super().__init__(f"coordinator at {address}: {what}: {details}")
+
+    @classmethod
+    def of(cls, address: str, err: grpc.RpcError) -> CoordinatorError:
+        return cls(address, err.code(), err.details())
+
+
+def status_from_proto(s: coordinator_pb2.RunStatus) -> RunStatus:
+    return RunStatus(s.run_id, RunState(s.state), s.step, s.total_steps, s.message, s.run_dir)
+
+
+def event_from_proto(e: coordinator_pb2.RunEvent) -> RunEvent:
+    return RunEvent(status_from_proto(e.status), dict(e.metrics), e.log_line)
+
+
+class CoordinatorClient:
+    def __init__(self, address: str, timeout_s: float = 30.0):
+        self.address = address
+        self.timeout_s = timeout_s
+        self.channel = open_channel(address)
+        self.stub = coordinator_pb2_grpc.CoordinatorServiceStub(self.channel)
+
+    def _call(self, method: str, request):
+        try:
+            return getattr(self.stub, method)(request, timeout=self.timeout_s)
+        except grpc.RpcError as e:
+            raise CoordinatorError.of(self.address, e) from None
+
+    def info(self) -> common_pb2.ServerInfo:
+        return self._call("GetInfo", common_pb2.GetInfoRequest())
+
+    def start_run(self, config_yaml: str, overrides: list[str]) -> RunStatus:
+        req = coordinator_pb2.StartRunRequest(config_yaml=config_yaml, overrides=overrides)
+        return status_from_proto(self._call("StartRun", req))
+
+    def stop_run(self, run_id: str) -> RunStatus:
+        return status_from_proto(
+            self._call("StopRun", coordinator_pb2.StopRunRequest(run_id=run_id))
+        )
+
+    def list_runs(self) -> list[RunStatus]:
+        return [
+            status_from_proto(s)
+            for s in self._call("ListRuns", coordinator_pb2.ListRunsRequest()).runs
+        ]
+
+    def watch(self, run_id: str) -> Iterator[RunEvent]:
+        """Every event of the run from its start; ends when the run does. No deadline."""
+        stream = self.stub.WatchRun(coordinator_pb2.WatchRunRequest(run_id=run_id))
+        try:
+            for event in stream:
+                yield event_from_proto(event)
+        except grpc.RpcError as e:
+            raise CoordinatorError.of(self.address, e) from None
+        finally:
+            stream.cancel()
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def follow(client: CoordinatorClient, run_id: str, write: Callable[[str], None]) -> RunStatus:
+    """Prints the run's lines until it ends; Ctrl-C asks StopRun once, twice leaves."""
+    last: RunStatus | None = None
+    interrupts = 0
+
+    def on_sigint(signum, frame):
+        nonlocal interrupts
+        interrupts += 1
+        if interrupts > 1:
+            raise KeyboardInterrupt
+        write(f"stopping run {run_id} (Ctrl-C again to leave it running)")
+        # not from inside the handler: the main thread is in the middle of the stream
+        threading.Thread(target=client.stop_run, args=(run_id,), daemon=True).start()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        for event in client.watch(run_id):
+            last = event.status
+            if event.log_line:
+                write(event.log_line)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if last is None:
+        raise CoordinatorError(
+            client.address, grpc.StatusCode.UNKNOWN, f"run {run_id}: the stream ended empty"
+        )
+    return last
+
+
+def submit(
+    address: str,
+    config_path: str,
+    overrides: list[str],
+    detach: bool = False,
+    write: Callable[[str], None] = print,
+) -> int:
+    """`meshrl run --coordinator`: exit code 0 succeeded, 1 failed, 3 stopped, 2 bad config."""
+    if config_path == "-":
+        text = sys.stdin.read()
+    elif Path(config_path).is_file():
+        text = Path(config_path).read_text()
+    else:
+        raise ConfigError(f"config file {config_path} does not exist")
+    client = CoordinatorClient(address)
+    try:
+        try:
+            status = client.start_run(text, overrides)
+        except CoordinatorError as e:
+            if e.code == grpc.StatusCode.INVALID_ARGUMENT:  # the config: say what, not where
+                raise ConfigError(e.details.removeprefix("ConfigError: ")) from None
+            raise
+        write(f"run {status.run_id} submitted to {address}; run folder {status.run_dir}")
+        if detach:
+            return 0
+        try:
+            final = follow(client, status.run_id, write)
+        except KeyboardInterrupt:
+            write(f"left run {status.run_id} to the coordinator (meshrl status / meshrl stop)")
+            return 130
+        write(final.describe())
+        return EXIT_CODES.get(final.state, 1)
+    finally:
+        client.close()
+
+
+def format_runs(runs: list[RunStatus]) -> str:
+    if not runs:
+        return "no runs"
+    rows = [("RUN", "STATE", "STEP", "RUN FOLDER", "MESSAGE")]
+    rows += [
+        (r.run_id, r.state.name, f"{r.step}/{r.total_steps or '?'}", r.run_dir, r.message[:60])
+        for r in runs
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row[:4], widths, strict=True)) + "  " + row[4]
+        for row in rows
+    ).rstrip()
+
+
+def status(address: str, run_id: str | None = None, write: Callable[[str], None] = print) -> int:
+    client = CoordinatorClient(address)
+    try:
+        runs = client.list_runs()
+        if run_id is not None:
+            runs = [r for r in runs if r.run_id == run_id]
+            if not runs:
+                write(f"no run {run_id!r} on {address}")
+                return 1
+        write(format_runs(runs))
+        return 0
+    finally:
+        client.close()
+
+
+def stop(address: str, run_id: str, write: Callable[[str], None] = print) -> int:
+    client = CoordinatorClient(address)
+    try:
+        write(client.stop_run(run_id).describe())
+        return 0
+    finally:
+        client.close()

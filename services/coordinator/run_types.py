@@ -1,0 +1,51 @@
+"""What the coordinator service tells about a run: its status and the events of its stream.
+
+Plain dataclasses, shared by the service (run_manager.py, server.py) and its CLI client
+(remote.py); light to import, so `meshrl status` does not load torch.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+
+
+class RunState(enum.Enum):
+    """Life of a run: STARTING -> RUNNING -> one of the three terminal states."""
+
+    STARTING = 1  # role servers starting or initializing
+    RUNNING = 2  # PPO steps under way
+    SUCCEEDED = 3  # all steps done
+    FAILED = 4  # an error ended it (RunStatus.message says which)
+    STOPPED = 5  # StopRun (or the coordinator shutting down) ended it early
+
+    @property
+    def terminal(self) -> bool:
+        return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED)
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    run_id: str
+    state: RunState
+    step: int = 0  # last finished PPO step
+    total_steps: int = 0  # 0 until the data is loaded
+    message: str = ""  # error text when FAILED
+    run_dir: str = ""
+
+    def evolve(self, **changes) -> RunStatus:
+        return replace(self, **changes)
+
+    def describe(self) -> str:
+        total = f"/{self.total_steps}" if self.total_steps else ""
+        text = f"run {self.run_id} {self.state.name} step {self.step}{total}"
+        return f"{text}: {self.message}" if self.message else text
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """One item of a WatchRun stream: the status after it, and what happened."""
+
+    status: RunStatus
+    metrics: dict[str, float] = field(default_factory=dict)  # a step's metrics, else empty
+    log_line: str = ""

@@ -1,0 +1,140 @@
+"""gRPC glue of the coordinator service: protos <-> run_types, status codes, health.
+
+The logic lives in ``run_manager.py``. A bad config -> INVALID_ARGUMENT naming the key; an
+unknown run id -> NOT_FOUND; a run that would share busy role servers or a busy run folder
+-> FAILED_PRECONDITION.
+
+    python -m services.coordinator.server --host 127.0.0.1 --port 50050 --workdir /checkpoints
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import logging
+import os
+from pathlib import Path
+
+import grpc
+
+from meshrl.api.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from meshrl.rpc.server import GrpcServer, ServiceError, rpc_method
+from services.coordinator.run_manager import RunConflict, RunManager, UnknownRun
+from services.coordinator.run_types import RunEvent, RunStatus
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "meshrl.api.v1.CoordinatorService"
+
+
+def status_to_proto(s: RunStatus) -> coordinator_pb2.RunStatus:
+    return coordinator_pb2.RunStatus(
+        run_id=s.run_id,
+        state=s.state.value,
+        step=s.step,
+        total_steps=s.total_steps,
+        message=s.message,
+        run_dir=s.run_dir,
+    )
+
+
+def event_to_proto(e: RunEvent) -> coordinator_pb2.RunEvent:
+    return coordinator_pb2.RunEvent(
+        status=status_to_proto(e.status), metrics=e.metrics, log_line=e.log_line
+    )
+
+
+def _package_version() -> str:
+    try:
+        return importlib.metadata.version("meshrl")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
+    def __init__(self, manager: RunManager):
+        self.manager = manager
+
+    def _run_call(self, fn, *args):
+        try:
+            return fn(*args)
+        except UnknownRun as e:
+            raise ServiceError(
+                grpc.StatusCode.NOT_FOUND, f"no run {e.args[0]!r} on this coordinator"
+            ) from None
+        except RunConflict as e:
+            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from None
+
+    @rpc_method
+    def GetInfo(self, request, context):
+        return common_pb2.ServerInfo(
+            api_version="meshrl.api.v1",
+            service="coordinator",
+            weight_version=-1,
+            world_size=1,
+            ready=True,
+            meshrl_version=_package_version(),
+        )
+
+    @rpc_method
+    def StartRun(self, request, context):
+        status = self._run_call(self.manager.start, request.config_yaml, list(request.overrides))
+        return status_to_proto(status)
+
+    def WatchRun(self, request, context):
+        # A server stream: the id is checked before the first event, where the status code
+        # can still be set; afterwards the stream ends when the run does or the client leaves.
+        try:
+            events = self.manager.watch(request.run_id, keep_going=context.is_active)
+        except UnknownRun:
+            context.abort(
+                grpc.StatusCode.NOT_FOUND, f"no run {request.run_id!r} on this coordinator"
+            )
+        for event in events:
+            yield event_to_proto(event)
+
+    @rpc_method
+    def StopRun(self, request, context):
+        return status_to_proto(self._run_call(self.manager.stop, request.run_id))
+
+    @rpc_method
+    def ListRuns(self, request, context):
+        return coordinator_pb2.ListRunsResponse(
+            runs=[status_to_proto(s) for s in self.manager.list()]
+        )
+
+
+def serve(host: str = "127.0.0.1", port: int = 50050, workdir: str = ".") -> None:
+    """Runs the coordinator until SIGTERM/SIGINT; live runs are stopped on the way out."""
+    os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars suit a terminal, not a service log
+    manager = RunManager(Path(workdir))
+    server = GrpcServer(SERVICE_NAME, host, port, max_workers=32)  # each watcher holds a thread
+    server.add(
+        coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server, CoordinatorServicer(manager)
+    )
+    server.start()
+    server.mark_ready()
+    print(
+        f"coordinator ready on {host}:{server.port} (run folders under {Path(workdir).resolve()})",
+        flush=True,
+    )
+    try:
+        server.wait()
+    finally:
+        manager.shutdown()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="meshrl coordinator service")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=50050)
+    parser.add_argument("--workdir", default=".", help="base of relative run folders")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    serve(args.host, args.port, args.workdir)
+
+
+if __name__ == "__main__":
+    main()
