@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
 from meshrl.ragged import Ragged
+
+if TYPE_CHECKING:
+    from meshrl.weight_sync.types import GroupSpec, WeightManifest
 
 FinishReason = Literal["stop", "length"]
 
@@ -136,3 +139,20 @@ class RolloutEngine(Protocol):
     def reset_prefix_cache(self) -> None:
         """Drops cached prompt prefixes, which are stale after a weight swap."""
         ...
+
+
+@runtime_checkable
+class GroupMemberEngine(Protocol):
+    """An engine whose own worker process is the weight-sync group's member, instead of the
+    rollout server's process (vLLM: the group lives in its GPU worker). The rollout worker
+    then hands it the spec and the manifest rather than the received tensors."""
+
+    def join_weight_group(self, spec: GroupSpec) -> None:
+        """Joins the group as ``spec.rank``; blocks until every member joined."""
+        ...
+
+    def receive_weights(self, manifest: WeightManifest) -> int:
+        """Receives and loads the manifest's buckets; returns the tensors loaded."""
+        ...
+
+    def close_weight_group(self) -> None: ...

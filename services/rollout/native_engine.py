@@ -230,6 +230,14 @@ class NativeEngine:
         count = self.runner.load_weights(named_tensors)
         log.info("loaded %d tensors", count)
 
+    def weight_targets(self) -> dict[str, torch.Tensor]:
+        """The model's own tensors by Hugging Face name: a weight sync may receive straight
+        into them (under the rollout's engine lock), and ``load_weights`` then copies nothing."""
+        model = self.runner.model
+        targets = dict(model.named_parameters(remove_duplicate=False))
+        targets.update(model.named_buffers(remove_duplicate=False))
+        return {name: t.detach() for name, t in targets.items()}
+
     def release_memory(self) -> None:
         self._released = True
         if self.runner.device.type == "cuda":

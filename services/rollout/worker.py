@@ -8,6 +8,7 @@ status codes.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -20,9 +21,15 @@ import torch
 from meshrl.config import RunConfig
 from meshrl.ragged import Ragged
 from meshrl.weight_sync.group import WeightGroup
-from meshrl.weight_sync.receiver import receive_weights
+from meshrl.weight_sync.receiver import WeightReceiver
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
-from services.rollout.engine import GenerationResult, RolloutEngine, SamplingParams, TokenScores
+from services.rollout.engine import (
+    GenerationResult,
+    GroupMemberEngine,
+    RolloutEngine,
+    SamplingParams,
+    TokenScores,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,22 +60,45 @@ def build_engine(cfg: RunConfig) -> RolloutEngine:
     """The engine the run config asks for, loaded and ready."""
     model = cfg.actor_rollout_ref.model
     rollout = cfg.actor_rollout_ref.rollout
-    if rollout.name != "native":
-        raise ValueError(
-            f"actor_rollout_ref.rollout.name={rollout.name!r}: only the native engine is built yet"
-        )
     if not model.path or not Path(model.path).is_dir():
         raise ValueError(f"actor_rollout_ref.model.path={model.path!r} is not a model folder")
+    if rollout.name == "vllm":
+        from services.rollout.vllm_engine import VllmEngine  # vllm imported inside, lazily
+
+        return VllmEngine(
+            model.path,
+            tokenizer_path=model.tokenizer_path,
+            dtype=rollout.dtype,
+            gpu_memory_utilization=rollout.gpu_memory_utilization,
+            enforce_eager=rollout.enforce_eager,
+            max_num_seqs=rollout.max_num_seqs,
+            max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+        )
     from services.rollout.native_engine import NativeEngine  # torch + transformers: heavy
 
-    return NativeEngine(
-        model.path,
+    kwargs = dict(
         tokenizer_path=model.tokenizer_path,
         dtype=rollout.dtype,
         device="cuda" if cfg.trainer.device == "cuda" else "cpu",
         max_num_seqs=rollout.max_num_seqs,
         logprob_batch_size=rollout.log_prob_micro_batch_size_per_gpu,
     )
+    if kwargs["device"] == "cuda":
+        # On a GPU: the static-cache engine (CUDA graphs unless enforce_eager) when it knows
+        # the architecture; the plain engine otherwise.
+        from services.rollout.fast_engine import FastEngine, fast_path_reason
+
+        reason = fast_path_reason(model.path)
+        if reason is None:
+            return FastEngine(
+                model.path,
+                gpu_memory_utilization=rollout.gpu_memory_utilization,
+                enforce_eager=rollout.enforce_eager,
+                max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+                **kwargs,
+            )
+        log.warning("rollout fast path off (%s): using the plain engine", reason)
+    return NativeEngine(model.path, **kwargs)
 
 
 class RolloutWorker:
@@ -78,7 +108,7 @@ class RolloutWorker:
         self._engine: RolloutEngine | None = None
         self.model_path = ""
         self._engine_lock = threading.Lock()  # generation, scoring and swaps never overlap
-        self._group: WeightGroup | None = None
+        self._group: WeightGroup | _EngineGroup | None = None
         self._group_lock = threading.Lock()  # taken before _engine_lock, never after
 
     @property
@@ -124,7 +154,16 @@ class RolloutWorker:
         """Joins a (new) weight-sync group, closing the previous one; blocks until all joined."""
         with self._group_lock:
             self._close_group()
-            self._group = WeightGroup.join(spec)
+            engine = self._engine
+            if isinstance(engine, GroupMemberEngine):
+                engine.join_weight_group(spec)  # vLLM: its worker process is the member
+                self._group = _EngineGroup(spec.group_id, engine)
+            elif spec.transport == "cuda_ipc":  # the actor's GPU is ours: open its buffers
+                from meshrl.weight_sync.cuda_ipc import IpcGroup
+
+                self._group = IpcGroup.join(spec)
+            else:
+                self._group = WeightGroup.join(spec)
             return spec.group_id
 
     def receive(self, manifest: WeightManifest) -> SyncStats:
@@ -136,25 +175,37 @@ class RolloutWorker:
         """
         with self._group_lock:
             group = self._current_group(manifest)
-            with self._engine_lock:
-                engine = self.engine
-                start = time.monotonic()
-                received = _Counted(receive_weights(group, manifest, engine.device))
-                try:
-                    engine.load_weights(received)
-                except Exception as e:
-                    self._close_group()
-                    if received.tensors:
-                        engine.weight_version = -1
-                    raise WeightSyncError(
-                        f"weight sync to version {manifest.version} failed after "
-                        f"{received.tensors} of {len(manifest.param_names)} tensors "
-                        f"({type(e).__name__}: {e}); group {group.group_id} closed, weight "
-                        f"version now {engine.weight_version}"
-                    ) from e
-                engine.reset_prefix_cache()
-                engine.weight_version = manifest.version
-                seconds = time.monotonic() - start
+            if isinstance(group, _EngineGroup):
+                return self._receive_in_engine(group, manifest)
+            start = time.monotonic()
+            stream = None
+            if manifest.ipc_handles:  # cuda_ipc: views of the actor's ring buffers
+                pairs = group.receive(manifest)
+            else:  # gloo/nccl: buckets may land straight in the engine's weights
+                stream = pairs = WeightReceiver(group, manifest, _weight_targets(self.engine))
+            received = _Counted(pairs)
+            try:
+                # Generation goes on until the actor starts sending: only the swap pauses it,
+                # and an actor that never sends does not stall the rollout.
+                if stream is not None:
+                    stream.wait_for_sender()  # its header only: nothing written yet
+                else:
+                    received.wait_for_first()
+                with self._engine_lock:
+                    self._swap(manifest, received, stream)
+            except Exception as e:
+                self._close_group()
+                log.warning(
+                    "weight sync v%d failed after %d tensors: %s; group %s closed",
+                    manifest.version, received.tensors, e, group.group_id,
+                )  # fmt: skip
+                raise WeightSyncError(
+                    f"weight sync to version {manifest.version} failed after "
+                    f"{received.tensors} of {len(manifest.param_names)} tensors "
+                    f"({type(e).__name__}: {e}); group {group.group_id} closed, weight "
+                    f"version now {self.engine.weight_version}"
+                ) from e
+            seconds = time.monotonic() - start
         log.info(
             "weights v%d: %d tensors, %.1f MB in %.2fs",
             manifest.version,
@@ -164,11 +215,49 @@ class RolloutWorker:
         )
         return SyncStats(manifest.version, seconds, received.bytes)
 
+    def _swap(
+        self, manifest: WeightManifest, received: _Counted, stream: WeightReceiver | None
+    ) -> None:
+        """Under the engine lock: loads every tensor, drops cached prefixes, sets the version.
+        A failure once weights were touched leaves version -1 (two versions mixed)."""
+        engine = self.engine
+        try:
+            engine.load_weights(received)
+            if received.tensors != len(manifest.param_names):
+                raise ValueError(
+                    f"the engine took {received.tensors} of the "
+                    f"{len(manifest.param_names)} tensors of the manifest"
+                )
+        except Exception:
+            if received.tensors or (stream is not None and stream.wrote_targets):
+                engine.weight_version = -1
+            raise
+        engine.reset_prefix_cache()
+        engine.weight_version = manifest.version
+
+    def _receive_in_engine(self, group: _EngineGroup, manifest: WeightManifest) -> SyncStats:
+        """The engine's own worker receives and loads (vLLM); paused generation throughout."""
+        start = time.monotonic()
+        with self._engine_lock:
+            engine = self.engine
+            try:
+                engine.receive_weights(manifest)
+            except Exception as e:
+                self._close_group()
+                engine.weight_version = -1  # how far the engine got is not known here
+                raise WeightSyncError(
+                    f"weight sync to version {manifest.version} failed in the engine "
+                    f"({type(e).__name__}: {e}); group {group.group_id} closed, weight version -1"
+                ) from e
+            engine.reset_prefix_cache()
+            engine.weight_version = manifest.version
+        return SyncStats(manifest.version, time.monotonic() - start, manifest.nbytes)
+
     def close(self) -> None:
         with self._group_lock:
             self._close_group()
 
-    def _current_group(self, manifest: WeightManifest) -> WeightGroup:
+    def _current_group(self, manifest: WeightManifest) -> WeightGroup | _EngineGroup:
         if self._group is None:
             raise NoWeightGroupError("no weight-sync group: call JoinWeightGroup first")
         if manifest.group_id and manifest.group_id != self._group.group_id:
@@ -184,16 +273,41 @@ class RolloutWorker:
             group.close()
 
 
+def _weight_targets(engine: RolloutEngine) -> dict[str, torch.Tensor] | None:
+    """The engine's own tensors, if it lets a sync receive into them (the native engine)."""
+    targets = getattr(engine, "weight_targets", None)
+    return targets() if callable(targets) else None
+
+
+@dataclass(frozen=True)
+class _EngineGroup:
+    """The group as seen from here when the engine's own process is its member."""
+
+    group_id: str
+    engine: GroupMemberEngine
+
+    def close(self) -> None:
+        try:
+            self.engine.close_weight_group()
+        except Exception as e:  # noqa: BLE001 - a broken engine may refuse; the group is gone
+            log.warning("closing weight group %s in the engine: %s", self.group_id, e)
+
+
 class _Counted(Iterable[tuple[str, torch.Tensor]]):
     """Passes (name, tensor) pairs through, counting those the consumer has taken in."""
 
     def __init__(self, pairs: Iterator[tuple[str, torch.Tensor]]):
         self._pairs = pairs
+        self._first: list[tuple[str, torch.Tensor]] = []
         self.tensors = 0
         self.bytes = 0
 
+    def wait_for_first(self) -> None:
+        """Blocks until the first pair has arrived (kept for the consumer)."""
+        self._first = [pair for pair in itertools.islice(self._pairs, 1)]
+
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in self._pairs:
+        for name, tensor in itertools.chain(self._first, self._pairs):
             yield name, tensor
             # Resumed: the consumer has loaded this tensor and asks for the next one.
             self.tensors += 1

@@ -22,7 +22,8 @@ from meshrl.ragged import Ragged
 from services.trainer.checkpoint import load_checkpoint, save_checkpoint
 from services.trainer.distributed import World
 from services.trainer.forward import response_logprobs, rollout_temperature
-from services.trainer.fsdp import shard_model
+from services.trainer.fsdp import mixed_precision, shard_model
+from services.trainer.mfu import UpdateTimer, perf_metrics
 from services.trainer.micro_batches import MicroBatch, MiniBatch
 from services.trainer.model_loading import load_policy_model
 from services.trainer.optim import LrSchedule, build_optimizer
@@ -107,7 +108,7 @@ class ActorRole:
         model = load_policy_model(
             arr.model.path, world.device, arr.model.enable_gradient_checkpointing
         )
-        model = shard_model(model, world.mesh)
+        model = shard_model(model, world.mesh, mixed_precision(arr.model.dtype))
         update = UpdateSettings(
             mini_batch_rows=arr.actor.ppo_mini_batch_size * arr.rollout.n,
             micro_batch_rows=arr.actor.ppo_micro_batch_size_per_gpu,
@@ -167,16 +168,27 @@ class ActorRole:
             batch, old_logprobs, advantages, ref_logprobs, rollout_logprobs
         )
         self.model.train()
-        metrics = run_update(
-            batch.response_lengths,
-            self.update,
-            global_step,
-            lambda micro, mini: self._micro_loss(batch, targets, micro, mini),
-            self.model,
-            self.optimizer,
-            self.schedule,
-            self.world,
-            "actor",
+        with UpdateTimer(self.world.device) as timer:
+            metrics = run_update(
+                batch.response_lengths,
+                self.update,
+                global_step,
+                lambda micro, mini: self._micro_loss(batch, targets, micro, mini),
+                self.model,
+                self.optimizer,
+                self.schedule,
+                self.world,
+                "actor",
+            )
+        metrics.update(
+            perf_metrics(
+                "actor",
+                self.model,
+                _sequence_lengths(batch),
+                self.update.epochs,
+                timer.seconds,
+                self.world.world_size,
+            )
         )
         self.weight_version += 1
         if self.loss.use_kl_loss:
@@ -293,6 +305,10 @@ class ActorRole:
     def load(self, path: str, with_optimizer: bool) -> None:
         meta = load_checkpoint(path, self.model, self.optimizer if with_optimizer else None)
         self.weight_version = int(meta.get("weight_version", 0))
+
+
+def _sequence_lengths(batch: SequenceBatch) -> list[int]:
+    return (batch.prompts.lengths + batch.responses.lengths).tolist()
 
 
 def widen(x: torch.Tensor, width: int) -> torch.Tensor:

@@ -13,7 +13,8 @@ from meshrl.ragged import Ragged
 from services.trainer.checkpoint import load_checkpoint, save_checkpoint
 from services.trainer.distributed import World
 from services.trainer.forward import response_values
-from services.trainer.fsdp import shard_model
+from services.trainer.fsdp import mixed_precision, shard_model
+from services.trainer.mfu import UpdateTimer, perf_metrics
 from services.trainer.micro_batches import MicroBatch, MiniBatch
 from services.trainer.model_loading import load_value_model
 from services.trainer.optim import LrSchedule, build_optimizer
@@ -57,7 +58,7 @@ class CriticRole:
         c = cfg.critic
         path = c.model.path or cfg.actor_rollout_ref.model.path
         model = load_value_model(path, world.device, c.model.enable_gradient_checkpointing)
-        model = shard_model(model, world.mesh)
+        model = shard_model(model, world.mesh, mixed_precision(c.model.dtype))
         update = UpdateSettings(
             mini_batch_rows=c.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n,
             micro_batch_rows=c.ppo_micro_batch_size_per_gpu,
@@ -130,16 +131,28 @@ class CriticRole:
                 "critic/vpred_mean": masked_mean(values.detach(), mask) * share,
             }
 
-        metrics = run_update(
-            batch.response_lengths,
-            self.update,
-            global_step,
-            micro_loss,
-            self.model,
-            self.optimizer,
-            self.schedule,
-            self.world,
-            "critic",
+        with UpdateTimer(self.world.device) as timer:
+            metrics = run_update(
+                batch.response_lengths,
+                self.update,
+                global_step,
+                micro_loss,
+                self.model,
+                self.optimizer,
+                self.schedule,
+                self.world,
+                "critic",
+            )
+        lengths = (batch.prompts.lengths + batch.responses.lengths).tolist()
+        metrics.update(
+            perf_metrics(
+                "critic",
+                self.model,
+                lengths,
+                self.update.epochs,
+                timer.seconds,
+                self.world.world_size,
+            )
         )
         self.weight_version += 1
         return metrics

@@ -9,6 +9,7 @@ from torch import nn
 
 from meshrl.algorithms.entropy import entropy_from_logits, logprobs_from_logits
 from meshrl.config.schema import RunConfig
+from services.trainer.chunked_head import ChunkedLMHead
 from services.trainer.sequences import PackedSequences, at_response_positions
 
 
@@ -30,6 +31,9 @@ def response_logprobs(
     (``logits_to_keep``), which skips the LM head over most of a long prompt.
     ``entropy_grad=False`` computes the entropy from detached logits (a metric only).
     """
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, ChunkedLMHead):
+        return _chunked_scores(model, head, packed, temperature, with_entropy, entropy_grad)
     out = model(
         input_ids=packed.input_ids,
         attention_mask=packed.attention_mask,
@@ -45,6 +49,34 @@ def response_logprobs(
     if with_entropy:
         entropy = entropy_from_logits(logits if entropy_grad else logits.detach()).float()
     return TokenScores(logprobs, entropy)
+
+
+def _chunked_scores(
+    model: nn.Module,
+    head: ChunkedLMHead,
+    packed: PackedSequences,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool,
+) -> TokenScores:
+    """The same scores through the fused head: no (b, k, V) logits ever exist at once."""
+    ids = packed.input_ids
+    k = packed.outputs_needed
+    # Kept position p predicts ids[:, p + 1]; the last position predicts nothing (label 0).
+    labels = torch.cat([ids[:, ids.shape[1] - k + 1 :], ids.new_zeros(ids.shape[0], 1)], dim=1)
+    head.expect(labels, temperature, with_entropy, entropy_grad)
+    out = model(
+        input_ids=ids,
+        attention_mask=packed.attention_mask,
+        position_ids=packed.position_ids,
+        logits_to_keep=k,
+        use_cache=False,
+    )
+    scores = at_response_positions(out.logits, packed)  # (b, r, 2)
+    entropy = None
+    if with_entropy:
+        entropy = scores[..., 1] if entropy_grad else scores[..., 1].detach()
+    return TokenScores(scores[..., 0], entropy)
 
 
 def response_values(model: nn.Module, packed: PackedSequences) -> torch.Tensor:

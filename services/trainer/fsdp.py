@@ -6,10 +6,24 @@ Works on one rank too (the "shards" are then whole), so one code path serves bot
 
 from __future__ import annotations
 
+import os
+
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import PreTrainedModel
+
+
+def mixed_precision(dtype: str) -> MixedPrecisionPolicy | None:
+    """bf16 compute over float32 master weights: parameters are gathered and cast to
+    bf16 for forward/backward, gradients reduced in float32 and kept with the float32
+    shards the optimizer updates. None (pure float32) for "float32"."""
+    if dtype in ("bfloat16", "bf16"):
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if dtype in ("float32", "fp32", ""):
+        return None
+    raise ValueError(f"model.dtype {dtype!r}: expected float32 or bfloat16")
 
 
 def shard_model(
@@ -17,18 +31,26 @@ def shard_model(
     mesh: DeviceMesh,
     mp_policy: MixedPrecisionPolicy | None = None,
     reshard_after_forward: bool = True,
+    compile_layers: bool | None = None,
 ) -> nn.Module:
     """Applies ``fully_shard`` to every decoder layer, then to the root; returns ``model``.
 
-    Parameter names are unchanged (FSDP2 swaps parameters for DTensors in place), so
+    ``compile_layers`` (None: the ``MESHRL_COMPILE_LAYERS=1`` environment variable)
+    torch.compiles each decoder layer first. Parameter names are unchanged (FSDP2 swaps parameters for DTensors in place), so
     ``named_parameters()`` still gives Hugging Face names with full shapes.
     """
     kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
     if mp_policy is not None:
         kwargs["mp_policy"] = mp_policy
+    if compile_layers is None:
+        compile_layers = os.environ.get("MESHRL_COMPILE_LAYERS", "") == "1"
     layer_types = _decoder_layer_types(model)
     for module in model.modules():
         if type(module).__name__ in layer_types:
+            if compile_layers:
+                # Each block compiled on its own (one graph, reused by every block), then
+                # sharded: FSDP's gathers stay outside the compiled code.
+                module.compile()
             fully_shard(module, **kwargs)
     fully_shard(model, **kwargs)
     return model

@@ -14,6 +14,7 @@ from torch import nn
 from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
+from services.trainer.chunked_head import install_chunked_head
 from services.trainer.value_model import ValueModel
 
 hf_logging.disable_progress_bar()
@@ -26,6 +27,9 @@ def load_policy_model(
     _check_folder(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
     _prepare(model, gradient_checkpointing)
+    # Log-probs and entropy straight from the LM head, chunk by chunk: the float32 logits
+    # of a whole micro-batch are never materialised (see chunked_head.py).
+    install_chunked_head(model)
     return model.to(device)
 
 

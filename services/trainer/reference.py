@@ -8,7 +8,7 @@ from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
 from services.trainer.distributed import World
 from services.trainer.forward import rollout_temperature
-from services.trainer.fsdp import shard_model
+from services.trainer.fsdp import mixed_precision, shard_model
 from services.trainer.model_loading import freeze, load_policy_model
 from services.trainer.scoring import policy_log_probs
 from services.trainer.sequences import SequenceBatch
@@ -31,7 +31,7 @@ class RefRole:
         arr = cfg.actor_rollout_ref
         model = freeze(load_policy_model(arr.model.path, world.device))
         # Frozen weights still shard: the reference is as large as the actor.
-        model = shard_model(model, world.mesh)
+        model = shard_model(model, world.mesh, mixed_precision(arr.model.dtype))
         return RefRole(
             model, rollout_temperature(cfg), arr.ref.log_prob_micro_batch_size_per_gpu, world
         )

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from meshrl.weight_sync.buckets import plan_buckets
+from meshrl.weight_sync.cuda_ipc import IpcGroup, send_weights_ipc
 from meshrl.weight_sync.group import WeightGroup, WeightGroupError
 from meshrl.weight_sync.sender import send_weights
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
@@ -56,9 +57,14 @@ class WeightPublisher:
         """Rank 0: a fresh rendezvous; any previous group is closed first."""
         with self._lock:
             self._close()
-            self._store, self._spec = WeightGroup.open(
-                self.host, request.timeout_s, request.world_size, request.transport
-            )
+            if request.transport == "cuda_ipc":  # same GPU: handles + a store handshake
+                self._store, self._spec = IpcGroup.open(
+                    self.host, request.timeout_s, request.world_size
+                )
+            else:
+                self._store, self._spec = WeightGroup.open(
+                    self.host, request.timeout_s, request.world_size, request.transport
+                )
             return self._spec
 
     def join(self, spec: GroupSpec) -> str:
@@ -70,7 +76,8 @@ class WeightPublisher:
                     f"({self._spec.group_id if self._spec else 'none'}); call OpenWeightGroup"
                 )
             try:
-                self._group = WeightGroup.join(self._spec, self._store)
+                join = IpcGroup.join if self._spec.transport == "cuda_ipc" else WeightGroup.join
+                self._group = join(self._spec, self._store)
             except WeightGroupError as e:
                 log.warning("%s; closing the group", e)
                 self._close()
@@ -102,6 +109,8 @@ class WeightPublisher:
         )
         group_id = self._spec.group_id if self._spec is not None else ""
         self._manifest = WeightManifest(version, buckets, group_id)
+        if isinstance(self._group, IpcGroup):  # rank 0 of a cuda_ipc group: export the ring
+            self._manifest.ipc_handles = self._group.export_ring(self._manifest)
         return self._manifest
 
     def send(self, version: int) -> SyncResult:
@@ -114,9 +123,8 @@ class WeightPublisher:
             raise SyncStateError(f"SendWeights(version={version}) without PrepareWeights")
         with self._lock:
             try:
-                sent, seconds = send_weights(
-                    self._group, self.actor.iter_full_params(), self._manifest
-                )
+                send = send_weights_ipc if self._manifest.ipc_handles else send_weights
+                sent, seconds = send(self._group, self.actor.iter_full_params(), self._manifest)
             except WeightGroupError as e:
                 log.warning("weight sync v%d failed: %s; closing the group", version, e)
                 self._close()

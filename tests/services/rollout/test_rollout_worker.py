@@ -140,6 +140,21 @@ class _SlowEngine:
         pass
 
 
+class _NoBuckets:
+    """Stands for the WeightReceiver of an empty sync."""
+
+    wrote_targets = False
+
+    def __init__(self, group, manifest, targets=None):
+        pass
+
+    def wait_for_sender(self):
+        pass
+
+    def __iter__(self):
+        return iter([])
+
+
 class _FakeGroup:
     group_id = "g"
 
@@ -148,7 +163,7 @@ class _FakeGroup:
 
 
 def test_generation_and_weight_swaps_never_overlap(monkeypatch):
-    monkeypatch.setattr(worker_module, "receive_weights", lambda group, manifest, device: iter([]))
+    monkeypatch.setattr(worker_module, "WeightReceiver", _NoBuckets)
     worker = RolloutWorker()
     engine = _SlowEngine()
     worker._engine = engine

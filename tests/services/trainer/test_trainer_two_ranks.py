@@ -91,6 +91,8 @@ def test_update_equals_one_rank(servers):
     assert expected <= set(m1)
     assert set(m1) == set(m2)
     for key in m1:
+        if key.startswith("perf/"):  # timings differ between runs
+            continue
         assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-5), key
     # Same weights afterwards: the log-probs still agree, and they moved.
     after1, _ = _log_probs(one)

@@ -1,0 +1,220 @@
+"""Native engine on the GPU: fast path checked against the plain path, then timed against
+Hugging Face ``generate`` (eager and static cache) on the same model, batch and lengths.
+
+Called by ``gpu_suite.py``; each function returns a dict of JSON-able figures.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from benchmarks.gpu_models import make_model_dir
+from meshrl.ragged import Ragged
+from services.rollout.engine import SamplingParams
+from services.rollout.fast_engine import FastEngine
+from services.rollout.native_engine import NativeEngine
+
+
+def random_prompts(seed: int, count: int, low: int, high: int, vocab: int) -> Ragged:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(low, high + 1, (count,), generator=g).tolist()
+    return Ragged.from_lists(
+        [torch.randint(10, vocab, (n,), generator=g).tolist() for n in lengths]
+    )
+
+
+def _prefix_agreement(a: Ragged, b: Ragged) -> tuple[float, float]:
+    """(fraction of rows identical, mean fraction of tokens before the first difference)."""
+    same, prefix = 0, []
+    for x, y in zip(a.tolist(), b.tolist(), strict=True):
+        same += x == y
+        k = next(
+            (i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), min(len(x), len(y))
+        )
+        prefix.append(k / max(1, len(x)))
+    return same / len(a), statistics.mean(prefix)
+
+
+def check_fp32(workdir: str) -> dict:
+    """float32, 4 layers of the 0.5B shape: graphs, eager fast path and Hugging Face must
+    give the same greedy tokens (16 slots for 40 sequences: refills and compaction)."""
+    path = make_model_dir(f"{workdir}/qwen05_l4_fp32", layers=4, dtype=torch.float32)
+    fast = FastEngine(
+        path,
+        dtype="float32",
+        device="cuda",
+        max_num_seqs=16,
+        gpu_memory_utilization=0.2,
+        max_model_len=512,
+    )
+    prompts = random_prompts(11, 20, 4, 200, 151936)
+    params = SamplingParams(temperature=0, max_tokens=48, n=2)
+    graphs = fast.generate(prompts, params)
+    fast.graphs.enabled = False
+    eager = fast.generate(prompts, params)
+    fast.graphs.enabled = True
+    plain = NativeEngine.generate(fast, prompts, params)  # the Hugging Face forward
+    rows_same, prefix = _prefix_agreement(graphs.responses, plain.responses)
+    out = {
+        "graphs_equal_eager_fast": graphs.responses.tolist() == eager.responses.tolist(),
+        "graphs_vs_hf_rows_identical": rows_same,
+        "graphs_vs_hf_mean_prefix": prefix,
+        "graphs_vs_hf_logprob_max_abs": _lp_diff(graphs, plain, rows_same == 1.0),
+        "graphs_captured": fast.graphs.num_graphs,
+    }
+    del fast
+    torch.cuda.empty_cache()
+    return out
+
+
+def _lp_diff(a, b, comparable: bool) -> float | None:
+    if not comparable:
+        return None
+    return float((a.logprobs.values - b.logprobs.values).abs().max())
+
+
+def check_bf16(engine: FastEngine) -> dict:
+    """bfloat16, full model: graphs vs eager fast path (same kernels: identical tokens),
+    vs Hugging Face greedy (bf16 rounding may flip near-ties), and the engine's sampled
+    log-probs against a full Hugging Face forward over the same tokens (what the trainer
+    computes), plus release/resume."""
+    prompts = random_prompts(21, 24, 8, 256, 151936)
+    greedy = SamplingParams(temperature=0, max_tokens=64, n=2)
+    graphs = engine.generate(prompts, greedy)
+    engine.graphs.enabled = False
+    eager = engine.generate(prompts, greedy)
+    engine.graphs.enabled = True
+    plain = NativeEngine.generate(engine, prompts, greedy)
+    rows_same, prefix = _prefix_agreement(graphs.responses, plain.responses)
+    sampled_params = SamplingParams(temperature=1.0, max_tokens=128, n=2, seed=5)
+    sampled = engine.generate(prompts, sampled_params)
+    repeated = prompts.select([i for i in range(len(prompts)) for _ in range(2)])
+    scored = engine.score(repeated, sampled.responses, 1.0, with_entropy=False)
+    diff = (scored.logprobs.values - sampled.logprobs.values).abs()
+    before = torch.cuda.memory_allocated()
+    engine.release_memory()
+    released = torch.cuda.memory_allocated()
+    engine.resume_memory()
+    again = engine.generate(prompts, greedy)
+    return {
+        "graphs_equal_eager_fast": graphs.responses.tolist() == eager.responses.tolist(),
+        "graphs_vs_hf_greedy_rows_identical": rows_same,
+        "graphs_vs_hf_greedy_mean_prefix": prefix,
+        "engine_vs_hf_forward_logprob_mean_abs": float(diff.mean()),
+        "engine_vs_hf_forward_logprob_max_abs": float(diff.max()),
+        "release_freed_gib": (before - released) / 2**30,
+        "kv_cache_gib": engine.kv_cache_bytes / 2**30,
+        "same_tokens_after_resume": again.responses.tolist() == graphs.responses.tolist(),
+    }
+
+
+def _timed(fn, repeats: int) -> tuple[float, object]:
+    times, out = [], None
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), out
+
+
+def engine_speed(engine: FastEngine, batch: int, prompt_len: int, new: int, eager: bool) -> dict:
+    params = SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=new, seed=1)
+    prompts = random_prompts(100 + batch, batch, prompt_len, prompt_len, engine.vocab_size)
+    engine.graphs.enabled = not eager
+    engine.generate(prompts, params)  # warm-up: captures this shape's graphs
+    seconds, out = _timed(lambda: engine.generate(prompts, params), 1 if eager else 3)
+    engine.graphs.enabled = True
+    tokens = out.responses.values.numel()
+    return {"seconds": seconds, "new_tokens": tokens, "tok_s": tokens / seconds}
+
+
+def hf_speed(model, batch: int, prompt_len: int, new: int, static: bool) -> dict:
+    """transformers ``generate`` with the same sampling (T=1, no top-k/top-p)."""
+    g = torch.Generator().manual_seed(200 + batch)
+    ids = torch.randint(10, 151936, (batch, prompt_len), generator=g).cuda()
+    kwargs = dict(
+        attention_mask=torch.ones_like(ids),
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=new,
+        pad_token_id=0,
+    )
+    if static:
+        kwargs["cache_implementation"] = "static"
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with torch.inference_mode():  # first call: warm-up (for static: compilation)
+        model.generate(ids, **kwargs)
+    torch.cuda.synchronize()
+    first = time.perf_counter() - start
+    with torch.inference_mode():
+        seconds, out = _timed(lambda: model.generate(ids, **kwargs), 1)
+    tokens = (out.shape[1] - prompt_len) * batch
+    return {
+        "seconds": seconds,
+        "new_tokens": tokens,
+        "tok_s": tokens / seconds,
+        "first_call_s": first,
+    }
+
+
+def bandwidth_floor_tok_s(
+    engine: FastEngine, batch: int, prompt_len: int, new: int, copy_gbs: float
+) -> float:
+    """New tokens/s if every decode step only read the weights once and each sequence's
+    keys/values once, at the measured copy bandwidth (GB/s, read + write counted)."""
+    weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
+    per_token = engine.decoder.kv_shape.bytes_per_token
+    total_bytes = 0
+    for step in range(new):
+        total_bytes += weight_bytes + batch * (prompt_len + step) * per_token
+    return batch * new / (total_bytes / (copy_gbs * 1e9))
+
+
+def decode_variants(engine: FastEngine, batch: int = 256) -> dict:
+    """The same timed run with the decoder's element-wise ops compiled or not, and the
+    decode attention as a batched matmul or through SDPA; leaves the fastest set."""
+    out = {}
+    variants = (
+        ("compiled_matmul", True, "matmul"),
+        ("compiled_sdpa", True, "sdpa"),
+        ("plain_ops_matmul", False, "matmul"),
+    )
+    for name, compiled, attention in variants:
+        engine.decoder.use_compiled_ops(compiled)
+        engine.decoder.attention = attention
+        engine.graphs.clear()
+        try:
+            out[name] = engine_speed(engine, batch, 256, 256, False)
+            out[name]["ops_compiled"] = engine.decoder.ops.compiled
+        except Exception as e:  # noqa: BLE001
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
+    best = max((k for k in out if "tok_s" in out[k]), key=lambda k: out[k]["tok_s"])
+    _, compiled, attention = next(v for v in variants if v[0] == best)
+    engine.decoder.use_compiled_ops(compiled)
+    engine.decoder.attention = attention
+    engine.graphs.clear()
+    out["best"] = best
+    return out
+
+
+def profile_decode(engine: FastEngine, out_dir, batch: int = 256) -> dict:
+    """Top kernels of a short generate (graph replays included), to $OUT/profile.txt."""
+    from torch.profiler import ProfilerActivity, profile
+
+    params = SamplingParams(temperature=1.0, max_tokens=32, seed=2)
+    prompts = random_prompts(7, batch, 256, 256, engine.vocab_size)
+    engine.generate(prompts, params)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        engine.generate(prompts, params)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+    (out_dir / "profile.txt").write_text(table)
+    return {"lines": table.count("\n")}

@@ -1,0 +1,210 @@
+"""GPU suite: ceilings, then each fast path checked against its plain path and timed.
+
+    python3 -m benchmarks.gpu_suite --sections ceilings,engine,hf,ipc,trainer --out $OUT
+
+Run on the lent H200 (see docs/benchmarks.md, "GPU"). Every section runs in a try block,
+so one failure still leaves the others' figures; results go to ``$OUT/gpu_suite.json``
+after each section and a short table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+RESULTS: dict = {}
+
+
+def _save(out: Path) -> None:
+    (out / "gpu_suite.json").write_text(json.dumps(RESULTS, indent=2, default=str))
+
+
+def ceilings() -> dict:
+    """Copy bandwidth (bytes read + written) and bf16 matmul rate on random data."""
+    n = 2 * 2**30
+    a = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(3):
+        b.copy_(a)
+    start.record()
+    for _ in range(10):
+        b.copy_(a)
+    end.record()
+    torch.cuda.synchronize()
+    copy_gbs = 2 * n * 10 / (start.elapsed_time(end) / 1e3) / 1e9
+    del a, b
+    m = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        m @ k
+    start.record()
+    for _ in range(10):
+        m @ k
+    end.record()
+    torch.cuda.synchronize()
+    tflops = 2 * 8192**3 * 10 / (start.elapsed_time(end) / 1e3) / 1e12
+    return {
+        "copy_gbs": copy_gbs,
+        "bf16_matmul_tflops": tflops,
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+    }
+
+
+def engine_section(workdir: str, out: Path, quick: bool = False):
+    """Checks and times the fast engine; returns it (the HF section reuses its model)."""
+    from benchmarks import gpu_engine as ge
+    from benchmarks.gpu_models import make_model_dir
+    from services.rollout.fast_engine import FastEngine
+
+    _run("engine_check_fp32", lambda: ge.check_fp32(workdir), out)
+    path = make_model_dir(f"{workdir}/qwen05_bf16")
+    start = time.monotonic()
+    engine = FastEngine(
+        path,
+        dtype="bfloat16",
+        device="cuda",
+        max_num_seqs=256,
+        gpu_memory_utilization=0.3,
+        max_model_len=1024,
+    )
+    RESULTS["engine_init"] = {
+        "seconds": time.monotonic() - start,
+        "ops_compiled": engine.decoder.ops.compiled,
+    }
+    _run("engine_check_bf16", lambda: ge.check_bf16(engine), out)
+    if not quick:
+        _run("engine_variants_b256", lambda: ge.decode_variants(engine, 256), out)
+    for batch in (64, 256):
+        _run(f"engine_b{batch}", lambda b=batch: ge.engine_speed(engine, b, 256, 256, False), out)
+    if not quick:
+        _run("engine_eager_b256", lambda: ge.engine_speed(engine, 256, 256, 256, True), out)
+    copy = RESULTS.get("ceilings", {}).get("copy_gbs")
+    if copy:
+        for batch in (64, 256):
+            floor = ge.bandwidth_floor_tok_s(engine, batch, 256, 256, copy)
+            got = RESULTS.get(f"engine_b{batch}", {}).get("tok_s")
+            RESULTS[f"floor_b{batch}"] = {"tok_s": floor, "fraction": (got or 0) / floor}
+    if not quick:
+        _run("engine_profile", lambda: ge.profile_decode(engine, out), out)
+    RESULTS["engine_graphs"] = {
+        "count": engine.graphs.num_graphs,
+        "capture_s": engine.graphs.capture_seconds,
+    }
+    _save(out)
+    engine.release_memory()
+    return engine
+
+
+def hf_section(engine, out: Path, deadline: float) -> None:
+    from benchmarks import gpu_engine as ge
+
+    model = engine.runner.model
+    for batch in (64, 256):
+        _run(f"hf_eager_b{batch}", lambda b=batch: ge.hf_speed(model, b, 256, 256, False), out)
+    _run("hf_static_b256", lambda: ge.hf_speed(model, 256, 256, 256, True), out)
+    if time.monotonic() < deadline - 90:
+        _run("hf_static_b64", lambda: ge.hf_speed(model, 64, 256, 256, True), out)
+
+
+def _run(name: str, fn, out: Path) -> None:
+    start = time.monotonic()
+    try:
+        RESULTS[name] = fn()
+    except Exception as e:  # noqa: BLE001 - a failed section must not stop the others
+        RESULTS[name] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+    RESULTS[name]["wall_s"] = time.monotonic() - start
+    print(f"[{name}] {json.dumps(RESULTS[name], default=str)[:1500]}", flush=True)
+    _save(out)
+
+
+def _table() -> str:
+    rows = []
+    for name, r in RESULTS.items():
+        if not isinstance(r, dict):
+            continue
+        keys = [
+            k
+            for k in (
+                "tok_s",
+                "fraction",
+                "copy_gbs",
+                "bf16_matmul_tflops",
+                "mfu",
+                "sync_ms",
+                "copy_ms",
+                "seconds",
+                "error",
+            )
+            if k in r
+        ]
+        rows.append(f"{name:28s} " + "  ".join(f"{k}={_fmt(r[k])}" for k in keys))
+    return "\n".join(rows)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:,.4g}"
+    return str(v)[:200]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sections", default="ceilings,engine,hf,ipc,trainer")
+    parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    parser.add_argument("--workdir", default="/tmp/meshrl_gpu")
+    parser.add_argument("--budget-s", type=float, default=540)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="skip the engine variants/eager/profile and trainer checkpointing",
+    )
+    args = parser.parse_args()
+    deadline = time.monotonic() + args.budget_s
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    sections = set(args.sections.split(","))
+    RESULTS["meta"] = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "host": platform.node(),
+        "sections": sorted(sections),
+    }
+    if "ceilings" in sections:
+        _run("ceilings", ceilings, out)
+    engine = None
+    if sections & {"engine", "hf"}:
+        try:
+            engine = engine_section(args.workdir, out, args.quick)
+        except Exception as e:  # noqa: BLE001
+            RESULTS["engine_setup"] = {
+                "error": f"{type(e).__name__}: {e}",
+                "trace": traceback.format_exc(),
+            }
+    if "ipc" in sections:
+        from benchmarks.gpu_ipc import ipc_bench
+
+        _run("ipc", lambda: ipc_bench(args.workdir), out)
+    if "trainer" in sections:
+        from benchmarks.gpu_trainer import trainer_bench
+
+        _run(
+            "trainer",
+            lambda: trainer_bench(deadline - 200, args.workdir, str(out), args.quick),
+            out,
+        )
+    if "hf" in sections and engine is not None:
+        hf_section(engine, out, deadline)
+    _save(out)
+    print("\n" + _table(), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""Our own forward of a Llama/Qwen2/Qwen3-style decoder over a static KV cache.
+
+Hugging Face's forward re-plans its cache and masks on every call, which a CUDA graph
+cannot hold; this one has fixed shapes per (rows, attended width), so one decode step is
+one graph replay. It reuses the Hugging Face model's own submodules (embeddings, norms,
+projections, MLPs, rotary tables), so weights are shared, never copied: ``load_weights``
+on the model updates what this forward reads.
+
+Layout: sequence s lives in cache slot ``slot[s]``; its token at position p has its key
+and value at ``k[layer, slot, :, p]``. Prompts start at position 0 (no padding inside a
+slot), so the position of a token is its index in the slot.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from services.rollout.fused_ops import FusedOps
+from services.rollout.kv_cache import KVShape
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+
+def unsupported_reason(cfg) -> str | None:
+    """Why this forward cannot run a model of this Hugging Face config (None when it can)."""
+    if cfg.model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {cfg.model_type!r} (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+    if getattr(cfg, "use_sliding_window", False):
+        return "sliding-window attention"
+    layer_types = getattr(cfg, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        return f"layer types {sorted(set(layer_types))}"
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if rope.get("rope_type", "default") == "dynamic":
+        return "dynamic rope scaling (its table depends on the sequence length)"
+    return None
+
+
+class StaticDecoder:
+    """Prefill and decode of a Hugging Face causal LM over a :class:`StaticKVCache` view."""
+
+    def __init__(self, model: nn.Module):
+        reason = unsupported_reason(model.config)
+        if reason is not None:
+            raise ValueError(f"the static decoder cannot run this model: {reason}")
+        cfg = model.config
+        self.model = model
+        base = model.model
+        self.embed = base.embed_tokens
+        self.layers = list(base.layers)
+        self.norm = base.norm
+        self.lm_head = model.lm_head
+        self.rotary = base.rotary_emb
+        attn = self.layers[0].self_attn
+        self.num_heads = cfg.num_attention_heads
+        self.kv_heads = cfg.num_key_value_heads
+        self.head_dim = attn.head_dim
+        self.groups = self.num_heads // self.kv_heads
+        self.scaling = attn.scaling
+        self.dtype = self.embed.weight.dtype
+        self.device = self.embed.weight.device
+        self.eps = self.norm.variance_epsilon
+        self.silu = getattr(cfg, "hidden_act", "silu") == "silu"
+        self.ops = FusedOps(compile=False)
+        self.attention = "matmul"
+        """Decode attention: "matmul" (grouped heads as rows of one batched matmul) or
+        "sdpa" (the same, through scaled_dot_product_attention with a boolean mask)."""
+        self._cos = self._sin = torch.empty(0)
+
+    def use_compiled_ops(self, on: bool) -> bool:
+        """Fuses the element-wise ops with torch.compile (CUDA only); returns whether on."""
+        if on and self.device.type == "cuda":
+            if not self.ops.compiled:
+                self.ops = FusedOps(compile=True)
+        else:
+            self.ops = FusedOps(compile=False)
+        return self.ops.compiled
+
+    @property
+    def kv_shape(self) -> KVShape:
+        return KVShape(len(self.layers), self.kv_heads, self.head_dim, self.dtype)
+
+    def rope_table(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (length, d) in the model dtype, from the model's own rotary module (so
+        every rope type it knows, scaling included, comes out as it computes it)."""
+        if self._cos.shape[0] < length:
+            positions = torch.arange(length, device=self.device)[None]  # (1, length)
+            probe = torch.zeros(1, device=self.device, dtype=self.dtype)
+            with torch.inference_mode():
+                cos, sin = self.rotary(probe, positions)
+            self._cos, self._sin = cos[0].contiguous(), sin[0].contiguous()
+        return self._cos, self._sin
+
+    def _qkv(self, layer, h: torch.Tensor, lead: tuple[int, ...]):
+        """q (*lead, H, d), k and v (*lead, kvh, d) of normed hidden states h (*lead, hidden)."""
+        attn = layer.self_attn
+        q = attn.q_proj(h).view(*lead, self.num_heads, self.head_dim)
+        k = attn.k_proj(h).view(*lead, self.kv_heads, self.head_dim)
+        v = attn.v_proj(h).view(*lead, self.kv_heads, self.head_dim)
+        if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head before rope
+            q = self.ops.rms_norm(q, attn.q_norm.weight, attn.q_norm.variance_epsilon)
+            k = self.ops.rms_norm(k, attn.k_norm.weight, attn.k_norm.variance_epsilon)
+        return q, k, v
+
+    def _mlp(self, layer, h: torch.Tensor) -> torch.Tensor:
+        mlp = layer.mlp
+        if self.silu:
+            return mlp.down_proj(self.ops.silu_mul(mlp.gate_proj(h), mlp.up_proj(h)))
+        return mlp(h)
+
+    def _next_norm_weight(self, i: int) -> torch.Tensor:
+        """The norm after layer i's MLP: the next layer's input norm, or the final one."""
+        if i + 1 < len(self.layers):
+            return self.layers[i + 1].input_layernorm.weight
+        return self.norm.weight
+
+    @torch.inference_mode()
+    def prefill(
+        self,
+        ids: torch.Tensor,
+        lengths: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        dest_slots: torch.Tensor,
+        src_rows: torch.Tensor,
+    ) -> torch.Tensor:
+        """Runs right-padded prompts and stores their keys/values; returns last-token logits.
+
+        ids (u, P) int64 right-padded; lengths (u,); caches (layers, slots, kvh, L, d);
+        row ``src_rows[i]`` is stored in slot ``dest_slots[i]`` (a prompt sampled n times
+        is run once and stored n times). Right padding needs no mask with causal attention:
+        a real token never attends to the padding after it. Returns logits (u, V).
+        """
+        u, width = ids.shape
+        ops = self.ops
+        cos, sin = self.rope_table(width)
+        cos, sin = cos[:width, None, :], sin[:width, None, :]  # (P, 1, d)
+        x = self.embed(ids)  # (u, P, hidden)
+        h = ops.rms_norm(x, self.layers[0].input_layernorm.weight, self.eps)
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, h, (u, width))  # (u, P, h, d)
+            q, k = ops.rope(q, k, cos, sin)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (u, h, P, d)
+            k_cache[i, dest_slots, :, :width] = k[src_rows]
+            v_cache[i, dest_slots, :, :width] = v[src_rows]
+            if self.groups > 1:
+                k = k.repeat_interleave(self.groups, dim=1)
+                v = v.repeat_interleave(self.groups, dim=1)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling)
+            o = layer.self_attn.o_proj(o.transpose(1, 2).reshape(u, width, -1))
+            x, h = ops.add_rms_norm(x, o, layer.post_attention_layernorm.weight, self.eps)
+            x = x + self._mlp(layer, h)
+            if i + 1 < len(self.layers):
+                h = ops.rms_norm(x, self.layers[i + 1].input_layernorm.weight, self.eps)
+        last = x[torch.arange(u, device=x.device), lengths - 1]  # (u, hidden)
+        return self.lm_head(ops.rms_norm(last, self.norm.weight, self.eps))
+
+    @torch.inference_mode()
+    def decode(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        width: int,
+    ) -> torch.Tensor:
+        """One token for each of the first ``bs`` slots; returns logits (bs, V).
+
+        tokens, positions (bs,) int64: the token fed to slot s sits at ``positions[s]``;
+        its key/value is written there and it attends to positions ``0..positions[s]``,
+        read from the first ``width`` positions of the slot (a fixed shape per width, so
+        a graph captured once replays for every step with positions < width).
+        """
+        bs = tokens.shape[0]
+        ops = self.ops
+        cos_t, sin_t = self.rope_table(width)
+        cos, sin = cos_t[positions][:, None, :], sin_t[positions][:, None, :]  # (bs, 1, d)
+        rows = torch.arange(bs, device=tokens.device)
+        span = torch.arange(width, device=tokens.device)
+        keep = (span[None, :] <= positions[:, None])[:, None, None, :]  # (bs, 1, 1, w)
+        bias = None
+        if self.attention == "matmul":
+            bias = torch.zeros(keep.shape, dtype=torch.float32, device=tokens.device)
+            bias.masked_fill_(~keep, float("-inf"))
+        x = self.embed(tokens)  # (bs, hidden)
+        h = ops.rms_norm(x, self.layers[0].input_layernorm.weight, self.eps)
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, h, (bs,))  # (bs, h, d)
+            q, k = ops.rope(q, k, cos, sin)
+            k_cache[i, rows, :, positions] = k
+            v_cache[i, rows, :, positions] = v
+            keys = k_cache[i, :bs, :, :width]  # (bs, kvh, w, d), a strided view
+            values = v_cache[i, :bs, :, :width]
+            # Grouped-query attention without repeating keys: the g query heads of one kv
+            # head are the g "query positions" of one attention against that head's keys.
+            qg = q.view(bs, self.kv_heads, self.groups, self.head_dim)  # (bs, kvh, g, d)
+            if bias is None:
+                o = F.scaled_dot_product_attention(
+                    qg, keys, values, attn_mask=keep, scale=self.scaling
+                )
+            else:
+                scores = torch.matmul(qg, keys.transpose(-1, -2))  # (bs, kvh, g, w)
+                o = torch.matmul(
+                    ops.masked_softmax(scores, self.scaling, bias, values.dtype), values
+                )  # (bs, kvh, g, d)
+            o = layer.self_attn.o_proj(o.reshape(bs, -1))
+            x, h = ops.add_rms_norm(x, o, layer.post_attention_layernorm.weight, self.eps)
+            x, h = ops.add_rms_norm(x, self._mlp(layer, h), self._next_norm_weight(i), self.eps)
+        return self.lm_head(h)

@@ -1,0 +1,263 @@
+"""The native engine's fast path: static KV cache, slots kept full, decode in CUDA graphs.
+
+Same answers and interface as :class:`NativeEngine` (scoring, weights and checks are
+inherited); only ``generate`` differs. One call:
+
+    admit     waiting sequences take the free slots; their prompts are prefilled (each
+              distinct prompt once, its keys/values stored in all n of its samples' slots)
+              and their first tokens sampled
+    decode    every running slot advances one token per step (a graph replay + sampling
+              on the device); finished slots keep running, unseen, until the next check
+    check     every ``check_every`` steps (or when some sequence must have hit its length),
+              one read of ``done``: finished sequences are collected, their slots freed,
+              and the next admit refills them
+
+Runs eagerly (same code, no graphs) on CPU or with ``enforce_eager``, which is how the
+tests check it against the plain engine.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from meshrl.ragged import Ragged
+from services.rollout.cuda_graphs import DecodeGraphs, row_bucket, width_bucket
+from services.rollout.decoder import StaticDecoder, unsupported_reason
+from services.rollout.engine import FinishReason, GenerationResult, SamplingParams
+from services.rollout.gpu_sampler import sample_rows
+from services.rollout.kv_cache import KVView, StaticKVCache, cuda_capacity_tokens
+from services.rollout.native_engine import NativeEngine, _ragged
+from services.rollout.scheduler import Scheduler
+from services.rollout.slots import SlotState
+
+log = logging.getLogger(__name__)
+
+_SLOT_ALIGN = 64  # slot lengths are rounded up to this: few distinct graph sets per run
+_WIDTH_STEP = 128  # attended widths are rounded up to this
+
+
+def fast_path_reason(model_path: str) -> str | None:
+    """Why the fast path cannot serve the model in this folder (None when it can)."""
+    from transformers import AutoConfig
+
+    return unsupported_reason(AutoConfig.from_pretrained(model_path, local_files_only=True))
+
+
+class FastEngine(NativeEngine):
+    """A :class:`~services.rollout.engine.RolloutEngine` with a static KV cache."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        tokenizer_path: str | None = None,
+        dtype: str = "float32",
+        device: str = "cpu",
+        max_num_seqs: int = 256,
+        logprob_batch_size: int = 16,
+        gpu_memory_utilization: float = 0.5,
+        enforce_eager: bool = False,
+        max_model_len: int | None = None,
+        check_every: int = 8,
+        max_prefill_tokens: int = 16384,
+        compile_ops: bool = True,
+    ):
+        super().__init__(
+            model_path,
+            tokenizer_path=tokenizer_path,
+            dtype=dtype,
+            device=device,
+            max_num_seqs=max_num_seqs,
+            logprob_batch_size=logprob_batch_size,
+        )
+        self.decoder = StaticDecoder(self.runner.model)
+        config = self.runner.model.config
+        self.max_model_len = max_model_len or config.max_position_embeddings
+        self.check_every = check_every
+        self.max_prefill_tokens = max_prefill_tokens
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.decoder.rope_table(self.max_model_len)  # before any capture: graphs read it
+        shape = self.decoder.kv_shape
+        dev = self.runner.device
+        capacity = None
+        if dev.type == "cuda":
+            capacity = cuda_capacity_tokens(
+                shape,
+                dev,
+                gpu_memory_utilization,
+                self._activation_reserve(),
+                max_num_seqs * self.max_model_len,
+            )
+        self.cache = StaticKVCache(shape, dev, capacity)
+        self.graphs = DecodeGraphs(self.decoder, max_num_seqs, enabled=not enforce_eager)
+        if compile_ops and not enforce_eager and self.decoder.use_compiled_ops(True):
+            self._warm_up()
+        log.info(
+            "fast engine: KV cache %.2f GiB (%s positions), cuda graphs %s",
+            self.cache.nbytes / 2**30,
+            capacity if capacity is not None else "grown on demand",
+            "on" if self.graphs.enabled else "off",
+        )
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.cache.nbytes
+
+    def _warm_up(self) -> None:
+        """Compiles the fused ops with one tiny generate; falls back to eager ops if that
+        fails (a missing compiler shows only at the first call)."""
+        # A full batch, not one row: the compiled kernels pick their launch configuration
+        # from the sizes of the first call (a one-row warm-up made them 10x slower).
+        rows = Ragged.from_lists([[0, 1, 2, 3]] * self.max_num_seqs)
+        try:
+            self.generate(rows, SamplingParams(temperature=0, max_tokens=3))
+        except Exception as e:  # noqa: BLE001
+            log.warning(
+                "compiled decoder ops failed (%s: %s); using eager ops", type(e).__name__, e
+            )
+            self.decoder.use_compiled_ops(False)
+            self.graphs.clear()
+
+    def _activation_reserve(self) -> int:
+        """Bytes kept free for what a call allocates besides the cache: float32 logits of a
+        full batch (sampling makes a few copies) and one prefill chunk's activations."""
+        cfg = self.runner.model.config
+        logits = 4 * self.max_num_seqs * self.vocab_size * 4
+        prefill = self.max_prefill_tokens * (2 * cfg.intermediate_size + 6 * cfg.hidden_size) * 4
+        return logits + prefill
+
+    # --- memory ---
+
+    def release_memory(self) -> None:
+        self.graphs.clear()  # graphs point into the cache: drop them first
+        self.cache.release()
+        super().release_memory()  # marks released, empties the allocator cache
+
+    def resume_memory(self) -> None:
+        self.cache.resume()
+        super().resume_memory()
+
+    # --- generation ---
+
+    def generate(self, prompts: Ragged, params: SamplingParams) -> GenerationResult:
+        self._check_memory()
+        self._check_tokens(prompts, "prompts")
+        total = len(prompts) * params.n
+        if total == 0:
+            return super().generate(prompts, params)
+        sampling = self._sampling(params)
+        lengths = prompts.lengths.tolist()
+        need = max(lengths) + params.max_tokens
+        if need > self.max_model_len:
+            raise ValueError(
+                f"prompt of {max(lengths)} tokens + max_tokens {params.max_tokens} exceeds "
+                f"max_model_len {self.max_model_len}"
+            )
+        slot_len = min(self.max_model_len, -(-need // _SLOT_ALIGN) * _SLOT_ALIGN)
+        kv = self.cache.view(slot_len, min(total, self.max_num_seqs))
+        state = SlotState(kv.slots, params.max_tokens, slot_len, self.runner.device)
+        sched = Scheduler(lengths, params.n, kv.slots, params.max_tokens)
+        out_tokens: list[torch.Tensor] = [torch.zeros(0)] * total
+        out_logprobs: list[torch.Tensor] = [torch.zeros(0)] * total
+        reasons: list[FinishReason] = ["length"] * total
+        while not sched.finished:
+            admitted = sched.admit()
+            if admitted:
+                self._admit(prompts, admitted, kv, state, sampling)
+            for _ in range(sched.steps_until_check(self.check_every)):
+                self._decode_step(kv, state, sched, sampling)
+            self._collect(state, sched, out_tokens, out_logprobs, reasons)
+            self._compact(kv, state, sched)
+        return GenerationResult(
+            responses=_ragged(out_tokens, torch.int64),
+            logprobs=_ragged(out_logprobs, torch.float32),
+            finish_reasons=reasons,
+            weight_version=self.weight_version,
+        )
+
+    def _admit(self, prompts: Ragged, admitted, kv: KVView, state: SlotState, sampling) -> None:
+        """Prefills the admitted (sequence, slot) pairs and samples their first tokens."""
+        n = sampling.params.n
+        device = self.runner.device
+        distinct = sorted({seq // n for seq, _ in admitted})
+        logits_parts, slots_parts, lengths_parts = [], [], []
+        for chunk in _chunks_by_tokens(distinct, prompts.lengths, self.max_prefill_tokens):
+            index = {p: i for i, p in enumerate(chunk)}
+            pairs = [(seq, slot) for seq, slot in admitted if seq // n in index]
+            src = torch.tensor([index[seq // n] for seq, _ in pairs], device=device)
+            dest = torch.tensor([slot for _, slot in pairs], device=device)
+            rows = prompts.select(chunk)
+            ids, _ = rows.to_padded(pad_value=0)  # (u, P) right-padded
+            lengths = rows.lengths.to(device)
+            logits = self.decoder.prefill(ids.long().to(device), lengths, kv.k, kv.v, dest, src)
+            logits_parts.append(logits[src])
+            slots_parts.append(dest)
+            lengths_parts.append(lengths[src])
+        logits = torch.cat(logits_parts)  # (m, V)
+        tokens, logprobs = sample_rows(logits, sampling.params, sampling.generator)
+        state.admit(
+            torch.cat(slots_parts), torch.cat(lengths_parts), tokens, logprobs, sampling.stop_ids
+        )
+
+    def _decode_step(self, kv: KVView, state: SlotState, sched: Scheduler, sampling) -> None:
+        bs = row_bucket(sched.rows_needed(), min(kv.k.shape[1], self.max_num_seqs))
+        width = width_bucket(sched.width_needed(), _WIDTH_STEP, kv.slot_len)
+        logits = self.graphs.run(state.last_tokens[:bs], state.positions[:bs], kv, width)
+        tokens, logprobs = sample_rows(logits, sampling.params, sampling.generator)
+        state.record(tokens, logprobs, sampling.stop_ids)
+        sched.advance()
+
+    def _collect(self, state: SlotState, sched: Scheduler, out_tokens, out_logprobs, reasons):
+        """The one host sync of a check: frees finished slots and keeps their outputs."""
+        active = sched.active
+        if not active:
+            return
+        idx = torch.tensor(active, device=state.done.device)
+        done = state.done[idx].cpu()
+        finished = [s for s, d in zip(active, done.tolist(), strict=True) if d]
+        if not finished:
+            return
+        fidx = torch.tensor(finished, device=state.done.device)
+        lengths = state.gen_len[fidx].tolist()
+        stopped = state.stopped[fidx].tolist()
+        tokens = state.tokens[fidx].cpu()
+        logprobs = state.logprobs[fidx].cpu()
+        for i, slot in enumerate(finished):
+            seq = sched.release(slot)
+            out_tokens[seq] = tokens[i, : lengths[i]]
+            out_logprobs[seq] = logprobs[i, : lengths[i]]
+            reasons[seq] = "stop" if stopped[i] else "length"
+
+    def _compact(self, kv: KVView, state: SlotState, sched: Scheduler) -> None:
+        """Once nothing waits, moves running slots down when that shrinks the step's rows."""
+        rows = sched.rows_needed()
+        if not rows or row_bucket(rows, 1 << 30) <= row_bucket(len(sched.active), 1 << 30):
+            return
+        src, dst = sched.compaction()
+        if not src:
+            return
+        s = torch.tensor(src, device=kv.k.device)
+        d = torch.tensor(dst[: len(src)], device=kv.k.device)
+        kv.k[:, d] = kv.k[:, s]
+        kv.v[:, d] = kv.v[:, s]
+        state.move(s, d)
+        sched.move(src, dst[: len(src)])
+
+
+def _chunks_by_tokens(rows: list[int], lengths: torch.Tensor, budget: int) -> list[list[int]]:
+    """Splits prompt rows into groups whose padded size (count x longest) fits ``budget``."""
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for r in rows:
+        length = int(lengths[r])
+        if current and (len(current) + 1) * max(longest, length) > budget:
+            chunks.append(current)
+            current, longest = [], 0
+        current.append(r)
+        longest = max(longest, length)
+    if current:
+        chunks.append(current)
+    return chunks

@@ -1,0 +1,86 @@
+"""Model FLOPs utilisation of an update: the FLOPs the model needs over the time it took.
+
+Counted FLOPs (forward + backward = 3x forward), per sequence of s tokens:
+
+    6 * N * s                dense matmuls (N: parameters that multiply, the LM head
+                             included, the input embedding lookup not, unless tied)
+    6 * L * d_attn * s^2     causal attention (QK^T and PV: 2 * 2 * s^2/2 * d_attn forward)
+
+Recomputation (gradient checkpointing, chunked LM head) is not counted: MFU counts the
+model's FLOPs, not the hardware's. Peak: the H100/H200 dense bf16 rate, 989 TFLOP/s.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+PEAK_BF16_FLOPS = 989e12
+
+
+def matmul_params(model: nn.Module) -> int:
+    """Parameters that take part in matmuls: all but an untied input embedding."""
+    total = sum(p.numel() for p in model.parameters())
+    inner = model if hasattr(model, "get_input_embeddings") else getattr(model, "model", None)
+    embed = inner.get_input_embeddings() if inner is not None else None
+    head = getattr(model, "lm_head", None)
+    if embed is not None and (head is None or head.weight is not embed.weight):
+        total -= embed.weight.numel()
+    return total
+
+
+def training_flops(n_params: int, layers: int, attn_dim: int, seq_lens: Iterable[int]) -> float:
+    """FLOPs of one forward + backward over sequences of the given lengths."""
+    lens = [int(s) for s in seq_lens]
+    return 6.0 * n_params * sum(lens) + 6.0 * layers * attn_dim * sum(s * s for s in lens)
+
+
+def model_shape(model: nn.Module) -> tuple[int, int]:
+    """(layers, attention width = heads * head_dim) from a Hugging Face config."""
+    cfg = getattr(model, "config", None) or model.model.config  # a ValueModel wraps .model
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return cfg.num_hidden_layers, cfg.num_attention_heads * head_dim
+
+
+class UpdateTimer:
+    """Wall time of an update, synchronised with the device at both ends."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def __enter__(self) -> UpdateTimer:
+        self._sync()
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._sync()
+        self.seconds = time.perf_counter() - self.start
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def perf_metrics(
+    role: str,
+    model: nn.Module,
+    seq_lens: list[int],
+    epochs: int,
+    seconds: float,
+    world_size: int,
+    n_params: int | None = None,
+) -> dict[str, float]:
+    """``perf/mfu/{role}`` and ``perf/throughput/{role}`` (tokens/s per GPU) of an update."""
+    layers, attn_dim = model_shape(model)
+    n = n_params if n_params is not None else matmul_params(model)
+    flops = epochs * training_flops(n, layers, attn_dim, seq_lens)
+    tokens = epochs * sum(seq_lens)
+    seconds = max(seconds, 1e-9)
+    return {
+        f"perf/mfu/{role}": flops / seconds / (PEAK_BF16_FLOPS * world_size),
+        f"perf/throughput/{role}": tokens / seconds / world_size,
+    }

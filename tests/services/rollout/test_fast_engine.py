@@ -1,0 +1,123 @@
+"""The fast path (static KV cache, slots, own decoder forward) against the plain engine.
+
+On CPU the fast path runs eagerly (no CUDA graphs), which checks everything but the
+capture: greedy tokens must equal the plain engine's on fresh random prompts, including
+refilled slots, stop tokens and n samples per prompt.
+"""
+
+import pytest
+import torch
+from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+from meshrl.ragged import Ragged
+from meshrl.testing.char_tokenizer import save_char_tokenizer
+from meshrl.testing.tiny_model import make_tiny_model_dir
+from services.rollout.engine import MemoryReleasedError, SamplingParams
+from services.rollout.fast_engine import FastEngine
+from services.rollout.native_engine import NativeEngine
+from services.rollout.scheduler import Scheduler
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _tiny_qwen2_dir(path):
+    tok = save_char_tokenizer(path)
+    torch.manual_seed(1)
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model.save_pretrained(str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def model_dir(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    if request.param == "llama":
+        return str(make_tiny_model_dir(path))
+    return _tiny_qwen2_dir(path)
+
+
+def _random_prompts(seed: int, count: int, longest: int = 20) -> Ragged:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, longest, (count,), generator=g).tolist()
+    return Ragged.from_lists(
+        [[1] + torch.randint(4, 22, (n,), generator=g).tolist() for n in lengths]
+    )
+
+
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])
+def test_greedy_equals_plain_engine_with_refills_and_stops(model_dir, seed):
+    plain = NativeEngine(model_dir)
+    # 5 slots for 9 prompts x 2 samples: slots are refilled several times.
+    fast = FastEngine(model_dir, max_num_seqs=5, check_every=3)
+    prompts = _random_prompts(seed, 9)
+    for stop in [(), (7, 8, 9)]:
+        params = SamplingParams(temperature=0, max_tokens=25, n=2, stop_token_ids=stop)
+        want = plain.generate(prompts, params)
+        got = fast.generate(prompts, params)
+        assert got.responses.tolist() == want.responses.tolist()
+        assert got.finish_reasons == want.finish_reasons
+        torch.testing.assert_close(got.logprobs.values, want.logprobs.values, atol=1e-5, rtol=0)
+    assert "stop" in got.finish_reasons  # the stop tokens were hit at least once
+
+
+def test_seeded_sampling_repeats_and_logprobs_match_scoring(model_dir):
+    fast = FastEngine(model_dir, max_num_seqs=4)
+    prompts = _random_prompts(2, 5)
+    params = SamplingParams(temperature=0.9, top_k=8, top_p=0.9, max_tokens=16, n=3, seed=7)
+    first, again = fast.generate(prompts, params), fast.generate(prompts, params)
+    assert first.responses.tolist() == again.responses.tolist()
+    repeated = prompts.select([i for i in range(len(prompts)) for _ in range(3)])
+    scores = fast.score(repeated, first.responses, params.temperature, with_entropy=False)
+    torch.testing.assert_close(scores.logprobs.values, first.logprobs.values, atol=1e-5, rtol=0)
+
+
+def test_release_frees_the_cache_and_resume_takes_it_back(model_dir):
+    fast = FastEngine(model_dir, max_num_seqs=4)
+    params = SamplingParams(temperature=0, max_tokens=8)
+    prompts = _random_prompts(3, 3)
+    before = fast.generate(prompts, params)
+    assert fast.kv_cache_bytes > 0
+    fast.release_memory()
+    assert fast.kv_cache_bytes == 0
+    with pytest.raises(MemoryReleasedError):
+        fast.generate(prompts, params)
+    fast.resume_memory()
+    assert fast.generate(prompts, params).responses.tolist() == before.responses.tolist()
+
+
+def test_too_long_request_is_refused(model_dir):
+    fast = FastEngine(model_dir, max_model_len=32)
+    with pytest.raises(ValueError, match="max_model_len"):
+        fast.generate(_random_prompts(0, 2), SamplingParams(max_tokens=31))
+
+
+def test_scheduler_refills_and_compacts():
+    sched = Scheduler([3, 5, 2], n=2, slots=4, max_tokens=4, refill_fraction=0.5)
+    assert [seq for seq, _ in sched.admit()] == [0, 1, 2, 3]
+    assert sched.width_needed() == 6  # the longest prompt (5) is position 5 next
+    assert sched.admit() == []  # no free slot
+    sched.advance()
+    assert sched.steps_until_check(8) == 2  # 4 tokens: the prefill's + 3 steps
+    sched.release(1)
+    assert sched.admit() == []  # 1 free slot < refill_at 2 while others run
+    sched.release(2)
+    assert sched.admit() == [(4, 1), (5, 2)]
+    for slot in (0, 2, 3):
+        sched.release(slot)
+    assert sched.compaction() == ([1], [0]) or sched.compaction() == ([], [])
+    sched.move([1], [0])
+    assert sched.active == [0] and sched.rows_needed() == 1

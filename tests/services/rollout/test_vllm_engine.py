@@ -1,0 +1,189 @@
+"""The vLLM adapter without vLLM (it cannot run here): the clear error when it is missing,
+the pure mappings to and from vLLM's types (fed with stand-ins shaped like vLLM's outputs),
+the worker extension's receive path over a real gloo group with a stand-in model, and the
+rollout worker handing the group to an engine whose own process joins it."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from meshrl.config import build_config
+from meshrl.testing.tiny_model import make_tiny_model_dir
+from meshrl.weight_sync import GroupSpec, WeightGroup, WeightManifest, plan_buckets, send_weights
+from services.rollout import vllm_engine
+from services.rollout import worker as worker_module
+from services.rollout.engine import GroupMemberEngine, SamplingParams
+from services.rollout.vllm_engine import (
+    MeshrlWorkerExtension,
+    VllmEngine,
+    VllmNotInstalledError,
+    results_from_outputs,
+    sampling_kwargs,
+)
+from services.rollout.worker import RolloutWorker, WeightSyncError
+
+pytestmark = pytest.mark.timeout(60)
+
+needs_no_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is not None, reason="vllm is installed here"
+)
+
+
+@needs_no_vllm
+def test_building_without_vllm_says_what_to_do():
+    with pytest.raises(VllmNotInstalledError, match=r"rollout.name=vllm needs the vllm package"):
+        VllmEngine("/nonexistent")
+
+
+@needs_no_vllm
+def test_rollout_name_vllm_reaches_the_adapter(tmp_path):
+    model = make_tiny_model_dir(tmp_path / "m", hidden=32, intermediate=64)
+    cfg = build_config(
+        {}, [f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.name=vllm"]
+    )
+    with pytest.raises(VllmNotInstalledError, match="pip install"):
+        worker_module.build_engine(cfg)
+
+
+def test_sampling_params_map_to_vllm_keywords():
+    kwargs = sampling_kwargs(
+        SamplingParams(temperature=0.7, top_p=0.9, top_k=0, max_tokens=5, n=3, seed=11,
+                       stop_token_ids=(2, 7))
+    )  # fmt: skip
+    assert kwargs == {
+        "n": 3, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "max_tokens": 5,
+        "logprobs": 0, "stop_token_ids": [2, 7], "detokenize": False, "seed": 11,
+    }  # fmt: skip
+    greedy = sampling_kwargs(SamplingParams(temperature=0, top_k=20))
+    assert greedy["temperature"] == 0 and greedy["top_k"] == 20 and "seed" not in greedy
+
+
+def _completion(index, ids, lps, reason):
+    logprobs = [{tok: SimpleNamespace(logprob=lp)} for tok, lp in zip(ids, lps, strict=True)]
+    return SimpleNamespace(index=index, token_ids=ids, logprobs=logprobs, finish_reason=reason)
+
+
+def test_outputs_become_rows_sample_j_of_prompt_i_at_i_times_n_plus_j():
+    outputs = [
+        SimpleNamespace(outputs=[_completion(1, [5, 2], [-0.5, -0.1], "stop"),
+                                 _completion(0, [4], [-1.0], "length")]),
+        SimpleNamespace(outputs=[_completion(0, [9, 9, 9], [-2.0, -2.5, -3.0], "length"),
+                                 _completion(1, [2], [-0.01], "stop")]),
+    ]  # fmt: skip
+    tokens, logprobs, reasons = results_from_outputs(outputs, n=2)
+    assert tokens == [[4], [5, 2], [9, 9, 9], [2]]
+    assert logprobs == [[-1.0], [-0.5, -0.1], [-2.0, -2.5, -3.0], [-0.01]]
+    assert reasons == ["length", "stop", "length", "stop"]
+    aborted = [SimpleNamespace(outputs=[_completion(0, [4], [-1.0], "abort")])]
+    with pytest.raises(RuntimeError, match="abort"):
+        results_from_outputs(aborted, n=1)
+
+
+def test_prompt_logprobs_give_the_response_tokens():
+    ids = [1, 4, 5, 6, 2]
+    per_position = [None] + [{t: SimpleNamespace(logprob=-0.1 * t)} for t in ids[1:]]
+    assert vllm_engine.response_logprobs(per_position, ids, 2) == pytest.approx([-0.6, -0.2])
+
+
+def test_spec_and_manifest_travel_as_json():
+    spec = GroupSpec("nccl", "10.0.0.1", 4321, 3, 2, 30.0, "g")
+    assert vllm_engine.spec_from_json(vllm_engine.spec_to_json(spec)) == spec
+    manifest = WeightManifest(4, plan_buckets([("w", (2, 3)), ("b", (3,))], torch.bfloat16, 8), "g")
+    back = vllm_engine.manifest_from_json(vllm_engine.manifest_to_json(manifest))
+    assert back == manifest
+
+
+class _StandInModel(torch.nn.Module):
+    """What the extension needs of vLLM's model: parameters and ``load_weights(weights=...)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(6, 4))
+        self.b = torch.nn.Parameter(torch.zeros(4))
+
+    @torch.no_grad()
+    def load_weights(self, weights):
+        params = dict(self.named_parameters())
+        for name, tensor in weights:
+            params[name].copy_(tensor)
+
+
+def test_worker_extension_joins_receives_and_loads_over_gloo():
+    worker = MeshrlWorkerExtension()  # as vLLM mixes it into its worker: these attributes exist
+    worker.model_runner = SimpleNamespace(model=_StandInModel())
+    worker.device = torch.device("cpu")
+    assert worker.meshrl_num_parameters() == 28
+
+    store, spec = WeightGroup.open("127.0.0.1", timeout_s=10, world_size=2)
+    member = vllm_engine.spec_to_json(GroupSpec(**{**spec.__dict__, "rank": 1}))
+    with ThreadPoolExecutor(2) as pool:
+        joined = pool.submit(worker.join_weight_group, member)
+        sender = WeightGroup.join(spec, store)
+        assert joined.result() == spec.group_id
+    params = {"w": torch.randn(6, 4), "b": torch.randn(4)}
+    named = [(n, tuple(t.shape)) for n, t in params.items()]
+    manifest = WeightManifest(3, plan_buckets(named, torch.float32, 32), spec.group_id)
+    received = {}
+    thread = threading.Thread(
+        target=lambda: received.update(
+            n=worker.receive_weights(vllm_engine.manifest_to_json(manifest))
+        )
+    )
+    thread.start()
+    send_weights(sender, iter(params.items()), manifest)
+    thread.join(20)
+    assert received["n"] == 2
+    assert torch.equal(worker.model_runner.model.w, params["w"])
+    assert torch.equal(worker.model_runner.model.b, params["b"])
+    worker.close_weight_group()
+    sender.close()
+
+
+class _MemberEngine:
+    """An engine whose own process is the group member (the vLLM shape), recording calls."""
+
+    def __init__(self, fail: bool = False):
+        self.weight_version = 0
+        self.fail = fail
+        self.calls: list[str] = []
+        self.device = torch.device("cpu")
+
+    def join_weight_group(self, spec):
+        self.calls.append(f"join:{spec.group_id}")
+
+    def receive_weights(self, manifest):
+        self.calls.append(f"receive:{manifest.version}")
+        if self.fail:
+            raise RuntimeError("sender gone")
+        return len(manifest.param_names)
+
+    def close_weight_group(self):
+        self.calls.append("close")
+
+    def reset_prefix_cache(self):
+        self.calls.append("reset")
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_rollout_worker_hands_the_group_to_a_member_engine(monkeypatch, fail):
+    engine = _MemberEngine(fail)
+    assert isinstance(engine, GroupMemberEngine)
+    monkeypatch.setattr(worker_module, "build_engine", lambda cfg: engine)
+    worker = RolloutWorker()
+    worker.initialize(build_config({}))
+    worker.join_group(GroupSpec(group_id="g1"))
+    manifest = WeightManifest(7, plan_buckets([("w", (2,))], torch.float32, 64), "g1")
+    if fail:
+        with pytest.raises(WeightSyncError, match="weight version -1"):
+            worker.receive(manifest)
+        assert engine.weight_version == -1 and engine.calls[-1] == "close"
+    else:
+        stats = worker.receive(manifest)
+        assert stats.version == 7 and stats.bytes == 8 and engine.weight_version == 7
+        assert engine.calls == ["join:g1", "receive:7", "reset"]
