@@ -35,6 +35,10 @@ class WeightGroup:
         self.device = device
         self._store = store  # kept alive: the TCP store dies with its last reference
         self._backend = backend
+        self._staging: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+        # Staging buffers per side, so as many buckets in flight: on CPU a third keeps the
+        # wire busy while a bucket is packed or unpacked; on a GPU each costs device memory.
+        self.pipeline_depth = 3 if device.type == "cpu" else 2
 
     @property
     def group_id(self) -> str:
@@ -113,28 +117,83 @@ class WeightGroup:
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
         """In-place broadcast of ``tensor`` from ``src``; waits at most the spec's timeout."""
-        timeout = timedelta(seconds=self.spec.timeout_s)
+        self.broadcast_async(tensor, src).wait()
+
+    def broadcast_async(self, tensor: torch.Tensor, src: int = 0) -> PendingBroadcast:
+        """Starts an in-place broadcast of ``tensor`` from ``src``; ``wait()`` on the result.
+
+        The caller must leave ``tensor`` alone until the wait returns. Lets a sender fill the
+        next bucket (and a receiver unpack the previous one) while this one travels.
+        """
+        if self._backend is None:
+            raise WeightGroupError(f"weight group {self.group_id} is closed")
         opts = dist.BroadcastOptions()
         opts.rootRank = src
         opts.rootTensor = 0
-        opts.timeout = timeout
+        opts.timeout = timedelta(seconds=self.spec.timeout_s)
         try:
-            self._backend.broadcast([tensor], opts).wait(timeout)
+            work = self._backend.broadcast([tensor], opts)
         except Exception as e:  # noqa: BLE001
-            raise WeightGroupError(
-                f"weight group {self.group_id}: broadcast of {tensor.numel()} elements "
-                f"failed on rank {self.rank}: {type(e).__name__}: {e}"
-            ) from e
+            raise self._failed(tensor, e) from e
+        return PendingBroadcast(self, work, tensor)
+
+    def staging(self, slot: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A flat buffer of ``numel`` elements for bucket traffic, reused from sync to sync.
+
+        Reuse saves the page faults of fresh host memory on every bucket; the buffers of a
+        CUDA group are freed by :meth:`release_staging` after each sync instead, so that a
+        rollout does not hold GPU memory between syncs.
+        """
+        key = (slot, dtype)
+        buf = self._staging.get(key)
+        if buf is None or buf.numel() < numel:
+            self._staging.pop(key, None)  # free the small one before allocating the large
+            buf = torch.empty(numel, dtype=dtype, device=self.device)
+            self._staging[key] = buf
+        return buf[:numel]
+
+    def release_staging(self, keep_on_cpu: bool = True) -> None:
+        """Drops the staging buffers (on CPU only if ``keep_on_cpu`` is False)."""
+        if not (keep_on_cpu and self.device.type == "cpu"):
+            self._staging.clear()
+
+    def _failed(self, tensor: torch.Tensor, e: Exception) -> WeightGroupError:
+        return WeightGroupError(
+            f"weight group {self.group_id}: broadcast of {tensor.numel()} elements "
+            f"failed on rank {self.rank}: {type(e).__name__}: {e}"
+        )
 
     def close(self) -> None:
         """Releases the connections; the group cannot be used afterwards."""
         backend, self._backend = self._backend, None
         self._store = None
+        self._staging.clear()
         if backend is not None:
             try:
                 backend.shutdown()
             except Exception as e:  # noqa: BLE001 - a broken group may refuse a clean shutdown
                 log.debug("weight group %s shutdown: %s", self.group_id, e)
+
+
+class PendingBroadcast:
+    """A broadcast in flight; ``wait`` blocks until it is done, at most the group's timeout."""
+
+    def __init__(self, group: WeightGroup, work, tensor: torch.Tensor):
+        self._group = group
+        self._work = work
+        self.tensor = tensor  # referenced until done: the collective writes or reads it
+
+    def wait(self) -> torch.Tensor:
+        """Returns the tensor once moved.
+
+        Raises:
+            WeightGroupError: a peer died or the timeout passed.
+        """
+        try:
+            self._work.wait(timedelta(seconds=self._group.spec.timeout_s))
+        except Exception as e:  # noqa: BLE001 - gloo/NCCL raise RuntimeError or DistError
+            raise self._group._failed(self.tensor, e) from e
+        return self.tensor
 
 
 def _check_transport(transport: str) -> None:

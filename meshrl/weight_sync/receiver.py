@@ -1,33 +1,125 @@
-"""Receiver side of a sync: one broadcast per bucket, parameters as views into it."""
+"""Receiver side of a sync: a header, then one broadcast per bucket, parameters as views.
+
+Staging buffers rotate (``WeightGroup.pipeline_depth`` of them): the next buckets are
+already arriving while the engine copies the parameters of bucket k into its model. A
+bucket that holds one parameter can instead land straight in the caller's own tensor
+(``targets``), which saves the copy.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterator, Mapping
 
 import torch
 
-from meshrl.weight_sync.group import WeightGroup
-from meshrl.weight_sync.types import WeightManifest
+from meshrl.weight_sync.group import PendingBroadcast, WeightGroup, WeightGroupError
+from meshrl.weight_sync.types import BucketPlan, WeightManifest
+
+
+def sync_header(version: int, device: torch.device) -> torch.Tensor:
+    """The first broadcast of every sync, (1,) int64 on the group's device: the version the
+    buckets belong to.
+
+    A receiver waits for it before it touches its model, so a rollout keeps generating
+    until its actor really sends, and a sender on another manifest is caught at once."""
+    return torch.tensor([version], dtype=torch.int64, device=device)
+
+
+class WeightReceiver:
+    """One sync's buckets, received in manifest order.
+
+    ``wait_for_sender()`` blocks until the header arrives (and checks it); iterating yields
+    (Hugging Face name, tensor of the parameter's shape). A yielded tensor is a view into a
+    staging buffer of the group's device (CPU for gloo, the GPU for NCCL) in the bucket's
+    dtype: copy it into the model before asking for the next one. With ``targets`` (the
+    caller's own tensors by name), a bucket holding a single parameter whose target has the
+    bucket's dtype, shape and device and is contiguous is received into that target, and the
+    pair yielded is the target itself (``param.copy_(t)`` then copies nothing). Targets are
+    written from the start of iteration: iterate only while nothing else reads them.
+
+    Raises (from either call):
+        WeightGroupError: a broadcast failed (the sender died or timed out), or the sender
+            announced another version than the manifest's.
+    """
+
+    def __init__(
+        self,
+        group: WeightGroup,
+        manifest: WeightManifest,
+        targets: Mapping[str, torch.Tensor] | None = None,
+    ):
+        if manifest.group_id and manifest.group_id != group.group_id:
+            raise ValueError(f"manifest is for group {manifest.group_id}, not {group.group_id}")
+        self.group = group
+        self.manifest = manifest
+        self.targets = targets or {}
+        self.wrote_targets = False
+        """True once a bucket was posted into a target: the model may hold a mix from then."""
+        self._header_seen = False
+
+    def wait_for_sender(self) -> None:
+        if self._header_seen:
+            return
+        header = sync_header(-1, self.group.device)
+        self.group.broadcast(header, src=0)
+        self._header_seen = True
+        if int(header[0]) != self.manifest.version:  # (a host sync on CUDA: wanted here)
+            raise WeightGroupError(
+                f"weight group {self.group.group_id}: the sender sends version "
+                f"{int(header[0])}, the manifest here is for {self.manifest.version}"
+            )
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        self.wait_for_sender()
+        buckets, depth = self.manifest.buckets, self.group.pipeline_depth
+        try:
+            arriving = deque(self._post(k) for k in range(min(depth, len(buckets))))
+            for k, bucket in enumerate(buckets):
+                flat = arriving.popleft().wait()
+                for p in bucket.params:
+                    yield p.name, flat[p.offset : p.offset + p.numel].view(p.shape)
+                # Resumed: bucket k's tensors are copied, its buffer takes bucket k + depth.
+                if k + depth < len(buckets):
+                    arriving.append(self._post(k + depth))
+        finally:
+            self.group.release_staging()
+
+    def _post(self, k: int) -> PendingBroadcast:
+        bucket = self.manifest.buckets[k]
+        target = self._target(bucket)
+        if target is not None:
+            self.wrote_targets = True
+            flat = target.detach().view(-1)
+        else:
+            flat = self.group.staging(k % self.group.pipeline_depth, bucket.numel, bucket.dtype)
+        return self.group.broadcast_async(flat, src=0)
+
+    def _target(self, bucket: BucketPlan) -> torch.Tensor | None:
+        if len(bucket.params) != 1:
+            return None
+        slot = bucket.params[0]
+        t = self.targets.get(slot.name)
+        fits = (
+            t is not None
+            and t.dtype == bucket.dtype
+            and tuple(t.shape) == slot.shape
+            and t.device == self.group.device
+            and t.is_contiguous()
+        )
+        return t if fits else None
 
 
 def receive_weights(
-    group: WeightGroup, manifest: WeightManifest, device: str | torch.device = "cpu"
+    group: WeightGroup,
+    manifest: WeightManifest,
+    device: str | torch.device | None = None,
+    targets: Mapping[str, torch.Tensor] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yields (Hugging Face name, tensor of the parameter's shape) in manifest order.
+    """Yields (Hugging Face name, tensor) in manifest order; see :class:`WeightReceiver`.
 
-    Each tensor is a view into its bucket's buffer (dtype of the bucket): copy it into
-    the model (``param.copy_(t)``) before the buffer is dropped; nothing is copied twice.
-    ``device`` defaults to the group's device for NCCL (buckets must live on the GPU).
-
-    Raises:
-        WeightGroupError: a broadcast failed (the sender died or timed out).
+    ``device`` is where the caller's model lives; gloo and NCCL buffers stay on the group's
+    device whatever it says (the copy into the model moves them): it is accepted so that
+    every transport has one signature.
     """
-    if manifest.group_id and manifest.group_id != group.group_id:
-        raise ValueError(f"manifest is for group {manifest.group_id}, not {group.group_id}")
-    if group.device.type == "cuda":
-        device = group.device
-    for bucket in manifest.buckets:
-        flat = torch.empty(bucket.numel, dtype=bucket.dtype, device=device)
-        group.broadcast(flat, src=0)
-        for slot in bucket.params:
-            yield slot.name, flat[slot.offset : slot.offset + slot.numel].view(slot.shape)
+    return iter(WeightReceiver(group, manifest, targets))

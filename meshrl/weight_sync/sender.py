@@ -1,14 +1,27 @@
-"""Sender side of a sync: fill each flat bucket as full parameters stream in, broadcast it."""
+"""Sender side of a sync: fill each flat bucket as full parameters stream in, broadcast it.
+
+Staging buffers rotate (``WeightGroup.pipeline_depth`` of them), so bucket k+1 is gathered,
+cast and packed while earlier buckets are on the wire and the next one is already queued
+behind them; a parameter that fills a bucket alone and already has the wire dtype is broadcast
+as it is, without the copy.
+"""
 
 from __future__ import annotations
 
+import os
 import time
+from collections import deque
 from collections.abc import Iterator
 
 import torch
 
-from meshrl.weight_sync.group import WeightGroup, WeightGroupError
-from meshrl.weight_sync.types import WeightManifest
+from meshrl.weight_sync.group import PendingBroadcast, WeightGroup, WeightGroupError
+from meshrl.weight_sync.receiver import sync_header
+from meshrl.weight_sync.types import BucketPlan, WeightManifest
+
+TEST_DELAY_ENV = "MESHRL_TEST_SYNC_DELAY_S"
+"""Test hook: seconds to sleep before each bucket after the first, so that a test can kill
+a peer while a sync is surely in flight. Unset (the default) in any real run."""
 
 
 def send_weights(
@@ -16,11 +29,13 @@ def send_weights(
     named_full_params: Iterator[tuple[str, torch.Tensor]],
     manifest: WeightManifest,
 ) -> tuple[int, float]:
-    """Broadcasts the manifest's buckets from group rank 0; returns (bytes sent, seconds).
+    """Broadcasts a header (the version), then the manifest's buckets, from group rank 0;
+    returns (bytes sent, seconds).
 
     ``named_full_params`` must yield the manifest's parameters in manifest order (full,
-    un-sharded tensors). On FSDP ranks other than 0, ``group`` is None: they only drive the
-    iterator, whose gathers are collectives of the trainer's world.
+    un-sharded tensors, any dtype: they are cast to the bucket's). On FSDP ranks other than
+    0, ``group`` is None: they only drive the iterator, whose gathers are collectives of the
+    trainer's world.
 
     The iterator is always drained, even after a failed broadcast: the other FSDP ranks
     are still gathering parameters, and stopping here would leave them blocked forever.
@@ -31,32 +46,87 @@ def send_weights(
             for another group.
     """
     start = time.perf_counter()
-    sent = 0
     failure: Exception | None = None
+    member = group  # None: this rank only drives the gathers
     if group is not None and manifest.group_id and manifest.group_id != group.group_id:
         failure = ValueError(f"manifest is for group {manifest.group_id}, not {group.group_id}")
+        member = None
     params = iter(named_full_params)
-    for bucket in manifest.buckets:
-        flat = None
-        if group is not None and failure is None:
-            flat = torch.empty(bucket.numel, dtype=bucket.dtype, device=group.device)
-        for slot in bucket.params:
-            name, tensor = next(params, (None, None))
-            if name != slot.name or tensor.numel() != slot.numel:
-                raise ValueError(
-                    f"parameter stream gives {name!r}, the manifest expects {slot.name!r} "
-                    f"({slot.numel} elements)"
-                )
-            if flat is not None:
-                flat[slot.offset : slot.offset + slot.numel].copy_(tensor.reshape(-1))
-        if flat is not None:
-            try:
-                group.broadcast(flat, src=0)
-                sent += bucket.nbytes
+    delay_s = float(os.environ.get(TEST_DELAY_ENV) or 0)
+    depth = member.pipeline_depth if member is not None else 1
+    in_flight: deque[PendingBroadcast] = deque()
+    try:
+        if member is not None:
+            try:  # the receivers wait for this before they touch their models
+                header = sync_header(manifest.version, member.device)
+                in_flight.append(member.broadcast_async(header, src=0))
             except WeightGroupError as e:
                 failure = e
+        for k, bucket in enumerate(manifest.buckets):
+            # Bucket k's staging slot last held bucket k - depth: that one must have left.
+            while failure is None and len(in_flight) >= depth:
+                failure = _settle(in_flight.popleft())
+            flat = _fill(member if failure is None else None, bucket, params, slot=k % depth)
+            if flat is None:
+                continue
+            if delay_s and k:
+                time.sleep(delay_s)
+            try:
+                in_flight.append(member.broadcast_async(flat, src=0))
+            except WeightGroupError as e:
+                failure = e
+        while failure is None and in_flight:
+            failure = _settle(in_flight.popleft())
+    finally:
+        while in_flight:  # leaving on an error: let the wire finish with the buffers
+            _settle(in_flight.popleft())
+        if member is not None:
+            member.release_staging()  # CUDA: no device memory held between syncs
     for _ in params:  # keep the other ranks' gathers in step
         pass
     if failure is not None:
         raise failure
-    return sent, time.perf_counter() - start
+    return (manifest.nbytes if member is not None else 0), time.perf_counter() - start
+
+
+def _settle(pending: PendingBroadcast | None) -> WeightGroupError | None:
+    """Waits for a broadcast in flight; returns its error instead of raising it."""
+    if pending is None:
+        return None
+    try:
+        pending.wait()
+    except WeightGroupError as e:
+        return e
+    return None
+
+
+def _fill(
+    group: WeightGroup | None,
+    bucket: BucketPlan,
+    params: Iterator[tuple[str, torch.Tensor]],
+    slot: int,
+) -> torch.Tensor | None:
+    """Takes the bucket's parameters from the stream and packs them (``group`` None: only
+    drains them). Returns the flat tensor to broadcast, (``bucket.numel``,)."""
+    flat = None
+    for p in bucket.params:
+        name, tensor = next(params, (None, None))
+        if name != p.name or tensor.numel() != p.numel:
+            raise ValueError(
+                f"parameter stream gives {name!r}, the manifest expects {p.name!r} "
+                f"({p.numel} elements)"
+            )
+        if group is None:
+            continue
+        if len(bucket.params) == 1 and _sendable_as_is(tensor, bucket, group.device):
+            return tensor.view(-1)
+        if flat is None:
+            flat = group.staging(slot, bucket.numel, bucket.dtype)
+        flat[p.offset : p.offset + p.numel].view(tensor.shape).copy_(tensor)  # casts
+    return flat
+
+
+def _sendable_as_is(tensor: torch.Tensor, bucket: BucketPlan, device: torch.device) -> bool:
+    # Broadcasting from rank 0 only reads the tensor, and the actor does not train while
+    # a sync runs, so its own storage can go on the wire.
+    return tensor.dtype == bucket.dtype and tensor.device == device and tensor.is_contiguous()

@@ -1,17 +1,25 @@
 """Coordinator side of actor -> rollout weight sync: arranges the group over gRPC and runs
 each sync (manifest once over gRPC, then the buckets through the collective).
+
+The actor is the source of truth for the group: a manifest that names another group than
+the one formed here means the actor lost it (a failed sync, a restart), and the group is
+formed again, on a fresh port, before any bucket moves. See docs/weight_sync.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from meshrl.config.schema import RunConfig
+from meshrl.weight_sync.types import GroupSpec, WeightManifest
 from services.coordinator.clients import RoleCallError, RolloutClient, TrainerClient
 
 log = logging.getLogger(__name__)
+
+# What a sync's RPCs may take beyond the collectives' own timeouts (gRPC, load, reset).
+_RPC_SLACK_S = 30.0
 
 
 def resolve_transport(cfg: RunConfig) -> str:
@@ -23,59 +31,119 @@ def resolve_transport(cfg: RunConfig) -> str:
 
 
 class WeightSyncer:
-    """Forms the actor+rollouts group and pushes versioned weights through it."""
+    """Forms the actor+rollouts group and pushes versioned weights through it.
 
-    def __init__(self, cfg: RunConfig, actor: TrainerClient, rollouts: list[RolloutClient]):
+    ``bucket_bytes`` overrides ``weight_sync.bucket_size_mb`` (tests and benchmarks use
+    buckets smaller than a megabyte).
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        actor: TrainerClient,
+        rollouts: list[RolloutClient],
+        bucket_bytes: int | None = None,
+    ):
         sync_cfg = cfg.actor_rollout_ref.rollout.weight_sync
         self.actor = actor
         self.rollouts = rollouts
         self.transport = resolve_transport(cfg)
         self.timeout_s = sync_cfg.timeout_s
-        self.bucket_bytes = sync_cfg.bucket_size_mb * 1024 * 1024
+        self.bucket_bytes = bucket_bytes or sync_cfg.bucket_size_mb * 1024 * 1024
         self.dtype = cfg.actor_rollout_ref.rollout.dtype
         self.pool = ThreadPoolExecutor(max_workers=1 + len(rollouts), thread_name_prefix="sync")
-        self.group_id: str | None = None
+        self.spec: GroupSpec | None = None
+        """The group formed last (rank 0's spec); None: form one before the next sync."""
 
-    def form_group(self) -> None:
-        """Opens a rendezvous on the actor (fresh port) and has every member join it."""
+    @property
+    def group_id(self) -> str | None:
+        return self.spec.group_id if self.spec is not None else None
+
+    def form_group(self) -> GroupSpec:
+        """Opens a rendezvous on the actor (fresh port) and has every member join it.
+
+        Raises:
+            RoleCallError: a member could not join within the timeout (the first failure;
+                every join has ended when it is raised).
+        """
+        self.spec = None
         spec = self.actor.open_weight_group(self.transport, 1 + len(self.rollouts), self.timeout_s)
         joins = [self.pool.submit(self.actor.join_weight_group, spec)]
         for i, rollout in enumerate(self.rollouts):
-            joins.append(self.pool.submit(rollout.join_weight_group, dataclasses.replace(spec, rank=1 + i)))
-        for f in joins:
-            f.result()
-        self.group_id = spec.group_id
-        log.info("weight-sync group %s formed (%s, %d members)", spec.group_id, self.transport, spec.world_size)
+            member = dataclasses.replace(spec, rank=1 + i)
+            joins.append(self.pool.submit(rollout.join_weight_group, member))
+        _all(joins)
+        self.spec = spec
+        log.info(
+            "weight-sync group %s formed (%s, port %d, %d members)",
+            spec.group_id, self.transport, spec.master_port, spec.world_size,
+        )  # fmt: skip
+        return spec
 
     def sync(self, version: int, retries: int = 1) -> dict[str, float]:
-        """Moves the actor's weights to every rollout; re-forms the group and retries on failure."""
+        """Moves the actor's weights to every rollout; re-forms the group and retries on failure.
+
+        Raises:
+            RoleCallError: the last attempt failed (the first failing call of it).
+        """
         for attempt in range(retries + 1):
             try:
-                if self.group_id is None:
-                    self.form_group()
                 return self._sync_once(version)
             except RoleCallError as e:
-                self.group_id = None
-                if attempt == retries:
+                self.spec = None
+                # A dead member would only make the new group wait out its join timeout:
+                # leave it to the caller to restart it first.
+                if attempt == retries or not self._members_answer():
                     raise
                 log.warning("weight sync v%d failed (%s); re-forming the group", version, e)
         raise AssertionError("unreachable")
 
+    def _members_answer(self) -> bool:
+        """Whether the actor and every rollout answer GetInfo (each within 10 s)."""
+        probes = [self.pool.submit(c.info) for c in (self.actor, *self.rollouts)]
+        dead = [f.exception() for f in probes if f.exception() is not None]
+        for e in dead:
+            log.warning("weight sync: a member does not answer: %s", e)
+        return not dead
+
     def _sync_once(self, version: int) -> dict[str, float]:
-        manifest = self.actor.prepare_weights(version, self.dtype, self.bucket_bytes)
-        deadline = self.timeout_s * max(1, len(manifest.buckets)) + 30
+        manifest = self._prepare(version)
+        if manifest.group_id != self.group_id:
+            # The actor holds no group or another one (it failed a sync, or restarted).
+            self.form_group()
+            manifest = self._prepare(version)
+        # Each bucket's collective has its own timeout; the RPCs' deadline only backs them up.
+        deadline = self.timeout_s * max(1, len(manifest.buckets)) + _RPC_SLACK_S
         send = self.pool.submit(self.actor.send_weights, version, deadline)
         receives = [self.pool.submit(r.receive_weights, manifest, deadline) for r in self.rollouts]
-        sent = send.result()
-        for f in receives:
-            got = f.result()
+        sent, *received = _all([send, *receives])
+        for rollout, got in zip(self.rollouts, received, strict=True):
             if got.version != version:
-                raise RuntimeError(f"rollout reports weight version {got.version}, expected {version}")
+                raise RuntimeError(
+                    f"rollout at {rollout.address} reports weight version {got.version}, "
+                    f"expected {version}"
+                )
         return {
             "weight_sync/bytes": float(sent.bytes),
             "weight_sync/gbps": sent.bytes / max(sent.seconds, 1e-9) / 1e9,
+            "weight_sync/seconds": float(sent.seconds),
             "weight_sync/version": float(version),
         }
 
+    def _prepare(self, version: int) -> WeightManifest:
+        return self.actor.prepare_weights(version, self.dtype, self.bucket_bytes)
+
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _all(futures: list[Future]) -> list:
+    """Every future's result, in order; raises the first failure, but only once all have
+    ended, so that no member is still inside a call when the group is formed again."""
+    errors = [f.exception() for f in futures]  # waits for each (every call has a deadline)
+    failed = [e for e in errors if e is not None]
+    for e in failed[1:]:
+        log.warning("weight sync: also failed: %s", e)
+    if failed:
+        raise failed[0]
+    return [f.result() for f in futures]

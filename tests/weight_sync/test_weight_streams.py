@@ -1,0 +1,140 @@
+"""Sender and receiver in one process (two threads, a real gloo group over loopback):
+casts, parameters larger than a bucket, non-contiguous and 0-dim tensors, staging buffers
+reused from sync to sync, and the test hook that slows a sync down."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from meshrl.weight_sync import (
+    GroupSpec,
+    WeightGroup,
+    WeightGroupError,
+    WeightManifest,
+    plan_buckets,
+    receive_weights,
+    send_weights,
+)
+from meshrl.weight_sync.receiver import WeightReceiver
+from meshrl.weight_sync.sender import TEST_DELAY_ENV
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def pair():
+    """(sender group, receiver group), both joined; closed afterwards."""
+    store, spec = WeightGroup.open("127.0.0.1", timeout_s=10, world_size=2)
+    peer = GroupSpec(**{**spec.__dict__, "rank": 1})
+    with ThreadPoolExecutor(2) as pool:
+        sender = pool.submit(WeightGroup.join, spec, store)
+        receiver = pool.submit(WeightGroup.join, peer)
+        groups = sender.result(), receiver.result()
+    yield groups
+    for g in groups:
+        g.close()
+
+
+def _params() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    return {
+        "embed": torch.randn(40, 8),  # 320 elements: larger than a bucket, alone in its own
+        "wt": torch.randn(6, 4).t(),  # non-contiguous (a transposed view)
+        "scale": torch.tensor(1.5),  # 0-dim
+        "bias": torch.randn(5),
+        "head": torch.randn(7, 8),
+    }
+
+
+def _sync(pair, params, dtype, bucket_bytes, version=1):
+    sender, receiver = pair
+    named = [(n, tuple(t.shape)) for n, t in params.items()]
+    manifest = WeightManifest(version, plan_buckets(named, dtype, bucket_bytes), sender.group_id)
+    got = {}
+
+    def receive():
+        for name, tensor in receive_weights(receiver, manifest):
+            got[name] = tensor.clone()  # the view is reused by a later bucket
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    sent, _ = send_weights(sender, iter(params.items()), manifest)
+    thread.join(30)
+    return manifest, sent, got
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_tensor_arrives_cast_to_the_wire_dtype(pair, dtype):
+    params = _params()
+    manifest, sent, got = _sync(pair, params, dtype, bucket_bytes=64 * dtype.itemsize)
+    assert len(manifest.buckets) == 3 and sent == manifest.nbytes
+    assert list(got) == list(params)
+    for name, want in params.items():
+        assert got[name].dtype == dtype and got[name].shape == want.shape
+        assert torch.equal(got[name], want.to(dtype)), name
+
+
+def test_staging_buffers_are_reused_between_syncs(pair):
+    params = _params()
+    _sync(pair, params, torch.float32, bucket_bytes=256)
+    first = {k: v.data_ptr() for k, v in pair[1]._staging.items()}
+    params["bias"] += 1
+    _, _, got = _sync(pair, params, torch.float32, bucket_bytes=256, version=2)
+    assert torch.equal(got["bias"], params["bias"])
+    assert {k: v.data_ptr() for k, v in pair[1]._staging.items()} == first
+
+
+def test_delay_hook_sleeps_between_buckets(pair, monkeypatch):
+    monkeypatch.setenv(TEST_DELAY_ENV, "0.2")
+    start = time.monotonic()
+    manifest, _, _ = _sync(pair, _params(), torch.float32, bucket_bytes=256)
+    assert time.monotonic() - start >= 0.2 * (len(manifest.buckets) - 1)
+
+
+def test_a_closed_group_refuses_to_broadcast(pair):
+    sender, _ = pair
+    sender.close()
+    with pytest.raises(WeightGroupError, match="closed"):
+        sender.broadcast(torch.zeros(1))
+
+
+def test_single_parameter_buckets_land_in_the_callers_tensors(pair):
+    params = _params()
+    targets = {"embed": torch.zeros(40, 8), "head": torch.zeros(7, 8, dtype=torch.bfloat16)}
+    sender, receiver = pair
+    named = [(n, tuple(t.shape)) for n, t in params.items()]
+    manifest = WeightManifest(1, plan_buckets(named, torch.float32, 128), sender.group_id)
+    stream = WeightReceiver(receiver, manifest, targets)
+    got = {}
+    thread = threading.Thread(
+        target=lambda: got.update({n: (t.data_ptr(), t.clone()) for n, t in stream})
+    )
+    thread.start()
+    send_weights(sender, iter(params.items()), manifest)
+    thread.join(30)
+    assert stream.wrote_targets
+    assert torch.equal(targets["embed"], params["embed"])  # received in place ...
+    assert got["embed"][0] == targets["embed"].data_ptr()  # ... and handed out as itself
+    assert torch.equal(targets["head"], torch.zeros(7, 8, dtype=torch.bfloat16))  # wrong dtype
+    assert all(torch.equal(got[n][1], params[n]) for n in params)
+
+
+def test_a_sender_on_another_version_is_refused_before_any_bucket(pair):
+    sender, receiver = pair
+    params = _params()
+    named = [(n, tuple(t.shape)) for n, t in params.items()]
+    manifest = WeightManifest(2, plan_buckets(named, torch.float32, 256), sender.group_id)
+    target = torch.zeros(40, 8)
+    stream = WeightReceiver(receiver, dataclasses.replace(manifest, version=3), {"embed": target})
+    with ThreadPoolExecutor(1) as pool:
+        sending = pool.submit(send_weights, sender, iter(params.items()), manifest)
+        with pytest.raises(WeightGroupError, match="sends version 2, the manifest here is for 3"):
+            stream.wait_for_sender()
+        sending.exception(timeout=30)  # small buckets: the sender is not held up
+    assert not stream.wrote_targets and not target.any()
