@@ -117,14 +117,7 @@ class LocalLauncher:
         return [name for name, proc in self.processes.items() if not proc.alive()]
 
     def endpoints(self) -> Endpoints:
-        p = self.processes
-        return Endpoints(
-            rollout=[proc.address for name, proc in p.items() if name.startswith("rollout")],
-            actor=p["actor"].address,
-            reward=p["reward"].address,
-            critic=p["critic"].address if "critic" in p else None,
-            ref=p["ref"].address if "ref" in p else None,
-        )
+        return Endpoints.from_addresses({name: proc.address for name, proc in self.processes.items()})
 
     @staticmethod
     def _terminate(proc: RoleProcess, grace_s: float = 5.0) -> None:

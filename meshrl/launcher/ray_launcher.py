@@ -303,14 +303,7 @@ class RayLauncher:
         return self.endpoints()
 
     def endpoints(self) -> Endpoints:
-        p = self.placements
-        return Endpoints(
-            rollout=[pl.address for name, pl in p.items() if name.startswith("rollout")],
-            actor=p["actor"].address,
-            reward=p["reward"].address,
-            critic=p["critic"].address if "critic" in p else None,
-            ref=p["ref"].address if "ref" in p else None,
-        )
+        return Endpoints.from_addresses({name: pl.address for name, pl in self.placements.items()})
 
     # --- recovery (services/coordinator/recovery.py's Restarter) ---------------------------
     def dead_roles(self) -> list[str]:

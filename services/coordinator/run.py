@@ -52,6 +52,17 @@ class Endpoints:
     critic: str | None = None
     ref: str | None = None
 
+    @staticmethod
+    def from_addresses(addresses: dict[str, str]) -> Endpoints:
+        """Launcher names (rollout0, rollout1, actor, critic, ref, reward) -> endpoints."""
+        return Endpoints(
+            rollout=[a for name, a in addresses.items() if name.startswith("rollout")],
+            actor=addresses["actor"],
+            reward=addresses["reward"],
+            critic=addresses.get("critic"),
+            ref=addresses.get("ref"),
+        )
+
 
 @dataclass
 class RunState:
