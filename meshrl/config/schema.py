@@ -8,9 +8,10 @@ time (ports, addresses, versions) live in state objects, never in this config.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class Section(BaseModel):
@@ -312,6 +313,18 @@ class LauncherConfig(Section):
     """ray: pool id -> resources. Roles mapped to one pool are co-located (share its bundles)."""
     role_pool: dict[str, str] = Field(default_factory=dict)
     """ray: role (rollout, actor, critic, ref, reward) -> pool id; unnamed roles use "global"."""
+    role_gpus: dict[str, str] = Field(default_factory=dict)
+    """local: role -> the GPUs its server sees (CUDA_VISIBLE_DEVICES, e.g. "0" or "0,1");
+    unnamed roles see every GPU. Roles on one GPU are co-located (weights move by cuda_ipc),
+    roles on different GPUs are split (weights move by NCCL)."""
+
+    @field_validator("role_gpus", mode="before")
+    @classmethod
+    def _gpu_indices_as_text(cls, value):
+        # YAML reads `rollout: 1` as an int; CUDA_VISIBLE_DEVICES is text.
+        if isinstance(value, dict):
+            return {role: str(gpus) if isinstance(gpus, int) else gpus for role, gpus in value.items()}
+        return value
 
     @model_validator(mode="after")
     def _check_pools(self) -> LauncherConfig:
@@ -320,6 +333,11 @@ class LauncherConfig(Section):
                 raise ValueError(f"launcher.role_pool.{role}: unknown role (one of {', '.join(LAUNCHER_ROLES)})")
             if pool != "global" and pool not in self.resource_pool:
                 raise ValueError(f"launcher.role_pool.{role}: pool {pool!r} is not in launcher.resource_pool")
+        for role, gpus in self.role_gpus.items():
+            if role not in LAUNCHER_ROLES:
+                raise ValueError(f"launcher.role_gpus.{role}: unknown role (one of {', '.join(LAUNCHER_ROLES)})")
+            if not re.fullmatch(r"\d+(,\d+)*", gpus):
+                raise ValueError(f"launcher.role_gpus.{role}={gpus!r}: expected GPU indices like \"0\" or \"0,1\"")
         return self
 
 

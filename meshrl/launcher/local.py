@@ -31,6 +31,7 @@ class RoleProcess:
     address: str
     log_path: Path
     threads: int = 1
+    gpus: str | None = None  # CUDA_VISIBLE_DEVICES of the server; None: every GPU
     popen: subprocess.Popen | None = None
 
     def alive(self) -> bool:
@@ -63,9 +64,10 @@ class LocalLauncher:
 
         def add(name, module, extra=None, world_size=1, threads=1):
             port = free_port(host)
+            role = name.rstrip("0123456789")  # rollout0 -> rollout
             procs.append(RoleProcess(
                 name, server_command(module, host, port, extra, world_size), f"{host}:{port}",
-                self.log_dir / f"{name}.log", threads,
+                self.log_dir / f"{name}.log", threads, cfg.launcher.role_gpus.get(role),
             ))
 
         for i in range(cfg.actor_rollout_ref.rollout.replicas):
@@ -95,6 +97,8 @@ class LocalLauncher:
         env = dict(os.environ, OMP_NUM_THREADS=str(proc.threads), PYTHONUNBUFFERED="1",
                    TOKENIZERS_PARALLELISM="false", MESHRL_PARENT_PID=str(os.getpid()))
         env.update(SecuritySettings.from_config(self.cfg.security).to_env())  # TLS / token
+        if proc.gpus is not None:  # launcher.role_gpus: this server sees only these GPUs
+            env["CUDA_VISIBLE_DEVICES"] = proc.gpus
         log_file = proc.log_path.open("ab")
         proc.popen = subprocess.Popen(
             proc.command, stdout=log_file, stderr=subprocess.STDOUT, env=env,

@@ -199,7 +199,8 @@ class PendingBroadcast:
 def _check_transport(transport: str) -> None:
     if transport == "cuda_ipc":
         raise ValueError(
-            "weight-sync transport 'cuda_ipc' is not implemented yet; use gloo or nccl"
+            "weight-sync transport 'cuda_ipc' forms an IpcGroup (meshrl.weight_sync.cuda_ipc), "
+            "not a WeightGroup"
         )
     if transport not in TRANSPORTS:
         raise ValueError(

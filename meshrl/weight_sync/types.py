@@ -17,7 +17,7 @@ class GroupSpec:
     """Where and how a weight-sync group forms; actor rank 0 is rank 0 of the group."""
 
     transport: str = "gloo"
-    """"gloo" (CPU tensors), "nccl" (CUDA tensors) or "cuda_ipc" (not implemented yet)."""
+    """"gloo" (CPU tensors), "nccl" (CUDA tensors) or "cuda_ipc" (one shared GPU)."""
     master_addr: str = ""
     """Host of the group's TCP store (the actor's)."""
     master_port: int = 0
@@ -86,7 +86,7 @@ class WeightManifest:
     buckets: list[BucketPlan]
     group_id: str = ""
     ipc_handles: bytes = field(default=b"", repr=False)
-    """cuda_ipc only (a later transport): serialized handle table."""
+    """cuda_ipc only: the serialized handle table (JSON, never pickle)."""
 
     @property
     def nbytes(self) -> int:

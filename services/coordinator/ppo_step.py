@@ -26,6 +26,7 @@ from services.coordinator.clients import (
     TrainerClient,
 )
 from services.coordinator.rollout_batch import RolloutBatch, padded
+from services.coordinator.rollout_memory import RolloutMemory
 from services.coordinator.timing import PhaseTimer
 from services.coordinator.weight_sync import WeightSyncer
 
@@ -102,6 +103,7 @@ class PPOStep:
         self.kl_ctrl = kl_ctrl
         self.pool = ThreadPoolExecutor(max_workers=8 + len(roles.rollouts), thread_name_prefix="phase")
         self.temperature = cfg.actor_rollout_ref.rollout.temperature or 1.0
+        self.memory = RolloutMemory.for_run(cfg, roles.rollouts)
 
     # --- step 1: generate -------------------------------------------------------------
     def sampling_params(self, step: int) -> rollout_pb2.SamplingParams:
@@ -247,10 +249,12 @@ class PPOStep:
         timer = PhaseTimer()
         with timer("step"):
             with timer("gen"):
+                self.memory.wake()
                 batch = self.generate(records, step)
             if self.cfg.algorithm.adv_estimator == "remax":
                 with timer("gen_max"):
                     self.remax_baseline(records, batch, step)
+            self.memory.sleep()  # the KV cache's memory goes to the trainer roles till next gen
             self.score_and_infer(batch, timer)
             with timer("adv"):
                 advantages, returns, adv_metrics = self.advantages(batch)

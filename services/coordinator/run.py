@@ -311,6 +311,7 @@ class PPORun:
 
     def validate(self) -> dict[str, float]:
         start = time.perf_counter()
+        self.step_runner.memory.wake()  # validation generates: the caches come back first
         metrics = validate(self.cfg, [self.val_set[i] for i in range(len(self.val_set))],
                            self.roles.rollouts, self.roles.reward, self.tokenizer, self.pool)
         return {**metrics, "timing_s/testing": time.perf_counter() - start}

@@ -23,11 +23,17 @@ _RPC_SLACK_S = 30.0
 
 
 def resolve_transport(cfg: RunConfig) -> str:
-    """auto -> gloo on CPU; on GPUs cuda_ipc when co-located, else nccl."""
+    """auto -> gloo on CPU; on GPUs cuda_ipc when actor and rollout share their GPUs
+    (``launcher.role_gpus`` names the same ones, or neither is placed), else nccl."""
     transport = cfg.actor_rollout_ref.rollout.weight_sync.transport
     if transport != "auto":
         return transport
-    return "gloo" if cfg.trainer.device == "cpu" else "cuda_ipc"
+    if cfg.trainer.device == "cpu":
+        return "gloo"
+    placed = cfg.launcher.role_gpus
+    if placed.get("rollout") != placed.get("actor"):
+        return "nccl"
+    return "cuda_ipc"
 
 
 class WeightSyncer:

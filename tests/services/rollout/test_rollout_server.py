@@ -252,3 +252,23 @@ def test_weight_sync_over_grpc_and_gloo(server, model_dirs):
     assert ragged_from_proto(reply.responses).tolist() == expected
     info = server.stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10)
     assert info.weight_version == 5 and info.ready
+
+
+def test_coordinator_releases_and_takes_back_the_cache(server):
+    """The coordinator's side of free_cache_engine against the real server: asleep, the
+    server refuses to generate; a RolloutMemory made afresh (as after a recovery) still
+    wakes it."""
+    from services.coordinator.clients import RoleCallError, RolloutClient
+    from services.coordinator.rollout_memory import RolloutMemory
+
+    client = RolloutClient(server.address, timeout_s=30)
+    sampling = rollout_pb2.SamplingParams(temperature=1.0, max_tokens=2, n=1, seed=3)
+    try:
+        RolloutMemory([client], enabled=True).sleep()
+        with pytest.raises(RoleCallError, match="released"):
+            client.generate(Ragged.from_lists(PROMPTS), sampling)
+        RolloutMemory([client], enabled=True).wake()
+        assert len(client.generate(Ragged.from_lists(PROMPTS), sampling).responses) == len(PROMPTS)
+    finally:
+        client.set_memory_state(release=False)
+        client.channel.close()

@@ -1,0 +1,56 @@
+"""The rollout servers' KV caches on a GPU they share with the trainer roles.
+
+With ``rollout.free_cache_engine`` (verl's key), the caches are given back after each
+generation, so the actor, critic and reference have the GPU's memory for their passes and
+updates, and taken again before the next generation (or validation). Weight syncs need no
+cache: they land in the engine's parameters.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from meshrl.config.schema import RunConfig
+from services.coordinator.clients import RolloutClient
+
+log = logging.getLogger(__name__)
+
+TRAINER_ROLES = ("actor", "critic", "ref")
+
+
+def rollout_shares_gpu(cfg: RunConfig) -> bool:
+    """Whether a rollout server and a trainer role see the same GPUs (``launcher.role_gpus``;
+    roles not placed see every GPU)."""
+    if cfg.trainer.device != "cuda":
+        return False
+    placed = cfg.launcher.role_gpus
+    return any(placed.get("rollout") == placed.get(role) for role in TRAINER_ROLES)
+
+
+class RolloutMemory:
+    """Releases and resumes every rollout server's cache; a no-op when not enabled."""
+
+    def __init__(self, rollouts: list[RolloutClient], enabled: bool):
+        self.rollouts = rollouts
+        self.enabled = enabled
+        self.released = False
+
+    @staticmethod
+    def for_run(cfg: RunConfig, rollouts: list[RolloutClient]) -> RolloutMemory:
+        enabled = cfg.actor_rollout_ref.rollout.free_cache_engine and rollout_shares_gpu(cfg)
+        return RolloutMemory(rollouts, enabled)
+
+    def wake(self) -> None:
+        """Takes the caches back. Asked of every server each time (idempotent there): after
+        a recovery this object is new, but the servers that survived still sleep."""
+        if self.enabled or self.released:
+            for rollout in self.rollouts:
+                rollout.set_memory_state(release=False)
+            self.released = False
+
+    def sleep(self) -> None:
+        """Gives the caches back until the next ``wake``."""
+        if self.enabled and not self.released:
+            freed = sum(rollout.set_memory_state(release=True) == 0 for rollout in self.rollouts)
+            log.debug("rollout caches released on %d of %d servers", freed, len(self.rollouts))
+            self.released = True
