@@ -142,6 +142,142 @@ def actor_update(
     return out
 
 
+def packing_bench(
+    workdir: str = "/tmp/meshrl_gpu",
+    device: str = "cuda",
+    tiny: bool = False,
+    rows: int = 16,
+    prompt_tokens: int = 512,
+    min_response: int = 128,
+    max_response: int = 512,
+    updates: int = 3,
+    compile_layers: bool = False,
+) -> dict:
+    """Padded (fixed rows) vs packed (token budget, padding-free, varlen attention) actor
+    update on ``rows`` rows of ``prompt_tokens`` + U[min_response, max_response] tokens.
+
+    Both put the whole mini-batch in one micro-batch: padded as ``(rows, prompt +
+    max_response)`` right-padded, packed as one row of the real tokens. Reported: the
+    max |log-prob difference| of the two layouts on the same weights (bf16 on CUDA, so
+    not zero: different attention kernels), then per layout the real tokens/s and MFU of
+    an update (``perf/*``: FLOPs of the real tokens only, so padding shows as lost MFU),
+    the old-log-prob pass time and peak memory. ``tiny`` (with ``device="cpu"`` and short
+    lengths) runs a 2-layer model of the same family, to check the code, not the speed.
+    """
+    from meshrl.config import build_config
+    from services.trainer.actor import ActorRole
+    from services.trainer.distributed import World, init_distributed
+    from services.trainer.sequences import SequenceBatch
+
+    os.environ["MESHRL_COMPILE_LAYERS"] = "1" if compile_layers else "0"
+    init_distributed()
+    cuda = device == "cuda"
+    vocab = 512 if tiny else 151936
+    path = (
+        _tiny_qwen_dir(f"{workdir}/qwen_tiny")
+        if tiny
+        else make_model_dir(f"{workdir}/qwen05_fp32", dtype=torch.float32)
+    )
+    g = torch.Generator().manual_seed(5)
+    lengths = torch.randint(min_response, max_response + 1, (rows,), generator=g)
+    batch = SequenceBatch(
+        Ragged.from_tensors(
+            [torch.randint(10, vocab, (prompt_tokens,), generator=g) for _ in range(rows)]
+        ),
+        Ragged.from_tensors([torch.randint(10, vocab, (int(n),), generator=g) for n in lengths]),
+    )
+    real = rows * prompt_tokens + int(lengths.sum())
+    budget = rows * (prompt_tokens + max_response)  # the whole mini-batch in one pass
+    layouts = {
+        "padded": [],
+        "packed": [
+            "actor_rollout_ref.actor.use_dynamic_bsz=true",
+            "actor_rollout_ref.model.use_remove_padding=true",
+            f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={budget}",
+        ],
+    }
+    tree = {
+        "data": {
+            "train_batch_size": rows,
+            "max_prompt_length": prompt_tokens,
+            "max_response_length": max_response,
+        },
+        "trainer": {"device": device},
+        "actor_rollout_ref": {
+            "model": {"path": path, "dtype": "bfloat16" if cuda else "float32"},
+            "actor": {
+                "ppo_mini_batch_size": rows,
+                "ppo_micro_batch_size_per_gpu": rows,
+                "optim": {"lr": 1e-6},
+            },
+            "rollout": {"n": 1, "temperature": 1.0, "log_prob_micro_batch_size_per_gpu": rows},
+        },
+    }
+    padded_tokens = rows * (prompt_tokens + int(lengths.max()))
+    out: dict = {"rows": rows, "real_tokens": real, "padding_fraction": 1 - real / padded_tokens}
+    advantages = torch.randn(int(lengths.sum()), generator=g)  # the same for both layouts
+    logprobs = {}
+    for name, overrides in layouts.items():
+        actor = ActorRole.build(build_config(tree, overrides), World.current(device))
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        actor.compute_log_probs(batch)  # warm-up (kernels, allocator)
+        _sync(cuda)
+        start = time.perf_counter()
+        old, _ = actor.compute_log_probs(batch)
+        _sync(cuda)
+        logprob_s = time.perf_counter() - start
+        logprobs[name] = old.values
+        runs = [
+            actor.update_policy(batch, old, old.with_values(advantages), None, None, step)
+            for step in range(1, updates + 1)
+        ]
+        last = runs[-1]
+        out[name] = {
+            "tokens_per_s": last["perf/throughput/actor"],
+            "mfu": last["perf/mfu/actor"],
+            "mfu_each": [r["perf/mfu/actor"] for r in runs],
+            "update_s": real / last["perf/throughput/actor"],
+            "old_logprob_s": logprob_s,
+            "pg_loss_first": runs[0]["actor/pg_loss"],
+            "grad_norm_first": runs[0]["actor/grad_norm"],
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
+        }
+        del actor
+        if cuda:
+            torch.cuda.empty_cache()
+    diff = (logprobs["packed"] - logprobs["padded"]).abs()
+    # First: the two layouts must score alike before their speeds mean anything.
+    out = {
+        "logprob_max_abs_diff": float(diff.max()),
+        "logprob_mean_abs_diff": float(diff.mean()),
+        **out,
+    }
+    out["speedup"] = out["packed"]["tokens_per_s"] / out["padded"]["tokens_per_s"]
+    return out
+
+
+def _tiny_qwen_dir(path: str) -> str:
+    """A 2-layer Qwen2 (GQA, 512-token vocabulary) for checking :func:`packing_bench`."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    if os.path.exists(f"{path}/config.json"):
+        return path
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    )
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    return path
+
+
 def _sync(cuda: bool) -> None:
     if cuda:
         torch.cuda.synchronize()

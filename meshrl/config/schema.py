@@ -58,6 +58,9 @@ class ModelConfig(Section):
     """Recompute activations in backward to save memory."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype of the trainer (master weights stay float32)."""
+    use_remove_padding: bool = False
+    """Padding-free forwards: each micro-batch is one row of its sequences back to back,
+    attention kept inside each (varlen attention; see docs/trainer.md)."""
 
 
 class OptimConfig(Section):
@@ -89,9 +92,10 @@ class ActorConfig(Section):
     ppo_micro_batch_size_per_gpu: int = Field(8, gt=0)
     """Responses per forward/backward (gradient accumulation over a mini-batch)."""
     use_dynamic_bsz: bool = False
-    """Pack micro-batches by token budget instead of a fixed count."""
+    """Form micro-batches by token budget instead of a fixed count of responses."""
     ppo_max_token_len_per_gpu: int = Field(16384, gt=0)
-    """Token budget of a packed micro-batch when `use_dynamic_bsz`."""
+    """Prompt+response tokens per update micro-batch at most when `use_dynamic_bsz`
+    (a longer single row gets a micro-batch of its own)."""
     ppo_epochs: int = Field(1, gt=0)
     """Passes over the rollout batch per PPO step."""
     shuffle: bool = True
@@ -167,6 +171,10 @@ class RolloutConfig(Section):
     """Release the KV cache while trainers run on the same GPU."""
     log_prob_micro_batch_size_per_gpu: int = Field(16, gt=0)
     """Responses per forward when computing old log-probs."""
+    log_prob_use_dynamic_bsz: bool | None = None
+    """Old log-prob forwards by token budget; None = actor.use_dynamic_bsz."""
+    log_prob_max_token_len_per_gpu: int | None = Field(None, gt=0)
+    """Token budget of an old log-prob forward; None = actor.ppo_max_token_len_per_gpu."""
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
     val_kwargs: ValKwargs = Field(default_factory=ValKwargs)
 
@@ -174,6 +182,10 @@ class RolloutConfig(Section):
 class RefConfig(Section):
     log_prob_micro_batch_size_per_gpu: int = Field(16, gt=0)
     """Responses per forward of the frozen reference."""
+    log_prob_use_dynamic_bsz: bool | None = None
+    """Reference forwards by token budget; None = actor.use_dynamic_bsz."""
+    log_prob_max_token_len_per_gpu: int | None = Field(None, gt=0)
+    """Token budget of a reference forward; None = actor.ppo_max_token_len_per_gpu."""
     world_size: int = Field(1, ge=1)
     """Ranks behind the ref endpoint."""
 
@@ -193,6 +205,12 @@ class CriticConfig(Section):
     world_size: int = Field(1, ge=1)
     ppo_mini_batch_size: int = Field(64, gt=0)
     ppo_micro_batch_size_per_gpu: int = Field(8, gt=0)
+    use_dynamic_bsz: bool | None = None
+    """Critic micro-batches by token budget; None = actor_rollout_ref.actor.use_dynamic_bsz."""
+    ppo_max_token_len_per_gpu: int = Field(32768, gt=0)
+    """Prompt+response tokens per critic update micro-batch when `use_dynamic_bsz`."""
+    forward_max_token_len_per_gpu: int | None = Field(None, gt=0)
+    """Token budget of a value forward; None = ppo_max_token_len_per_gpu."""
     ppo_epochs: int = Field(1, gt=0)
     shuffle: bool = True
     cliprange_value: float = Field(0.5, gt=0)

@@ -3,7 +3,6 @@ updates, and streams its full weights to the rollout servers."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -27,11 +26,10 @@ from services.trainer.mfu import UpdateTimer, perf_metrics
 from services.trainer.micro_batches import MicroBatch, MiniBatch
 from services.trainer.model_loading import load_policy_model
 from services.trainer.optim import LrSchedule, build_optimizer
-from services.trainer.scoring import policy_log_probs
-from services.trainer.sequences import SequenceBatch, pack_sequences, ragged_to_padded
+from services.trainer.padding_free import pack_micro_batch
+from services.trainer.scoring import ForwardSettings, log_prob_settings, policy_log_probs
+from services.trainer.sequences import SequenceBatch, ragged_to_padded
 from services.trainer.update_loop import UpdateSettings, run_update
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -87,7 +85,7 @@ class ActorRole:
         loss: PolicyLossSettings,
         update: UpdateSettings,
         temperature: float,
-        log_prob_micro_batch_rows: int,
+        log_prob: ForwardSettings,
         world: World,
     ):
         self.model = model
@@ -96,17 +94,21 @@ class ActorRole:
         self.loss = loss
         self.update = update
         self.temperature = temperature
-        self.log_prob_micro_batch_rows = log_prob_micro_batch_rows
+        self.log_prob = log_prob
+        # The update's micro-batches take the log-prob passes' layout: the model's
+        # attention implementation is chosen for one of them (model_loading.py).
+        self.padding_free = log_prob.padding_free
         self.world = world
         self.weight_version = 0  # update_policy calls so far (checkpointed)
 
     @staticmethod
     def build(cfg: RunConfig, world: World) -> ActorRole:
         arr = cfg.actor_rollout_ref
-        if arr.actor.use_dynamic_bsz:
-            log.warning("use_dynamic_bsz is not implemented yet: micro-batches have a fixed size")
         model = load_policy_model(
-            arr.model.path, world.device, arr.model.enable_gradient_checkpointing
+            arr.model.path,
+            world.device,
+            arr.model.enable_gradient_checkpointing,
+            arr.model.use_remove_padding,
         )
         model = shard_model(model, world.mesh, mixed_precision(arr.model.dtype))
         update = UpdateSettings(
@@ -116,6 +118,7 @@ class ActorRole:
             shuffle=arr.actor.shuffle,
             grad_clip=arr.actor.grad_clip,
             seed=cfg.trainer.seed,
+            max_tokens=arr.actor.ppo_max_token_len_per_gpu if arr.actor.use_dynamic_bsz else None,
         )
         return ActorRole(
             model=model,
@@ -124,7 +127,7 @@ class ActorRole:
             loss=PolicyLossSettings.from_config(cfg),
             update=update,
             temperature=rollout_temperature(cfg),
-            log_prob_micro_batch_rows=arr.rollout.log_prob_micro_batch_size_per_gpu,
+            log_prob=log_prob_settings(cfg, arr.rollout),
             world=world,
         )
 
@@ -144,7 +147,7 @@ class ActorRole:
             batch,
             temperature or self.temperature,
             with_entropy,
-            self.log_prob_micro_batch_rows,
+            self.log_prob,
             self.world,
         )
 
@@ -179,6 +182,7 @@ class ActorRole:
                 self.schedule,
                 self.world,
                 "actor",
+                sequence_lengths=batch.prompts.lengths + batch.response_lengths,
             )
         metrics.update(
             perf_metrics(
@@ -237,7 +241,8 @@ class ActorRole:
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg = self.loss
         width = targets.old_logprobs.shape[1]
-        packed = pack_sequences(batch.select(micro.rows)).to(self.world.device)
+        packed = pack_micro_batch(batch.select(micro.rows), self.padding_free)
+        packed = packed.to(self.world.device)
         scores = response_logprobs(
             self.model,
             packed,

@@ -18,8 +18,9 @@ from services.trainer.mfu import UpdateTimer, perf_metrics
 from services.trainer.micro_batches import MicroBatch, MiniBatch
 from services.trainer.model_loading import load_value_model
 from services.trainer.optim import LrSchedule, build_optimizer
-from services.trainer.scoring import score_batch
-from services.trainer.sequences import SequenceBatch, pack_sequences, ragged_to_padded
+from services.trainer.padding_free import pack_micro_batch
+from services.trainer.scoring import ForwardSettings, score_batch
+from services.trainer.sequences import SequenceBatch, ragged_to_padded
 from services.trainer.update_loop import UpdateSettings, run_update
 
 
@@ -43,6 +44,7 @@ class CriticRole:
         schedule: LrSchedule,
         loss: ValueLossSettings,
         update: UpdateSettings,
+        forward: ForwardSettings,
         world: World,
     ):
         self.model = model
@@ -50,6 +52,7 @@ class CriticRole:
         self.schedule = schedule
         self.loss = loss
         self.update = update
+        self.forward = forward  # value passes; their layout is the update's too
         self.world = world
         self.weight_version = 0
 
@@ -57,8 +60,14 @@ class CriticRole:
     def build(cfg: RunConfig, world: World) -> CriticRole:
         c = cfg.critic
         path = c.model.path or cfg.actor_rollout_ref.model.path
-        model = load_value_model(path, world.device, c.model.enable_gradient_checkpointing)
+        model = load_value_model(
+            path, world.device, c.model.enable_gradient_checkpointing, c.model.use_remove_padding
+        )
         model = shard_model(model, world.mesh, mixed_precision(c.model.dtype))
+        dynamic = c.use_dynamic_bsz
+        if dynamic is None:  # verl's default: the actor's setting
+            dynamic = cfg.actor_rollout_ref.actor.use_dynamic_bsz
+        forward_budget = c.forward_max_token_len_per_gpu or c.ppo_max_token_len_per_gpu
         update = UpdateSettings(
             mini_batch_rows=c.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n,
             micro_batch_rows=c.ppo_micro_batch_size_per_gpu,
@@ -66,6 +75,12 @@ class CriticRole:
             shuffle=c.shuffle,
             grad_clip=c.grad_clip,
             seed=cfg.trainer.seed,
+            max_tokens=c.ppo_max_token_len_per_gpu if dynamic else None,
+        )
+        forward = ForwardSettings(
+            micro_batch_rows=c.ppo_micro_batch_size_per_gpu,
+            max_tokens=forward_budget if dynamic else None,
+            padding_free=c.model.use_remove_padding,
         )
         return CriticRole(
             model=model,
@@ -73,6 +88,7 @@ class CriticRole:
             schedule=LrSchedule.from_config(c.optim, cfg.trainer.total_training_steps),
             loss=ValueLossSettings.from_config(cfg),
             update=update,
+            forward=forward,
             world=world,
         )
 
@@ -86,7 +102,7 @@ class CriticRole:
         try:
             (values,) = score_batch(
                 batch,
-                self.update.micro_batch_rows,
+                self.forward,
                 lambda packed: (response_values(self.model, packed),),
                 self.world,
             )
@@ -110,7 +126,8 @@ class CriticRole:
         self.model.train()
 
         def micro_loss(micro: MicroBatch, mini: MiniBatch):
-            packed = pack_sequences(batch.select(micro.rows), response_width=width)
+            rows = batch.select(micro.rows)
+            packed = pack_micro_batch(rows, self.forward.padding_free, width)
             packed = packed.to(self.world.device)
             mask = packed.response_mask
             values = response_values(self.model, packed)  # (m, r)
@@ -142,6 +159,7 @@ class CriticRole:
                 self.schedule,
                 self.world,
                 "critic",
+                sequence_lengths=batch.prompts.lengths + batch.response_lengths,
             )
         lengths = (batch.prompts.lengths + batch.responses.lengths).tolist()
         metrics.update(

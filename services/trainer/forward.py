@@ -1,4 +1,9 @@
-"""One forward pass of a role model over packed sequences, reduced to response tokens."""
+"""One forward pass of a role model over a micro-batch, reduced to response tokens.
+
+The micro-batch is either right-padded rows (``sequences.PackedSequences``) or one
+padding-free row (``padding_free.FlatSequences``); both give the model's keyword
+arguments, the positions to keep, and a map of outputs back to ``(b, r)``.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from torch import nn
 from meshrl.algorithms.entropy import entropy_from_logits, logprobs_from_logits
 from meshrl.config.schema import RunConfig
 from services.trainer.chunked_head import ChunkedLMHead
-from services.trainer.sequences import PackedSequences, at_response_positions
+from services.trainer.padding_free import ModelBatch
 
 
 class TokenScores(NamedTuple):
@@ -20,7 +25,7 @@ class TokenScores(NamedTuple):
 
 def response_logprobs(
     model: nn.Module,
-    packed: PackedSequences,
+    packed: ModelBatch,
     temperature: float,
     with_entropy: bool = False,
     entropy_grad: bool = False,
@@ -34,14 +39,8 @@ def response_logprobs(
     head = getattr(model, "lm_head", None)
     if isinstance(head, ChunkedLMHead):
         return _chunked_scores(model, head, packed, temperature, with_entropy, entropy_grad)
-    out = model(
-        input_ids=packed.input_ids,
-        attention_mask=packed.attention_mask,
-        position_ids=packed.position_ids,
-        logits_to_keep=packed.outputs_needed,
-        use_cache=False,
-    )
-    logits = at_response_positions(out.logits, packed)  # (b, r, V)
+    out = model(**packed.model_inputs(), logits_to_keep=packed.logits_to_keep, use_cache=False)
+    logits = packed.at_responses(out.logits)  # (b, r, V)
     if temperature != 1.0:
         logits = logits / temperature  # as the sampler did: same T as the rollout
     logprobs = logprobs_from_logits(logits, packed.response_ids).float()
@@ -54,40 +53,26 @@ def response_logprobs(
 def _chunked_scores(
     model: nn.Module,
     head: ChunkedLMHead,
-    packed: PackedSequences,
+    packed: ModelBatch,
     temperature: float,
     with_entropy: bool,
     entropy_grad: bool,
 ) -> TokenScores:
     """The same scores through the fused head: no (b, k, V) logits ever exist at once."""
-    ids = packed.input_ids
-    k = packed.outputs_needed
-    # Kept position p predicts ids[:, p + 1]; the last position predicts nothing (label 0).
-    labels = torch.cat([ids[:, ids.shape[1] - k + 1 :], ids.new_zeros(ids.shape[0], 1)], dim=1)
-    head.expect(labels, temperature, with_entropy, entropy_grad)
-    out = model(
-        input_ids=ids,
-        attention_mask=packed.attention_mask,
-        position_ids=packed.position_ids,
-        logits_to_keep=k,
-        use_cache=False,
-    )
-    scores = at_response_positions(out.logits, packed)  # (b, r, 2)
+    head.expect(packed.kept_labels(), temperature, with_entropy, entropy_grad)
+    out = model(**packed.model_inputs(), logits_to_keep=packed.logits_to_keep, use_cache=False)
+    scores = packed.at_responses(out.logits)  # (b, r, 2)
     entropy = None
     if with_entropy:
         entropy = scores[..., 1] if entropy_grad else scores[..., 1].detach()
     return TokenScores(scores[..., 0], entropy)
 
 
-def response_values(model: nn.Module, packed: PackedSequences) -> torch.Tensor:
+def response_values(model: nn.Module, packed: ModelBatch) -> torch.Tensor:
     """(b, r) critic values: for response token j, the value at the position before it
     (the state from which token j was chosen), as verl's ``values[:, -r - 1 : -1]``."""
-    values = model(
-        input_ids=packed.input_ids,
-        attention_mask=packed.attention_mask,
-        position_ids=packed.position_ids,
-    )  # (b, t)
-    return at_response_positions(values, packed)
+    values = model(**packed.model_inputs())  # (b, t), or (1, T) padding-free
+    return packed.at_responses(values)
 
 
 def rollout_temperature(cfg: RunConfig) -> float:

@@ -16,16 +16,26 @@ from transformers.utils import logging as hf_logging
 
 from services.trainer.chunked_head import install_chunked_head
 from services.trainer.value_model import ValueModel
+from services.trainer.varlen_attention import VARLEN_ATTENTION
 
 hf_logging.disable_progress_bar()
 
 
 def load_policy_model(
-    path: str, device: torch.device | str = "cpu", gradient_checkpointing: bool = False
+    path: str,
+    device: torch.device | str = "cpu",
+    gradient_checkpointing: bool = False,
+    remove_padding: bool = False,
 ) -> PreTrainedModel:
-    """The actor's or reference's causal LM, float32, in training mode."""
+    """The actor's or reference's causal LM, float32, in training mode.
+
+    ``remove_padding`` (``model.use_remove_padding``) gives it the varlen attention that
+    padding-free rows need (``varlen_attention.py``); otherwise transformers' default.
+    """
     _check_folder(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, local_files_only=True, **_attention(remove_padding)
+    )
     _prepare(model, gradient_checkpointing)
     # Log-probs and entropy straight from the LM head, chunk by chunk: the float32 logits
     # of a whole micro-batch are never materialised (see chunked_head.py).
@@ -34,7 +44,10 @@ def load_policy_model(
 
 
 def load_value_model(
-    path: str, device: torch.device | str = "cpu", gradient_checkpointing: bool = False
+    path: str,
+    device: torch.device | str = "cpu",
+    gradient_checkpointing: bool = False,
+    remove_padding: bool = False,
 ) -> ValueModel:
     """The critic: the folder's decoder (its LM head is not loaded) + a zero value head."""
     _check_folder(path)
@@ -42,11 +55,17 @@ def load_value_model(
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        decoder = AutoModel.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+        decoder = AutoModel.from_pretrained(
+            path, dtype=torch.float32, local_files_only=True, **_attention(remove_padding)
+        )
     finally:
         hf_logging.set_verbosity(verbosity)
     _prepare(decoder, gradient_checkpointing)
     return ValueModel(decoder).to(device)
+
+
+def _attention(remove_padding: bool) -> dict:
+    return {"attn_implementation": VARLEN_ATTENTION} if remove_padding else {}
 
 
 def _check_folder(path: str) -> None:

@@ -10,7 +10,7 @@ from services.trainer.distributed import World
 from services.trainer.forward import rollout_temperature
 from services.trainer.fsdp import mixed_precision, shard_model
 from services.trainer.model_loading import freeze, load_policy_model
-from services.trainer.scoring import policy_log_probs
+from services.trainer.scoring import ForwardSettings, log_prob_settings, policy_log_probs
 from services.trainer.sequences import SequenceBatch
 
 
@@ -18,23 +18,25 @@ class RefRole:
     name = "ref"
 
     def __init__(
-        self, model: torch.nn.Module, temperature: float, micro_batch_rows: int, world: World
+        self, model: torch.nn.Module, temperature: float, forward: ForwardSettings, world: World
     ):
         self.model = model
         self.temperature = temperature
-        self.micro_batch_rows = micro_batch_rows
+        self.forward = forward
         self.world = world
         self.weight_version = 0  # never changes
 
     @staticmethod
     def build(cfg: RunConfig, world: World) -> RefRole:
         arr = cfg.actor_rollout_ref
-        model = freeze(load_policy_model(arr.model.path, world.device))
+        model = freeze(
+            load_policy_model(
+                arr.model.path, world.device, remove_padding=arr.model.use_remove_padding
+            )
+        )
         # Frozen weights still shard: the reference is as large as the actor.
         model = shard_model(model, world.mesh, mixed_precision(arr.model.dtype))
-        return RefRole(
-            model, rollout_temperature(cfg), arr.ref.log_prob_micro_batch_size_per_gpu, world
-        )
+        return RefRole(model, rollout_temperature(cfg), log_prob_settings(cfg, arr.ref), world)
 
     @property
     def num_parameters(self) -> int:
@@ -49,6 +51,6 @@ class RefRole:
             batch,
             temperature or self.temperature,
             with_entropy,
-            self.micro_batch_rows,
+            self.forward,
             self.world,
         )

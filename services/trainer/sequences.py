@@ -66,6 +66,29 @@ class PackedSequences:
         """How many trailing positions' outputs cover every response token."""
         return self.input_ids.shape[1] - self.first_predictor
 
+    @property
+    def logits_to_keep(self) -> int:
+        return self.outputs_needed
+
+    def model_inputs(self) -> dict:
+        """Keyword arguments of the model's forward."""
+        return {
+            "input_ids": self.input_ids,
+            "attention_mask": self.attention_mask,
+            "position_ids": self.position_ids,
+        }
+
+    def kept_labels(self) -> torch.Tensor:
+        """(b, k) the token each of the last ``k = outputs_needed`` positions predicts;
+        the last position predicts nothing (label 0)."""
+        ids = self.input_ids
+        k = self.outputs_needed
+        return torch.cat([ids[:, ids.shape[1] - k + 1 :], ids.new_zeros(ids.shape[0], 1)], dim=1)
+
+    def at_responses(self, outputs: torch.Tensor) -> torch.Tensor:
+        """See :func:`at_response_positions`."""
+        return at_response_positions(outputs, self)
+
     def to(self, device: torch.device) -> PackedSequences:
         return PackedSequences(
             self.input_ids.to(device),

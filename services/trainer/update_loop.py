@@ -31,6 +31,7 @@ class UpdateSettings:
     shuffle: bool
     grad_clip: float
     seed: int  # base of the per-step, per-epoch shuffle seed
+    max_tokens: int | None = None  # token budget of a micro-batch instead (use_dynamic_bsz)
 
 
 def run_update(
@@ -43,9 +44,13 @@ def run_update(
     schedule: LrSchedule,
     world: World,
     prefix: str,
+    sequence_lengths: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Trains on one batch; returns metrics (``{prefix}/grad_norm``, ``{prefix}/lr``, and
-    the role's own) averaged over the optimizer steps."""
+    the role's own) averaged over the optimizer steps.
+
+    ``sequence_lengths`` ``(b,)`` prompt+response tokens of every row: what a token budget
+    (``settings.max_tokens``) packs by."""
     lr = schedule.lr_at(global_step)
     set_lr(optimizer, lr)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -60,6 +65,8 @@ def run_update(
             seed=seed,
             rank=world.rank,
             world_size=world.world_size,
+            max_tokens=settings.max_tokens,
+            sequence_lengths=sequence_lengths,
         )
         for mini in plan:
             metrics = _accumulate_gradients(mini, micro_loss, world)

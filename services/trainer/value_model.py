@@ -26,15 +26,18 @@ class ValueModel(nn.Module):
     def forward(
         self,
         input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        **attention_kwargs,
     ) -> torch.Tensor:
-        """(b, t) ids -> (b, t) float32 values, one per position."""
+        """(b, t) ids -> (b, t) float32 values, one per position. ``attention_kwargs``
+        (e.g. the ``cu_seq_lens_q/k`` of a padding-free row) reach every attention call."""
         hidden = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=False,
+            **attention_kwargs,
         ).last_hidden_state  # (b, t, h)
         values = self.value_head(hidden.to(self.value_head.weight.dtype))  # (b, t, 1)
         # A reduction rather than squeeze(): FSDP2 warns on (and mishandles in-place ops
