@@ -10,22 +10,11 @@ from __future__ import annotations
 
 import logging
 
+from meshrl.config.placement import hands_gpu_memory_over
 from meshrl.config.schema import RunConfig
 from services.coordinator.clients import RolloutClient
 
 log = logging.getLogger(__name__)
-
-TRAINER_ROLES = ("actor", "critic", "ref")
-
-
-def rollout_shares_gpu(cfg: RunConfig) -> bool:
-    """Whether a rollout server and a trainer role see the same GPUs (``launcher.role_gpus``;
-    roles not placed see every GPU)."""
-    if cfg.trainer.device != "cuda":
-        return False
-    placed = cfg.launcher.role_gpus
-    return any(placed.get("rollout") == placed.get(role) for role in TRAINER_ROLES)
-
 
 class RolloutMemory:
     """Releases and resumes every rollout server's cache; a no-op when not enabled."""
@@ -37,8 +26,7 @@ class RolloutMemory:
 
     @staticmethod
     def for_run(cfg: RunConfig, rollouts: list[RolloutClient]) -> RolloutMemory:
-        enabled = cfg.actor_rollout_ref.rollout.free_cache_engine and rollout_shares_gpu(cfg)
-        return RolloutMemory(rollouts, enabled)
+        return RolloutMemory(rollouts, hands_gpu_memory_over(cfg))
 
     def wake(self) -> None:
         """Takes the caches back. Asked of every server each time (idempotent there): after

@@ -6,7 +6,6 @@ real server process is started and reports the CUDA_VISIBLE_DEVICES it was given
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
@@ -78,7 +77,8 @@ def test_bad_placement_is_named(override, named):
     ],
 )
 def test_rollout_frees_its_cache_only_on_a_shared_gpu(overrides, shares):
-    from services.coordinator.rollout_memory import RolloutMemory, rollout_shares_gpu
+    from meshrl.config.placement import rollout_shares_gpu
+    from services.coordinator.rollout_memory import RolloutMemory
 
     cfg = build_config({}, overrides)
     assert rollout_shares_gpu(cfg) is shares

@@ -1,0 +1,205 @@
+"""Whole PPO steps through the real mesh: every role server a process, the coordinator
+driving them over gRPC, on GPUs (issue 6: one H200, all co-located; issue 9: split).
+
+    python3 -m benchmarks.gpu_ppo_step --variants colocated,colocated_keep_cache --out $OUT
+    python3 -m benchmarks.gpu_ppo_step --tiny --device cpu --variants colocated   # a dry run
+
+The model has Qwen2.5-0.5B's shape with random weights (no hub here) and no EOS, so every
+response runs to its full length; the prompts are random character strings of the chosen
+token length under the character tokenizer (one token each). Step 1 pays for compiling and
+CUDA-graph capture; the figures are from the steps after it. Each variant writes
+``$OUT/ppo_step_<variant>.json`` with every step's ``timing_s/*`` and ``perf/*`` metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from meshrl.testing.char_tokenizer import CHARS, save_char_tokenizer
+
+# Placement of each variant: launcher.role_gpus plus what changes with it.
+VARIANTS: dict[str, list[str]] = {
+    # One GPU for all roles; the rollout's KV cache is freed while the trainer roles run.
+    "colocated": [],
+    # One GPU, the KV cache (and its CUDA graphs) kept between steps.
+    "colocated_keep_cache": ["actor_rollout_ref.rollout.free_cache_engine=false"],
+    # Rollout on GPU 1, actor + critic + ref on GPU 0; weights by NCCL.
+    "split": ["launcher.role_gpus={rollout: '1', actor: '0', critic: '0', ref: '0'}"],
+}
+
+
+def write_prompts(path: Path, rows: int, prompt_tokens: int, seed: int = 0) -> None:
+    """verl-schema parquet; the chat template adds BOS, so each prompt is exactly
+    ``prompt_tokens`` tokens."""
+    rng = random.Random(seed)
+    body = [c for c in CHARS if c != "#"]
+    records = [
+        {
+            "data_source": "openai/gsm8k",
+            "prompt": [{"role": "user", "content": "".join(rng.choices(body, k=prompt_tokens - 1))}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(rng.randint(0, 99))},
+            "extra_info": {"index": i},
+        }
+        for i in range(rows)
+    ]
+    pq.write_table(pa.Table.from_pylist(records), path)
+
+
+def make_model(path: Path, tiny: bool) -> str:
+    """The Qwen2.5-0.5B shape (or a 2-layer, hidden-64 one with --tiny) + the char tokenizer."""
+    from benchmarks.gpu_models import make_model_dir, qwen05_config
+
+    if (path / "config.json").exists():
+        return str(path)
+    if tiny:
+        from transformers import Qwen2ForCausalLM
+
+        cfg = qwen05_config(layers=2)
+        cfg.hidden_size, cfg.intermediate_size = 64, 128
+        cfg.num_attention_heads, cfg.num_key_value_heads = 4, 2
+        torch.manual_seed(0)
+        Qwen2ForCausalLM(cfg).save_pretrained(str(path))
+    else:
+        make_model_dir(path)
+    save_char_tokenizer(path)
+    return str(path)
+
+
+def step_config(workdir: Path, model: str, args, variant: str):
+    from meshrl.config import build_config
+
+    data = workdir / "data.parquet"
+    rows = args.batch * (args.steps + 1)
+    write_prompts(data, rows, args.prompt_len)
+    micro = args.micro
+    dtype = "bfloat16" if args.device == "cuda" else "float32"
+    overrides = [
+        f"data.train_files=[{data}]",
+        f"data.val_files=[{data}]",
+        f"data.max_prompt_length={args.prompt_len}",
+        f"data.max_response_length={args.response_len}",
+        f"data.train_batch_size={args.batch}",
+        f"actor_rollout_ref.model.path={model}",
+        f"actor_rollout_ref.model.dtype={dtype}",
+        f"critic.model.dtype={dtype}",  # the critic has its own (float32 by default)
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={args.mini}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+        "actor_rollout_ref.actor.ppo_epochs=1",
+        "actor_rollout_ref.actor.use_kl_loss=false",
+        f"actor_rollout_ref.rollout.dtype={dtype}",
+        f"actor_rollout_ref.rollout.gpu_memory_utilization={args.gpu_memory_utilization}",
+        f"actor_rollout_ref.rollout.max_num_seqs={args.batch}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={2 * micro}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={2 * micro}",
+        f"critic.ppo_mini_batch_size={args.mini}",
+        f"critic.ppo_micro_batch_size_per_gpu={micro}",
+        "critic.ppo_epochs=1",
+        "algorithm.adv_estimator=gae",
+        "algorithm.use_kl_in_reward=true",  # the reference role runs every step
+        f"trainer.device={args.device}",
+        f"trainer.total_training_steps={args.steps}",
+        "trainer.save_freq=-1",
+        "trainer.test_freq=-1",
+        "trainer.logger=[jsonl]",
+        "trainer.plot=false",
+        "trainer.rpc_timeout_s=900",
+        f"trainer.default_local_dir={workdir / ('run_' + variant)}",
+        "launcher.startup_timeout_s=600",
+        "reward.num_workers=4",
+        *VARIANTS[variant],
+        *args.override,
+    ]
+    return build_config({}, overrides)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def summarize(steps: list[dict]) -> dict:
+    """Median over the steps after the first of the metrics a step's cost is read from."""
+    later = steps[1:] or steps
+    # timings, throughput/MFU, and how far the engine's log-probs are from the actor's
+    kept = ("timing_s/", "perf/", "training/rollout_probs_diff", "response_length/mean")
+    keys = sorted({k for s in later for k in s if k.startswith(kept)})
+    out = {}
+    for k in keys:
+        values = sorted(float(s[k]) for s in later if k in s)
+        out[k] = values[len(values) // 2]
+    return out
+
+
+def run_variant(variant: str, workdir: Path, model: str, args) -> dict:
+    from meshrl.launcher.run_local import run_local
+
+    cfg = step_config(workdir, model, args, variant)
+    shutil.rmtree(cfg.trainer.default_local_dir, ignore_errors=True)
+    start = time.perf_counter()
+    run_local(cfg)
+    wall = time.perf_counter() - start
+    run_dir = Path(cfg.trainer.default_local_dir)
+    steps = read_metrics(run_dir)
+    return {
+        "variant": variant,
+        "placement": dict(cfg.launcher.role_gpus) or "all roles on one GPU",
+        "wall_s": wall,
+        "median_after_first": summarize(steps),
+        "steps": steps,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--variants", default="colocated")
+    parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    parser.add_argument("--workdir", default="/tmp/meshrl_ppo_step")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="2-layer hidden-64 model (dry runs)")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--mini", type=int, default=64, help="ppo_mini_batch_size")
+    parser.add_argument("--micro", type=int, default=16, help="ppo_micro_batch_size_per_gpu")
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--response-len", type=int, default=512)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    parser.add_argument("--override", action="append", default=[], help="extra config key=value")
+    args = parser.parse_args()
+    out, workdir = Path(args.out), Path(args.workdir)
+    out.mkdir(parents=True, exist_ok=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+    model = make_model(workdir / ("model_tiny" if args.tiny else "model"), args.tiny)
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "host": platform.node(),
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "torch": torch.__version__,
+        "args": vars(args),
+    }
+    for variant in args.variants.split(","):
+        try:
+            result = {"meta": meta, **run_variant(variant, workdir, model, args)}
+        except Exception as e:  # noqa: BLE001 - one variant failing still leaves the others
+            result = {"meta": meta, "variant": variant, "error": f"{type(e).__name__}: {e}"}
+            logs = workdir / f"run_{variant}" / "logs"
+            if logs.is_dir():  # the servers' last words, for the report
+                result["log_tails"] = {p.name: p.read_text()[-3000:] for p in logs.glob("*.log")}
+        (out / f"ppo_step_{variant}.json").write_text(json.dumps(result, indent=1, default=str))
+        summary = result.get("median_after_first", result.get("error"))
+        print(variant, json.dumps(summary, indent=1, default=str), flush=True)
+
+
+if __name__ == "__main__":
+    main()
