@@ -34,8 +34,32 @@ VARIANTS: dict[str, list[str]] = {
     "colocated": [],
     # One GPU, the KV cache (and its CUDA graphs) kept between steps.
     "colocated_keep_cache": ["actor_rollout_ref.rollout.free_cache_engine=false"],
+    # One GPU; trainer micro-batches packed to 16k tokens, padding-free (varlen attention).
+    "colocated_padding_free": [
+        "actor_rollout_ref.model.use_remove_padding=true",
+        "critic.model.use_remove_padding=true",
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
+        "critic.ppo_max_token_len_per_gpu=16384",
+    ],
+    # One GPU; the trainer roles' decoder layers compiled (MESHRL_COMPILE_LAYERS, below).
+    "colocated_compiled": [],
+    # Both of the above.
+    "colocated_fast": [
+        "actor_rollout_ref.model.use_remove_padding=true",
+        "critic.model.use_remove_padding=true",
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
+        "critic.ppo_max_token_len_per_gpu=16384",
+    ],
     # Rollout on GPU 1, actor + critic + ref on GPU 0; weights by NCCL.
     "split": ["launcher.role_gpus={rollout: '1', actor: '0', critic: '0', ref: '0'}"],
+}
+
+# Environment of the role servers per variant (the launcher passes its own on).
+VARIANT_ENV: dict[str, dict[str, str]] = {
+    "colocated_compiled": {"MESHRL_COMPILE_LAYERS": "1"},
+    "colocated_fast": {"MESHRL_COMPILE_LAYERS": "1"},
 }
 
 
@@ -47,7 +71,9 @@ def write_prompts(path: Path, rows: int, prompt_tokens: int, seed: int = 0) -> N
     records = [
         {
             "data_source": "openai/gsm8k",
-            "prompt": [{"role": "user", "content": "".join(rng.choices(body, k=prompt_tokens - 1))}],
+            "prompt": [
+                {"role": "user", "content": "".join(rng.choices(body, k=prompt_tokens - 1))}
+            ],
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": str(rng.randint(0, 99))},
             "extra_info": {"index": i},
@@ -147,8 +173,15 @@ def run_variant(variant: str, workdir: Path, model: str, args) -> dict:
 
     cfg = step_config(workdir, model, args, variant)
     shutil.rmtree(cfg.trainer.default_local_dir, ignore_errors=True)
+    env = VARIANT_ENV.get(variant, {})
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     start = time.perf_counter()
-    run_local(cfg)
+    try:
+        run_local(cfg)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
     wall = time.perf_counter() - start
     run_dir = Path(cfg.trainer.default_local_dir)
     steps = read_metrics(run_dir)

@@ -16,6 +16,7 @@ from services.coordinator.clients import RolloutClient
 
 log = logging.getLogger(__name__)
 
+
 class RolloutMemory:
     """Releases and resumes every rollout server's cache; a no-op when not enabled."""
 

@@ -73,7 +73,10 @@ def test_bad_placement_is_named(override, named):
         ([], False),  # CPU: nothing to free
         (["trainer.device=cuda"], True),  # nobody placed: one GPU for all
         (SPLIT, False),
-        (["trainer.device=cuda", "launcher.role_gpus={rollout: '1', critic: '1', actor: '0'}"], True),
+        (
+            ["trainer.device=cuda", "launcher.role_gpus={rollout: '1', critic: '1', actor: '0'}"],
+            True,
+        ),
     ],
 )
 def test_rollout_frees_its_cache_only_on_a_shared_gpu(overrides, shares):
