@@ -1,6 +1,7 @@
 """Reward service under load: many concurrent clients on loopback against a real server.
 
     python -m benchmarks.reward_load [--clients 64] [--seconds 60] [--items 8] [--workers 2]
+        [--max-calls 8]
 
 Starts `python -m services.reward.server` as a subprocess, then `--clients` clients (each its
 own gRPC channel, spread over `--procs` client processes) score batches of `--items` GSM8k
@@ -45,6 +46,7 @@ class RewardServerProcess:
         log_path: Path | None = None,
         env: dict[str, str] | None = None,
         timeout_s: float = 10.0,
+        max_calls: int = 8,
     ):
         from meshrl.launcher.ports import free_port
         from meshrl.rpc.client import wait_for_health
@@ -64,6 +66,8 @@ class RewardServerProcess:
                 str(num_workers),
                 "--timeout-s",
                 str(timeout_s),
+                "--max-calls",
+                str(max_calls),
                 "--log-level",
                 "WARNING",
             ],
@@ -259,19 +263,24 @@ def main() -> int:
     p.add_argument("--items", type=int, default=8, help="GSM8k responses per Score call")
     p.add_argument("--workers", type=int, default=2, help="the server's scorer workers")
     p.add_argument("--procs", type=int, default=2, help="client processes the clients share")
+    p.add_argument("--max-calls", type=int, default=8, help="the server's concurrent Score calls")
     p.add_argument("--no-save", action="store_true", help="do not write the results file")
     args = p.parse_args()
     load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
-    with RewardServerProcess(args.workers) as server:
+    with RewardServerProcess(args.workers, max_calls=args.max_calls) as server:
         startup = time.perf_counter() - t0
         summary = run_load(server.address, args.clients, args.seconds, args.items, args.procs)
     result = {
         "benchmark": "reward_load",
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "server_workers": args.workers,
+        "server_max_calls": args.max_calls,
         "server_startup_s": round(startup, 2),
         "cpu_cores": os.cpu_count(),
+        # other jobs on the machine, then with this benchmark's own processes running
         "load_avg_1m_before": round(load_before, 2),
+        "load_avg_1m_after": round(os.getloadavg()[0], 2),
         "python": platform.python_version(),
         **summary,
     }

@@ -49,6 +49,19 @@ def server_command(module: str, host: str, port: int, extra: list[str] | None = 
     ]
 
 
+def _lost_its_port(proc: RoleProcess) -> bool:
+    """Whether the server's log ends with its bind failing (meshrl.rpc.server's message)."""
+    tail = proc.log_path.read_text(errors="replace")[-4000:] if proc.log_path.exists() else ""
+    return f"port {proc.address.rsplit(':', 1)[1]} is already in use" in tail
+
+
+def _move_to_a_free_port(proc: RoleProcess, host: str) -> None:
+    port = free_port(host)
+    at = proc.command.index("--port") + 1  # server_command puts it there
+    proc.command[at] = str(port)
+    proc.address = f"{host}:{port}"
+
+
 class LocalLauncher:
     """Starts the role servers a config needs; `start()` returns their endpoints."""
 
@@ -87,11 +100,28 @@ class LocalLauncher:
             for proc in self.plan():
                 self._spawn(proc)
             for proc in self.processes.values():
-                wait_for_health(proc.address, "", self.cfg.launcher.startup_timeout_s, alive=proc.alive)
+                self._wait_until_serving(proc)
         except BaseException:
             self.stop()
             raise
         return self.endpoints()
+
+    def _wait_until_serving(self, proc: RoleProcess, attempts: int = 3) -> None:
+        """Waits for the server's health; a server that lost its port to another process
+        between `free_port()` and its bind (busy machines, parallel test runs) is started
+        again on a new port."""
+        for attempt in range(1, attempts + 1):
+            try:
+                wait_for_health(proc.address, "", self.cfg.launcher.startup_timeout_s, alive=proc.alive)
+                return
+            except Exception:
+                if proc.alive() or attempt == attempts or not _lost_its_port(proc):
+                    raise
+            old = proc.address
+            _move_to_a_free_port(proc, self.host)
+            log.warning("%s could not bind %s (taken meanwhile); starting it on %s",
+                        proc.name, old, proc.address)
+            self._spawn(proc)
 
     def _spawn(self, proc: RoleProcess) -> None:
         env = dict(os.environ, OMP_NUM_THREADS=str(proc.threads), PYTHONUNBUFFERED="1",

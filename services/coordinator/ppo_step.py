@@ -22,6 +22,7 @@ from services.coordinator.advantage import AdvantageInputs, compute_advantages
 from services.coordinator.clients import (
     GenerationBatch,
     RewardRoleClient,
+    RoleCallError,
     RolloutClient,
     TrainerClient,
 )
@@ -31,6 +32,20 @@ from services.coordinator.timing import PhaseTimer
 from services.coordinator.weight_sync import WeightSyncer
 
 log = logging.getLogger(__name__)
+
+
+class WeightSyncFailed(Exception):
+    """Step k's updates are done, but its weights did not reach rollout.
+
+    The step must not run again (the actor and critic would take its updates twice): the
+    caller restarts what died, syncs the actor's weights as version k and keeps
+    ``metrics``, the step's own.
+    """
+
+    def __init__(self, error: RoleCallError, metrics: dict[str, float]):
+        super().__init__(str(error))
+        self.error = error
+        self.metrics = metrics
 
 
 @dataclass
@@ -259,12 +274,18 @@ class PPOStep:
             with timer("adv"):
                 advantages, returns, adv_metrics = self.advantages(batch)
             update_metrics = self.updates(batch, advantages, returns, step, timer)
-            with timer("sync_weights"):
-                sync_metrics = self.syncer.sync(version=step)
+            sync_error, sync_metrics = None, {}
+            try:
+                with timer("sync_weights"):
+                    sync_metrics = self.syncer.sync(version=step)
+            except RoleCallError as err:
+                sync_error = err
         metrics = {**adv_metrics, **update_metrics, **sync_metrics, **timer.metrics()}
         metrics.update(self.batch_metrics(batch, timer.seconds["step"]))
         for warning in skipped_update_warnings(metrics):
             log.warning("step %d: %s", step, warning)
+        if sync_error is not None:
+            raise WeightSyncFailed(sync_error, metrics) from sync_error
         return metrics
 
     def batch_metrics(self, batch: RolloutBatch, step_seconds: float) -> dict[str, float]:

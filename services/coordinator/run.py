@@ -33,7 +33,7 @@ from services.coordinator.clients import (
 )
 from services.coordinator.metrics_sinks import ConsoleSink, JsonlSink, MetricsSink
 from services.coordinator.plot import plot_metrics
-from services.coordinator.ppo_step import PPOStep, Roles
+from services.coordinator.ppo_step import PPOStep, Roles, WeightSyncFailed
 from services.coordinator.preflight import check_data_sources, load_tokenizer
 from services.coordinator.recovery import STATEFUL_ROLES, Restarter, find_dead
 from services.coordinator.validation import validate
@@ -144,14 +144,15 @@ class PPORun:
         sets = {"data.train_files": self.train_set, "data.val_files": self.val_set}
         return {k: [r.data_source for r in ds.records] for k, ds in sets.items() if ds is not None}
 
-    def start_weight_sync(self) -> None:
+    def start_weight_sync(self, version: int | None = None) -> None:
         """(Re)builds the syncer and the step runner around the current clients, then makes
-        rollout serve exactly the actor's weights (from the start, a resume or a recovery)."""
+        rollout serve exactly the actor's weights (from the start, a resume or a recovery).
+        `version`: the label of those weights; None = state.step, the last step completed."""
         for old in (getattr(self, "step_runner", None), getattr(self, "syncer", None)):
             if old is not None:
                 old.close()
         self.syncer = WeightSyncer(self.cfg, self.roles.actor, self.roles.rollouts)
-        self.syncer.sync(version=self.state.step)
+        self.syncer.sync(version=self.state.step if version is None else version)
         self.step_runner = PPOStep(self.cfg, self.roles, self.tokenizer, self.syncer, self.kl_ctrl)
 
     def named_clients(self) -> dict[str, object]:
@@ -177,6 +178,16 @@ class PPORun:
         while True:
             try:
                 return self.step_runner.run(records, self.state.step)
+            except WeightSyncFailed as failed:  # the updates are done: never run them twice
+                failures += 1
+                if self.restarter is None or failures > self.cfg.launcher.max_restarts:
+                    raise failed.error from failed
+                log.warning("step %d: updated, but its weight sync failed (%s); recovering "
+                            "(attempt %d of %d)", self.state.step, failed.error, failures,
+                            self.cfg.launcher.max_restarts)
+                if self.recover(failed.error, updated=True):
+                    return None
+                return failed.metrics  # rollout now serves this step's weights
             except RoleCallError as err:
                 failures += 1
                 if self.restarter is None or failures > self.cfg.launcher.max_restarts:
@@ -186,8 +197,9 @@ class PPORun:
                 if self.recover(err):
                     return None
 
-    def recover(self, err: RoleCallError) -> bool:
-        """Restarts dead role servers; True when the run went back to a checkpoint."""
+    def recover(self, err: RoleCallError, updated: bool = False) -> bool:
+        """Restarts dead role servers; True when the run went back to a checkpoint.
+        ``updated``: the failed step's updates were done (only its weight sync failed)."""
         addresses = {n: c.address for n, c in self.named_clients().items()}
         dead = find_dead(self.restarter, addresses)
         if not dead:
@@ -200,7 +212,10 @@ class PPORun:
         rewind = any(name in STATEFUL_ROLES for name in dead)
         if rewind:
             self.rewind()
-        self.start_weight_sync()
+        # The actor holds the weights of step state.step when its updates were done or after
+        # a rewind (to the checkpoint's step); otherwise those of the step before, as the
+        # failed step will be retried.
+        self.start_weight_sync(self.state.step if rewind or updated else self.state.step - 1)
         return rewind
 
     def rewind(self) -> None:

@@ -3,12 +3,17 @@
 A scorer that raises, hangs, returns a non-number (or NaN), or kills its worker costs that
 sample only (score 0, ok=False, the reason recorded), never the batch or the service: pebble
 kills a worker whose task runs past its timeout and starts a fresh one.
+
+Several threads (the server's concurrent Score calls) may submit at once: pebble's queue is
+thread-safe, and a sample's timeout counts from when a worker takes it, so waiting behind
+other calls' samples never eats into it.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
+import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -29,6 +34,7 @@ class ScorerPool:
         self.num_workers = num_workers
         self.memory_limit_mb = memory_limit_mb
         self._pool = self._new_pool()
+        self._replacing = threading.Lock()  # one thread replaces a broken pool, once
 
     def _new_pool(self) -> ProcessPool:
         return ProcessPool(
@@ -74,15 +80,18 @@ class ScorerPool:
         ]
 
     def _schedule(self, fn, args: tuple, timeout_s: float) -> ProcessFuture:
+        pool = self._pool
         try:
-            return self._pool.schedule(fn, args=args, timeout=timeout_s)
+            return pool.schedule(fn, args=args, timeout=timeout_s)
         except RuntimeError:
             # A pool whose workers all died (e.g. at start, under a memory limit below what
             # Python needs) is broken for good; start over, so one bad call doesn't end the
-            # service.
-            log.warning("scorer pool is broken; starting a new one")
-            self._pool.stop()
-            self._pool = self._new_pool()
+            # service. Another call's thread may have replaced it already.
+            with self._replacing:
+                if self._pool is pool:
+                    log.warning("scorer pool is broken; starting a new one")
+                    pool.stop()
+                    self._pool = self._new_pool()
             return self._pool.schedule(fn, args=args, timeout=timeout_s)
 
     def collect(self, futures: list[ProcessFuture], timeout_s: float) -> list[ScoreOutcome]:

@@ -5,12 +5,16 @@ runs in a worker process; with a reward model enabled, the model scores the item
 ``score = rule + weight * rm`` (items without a rule scorer get ``weight * rm``). Extras:
 ``rule_score`` and ``acc`` (rule score >= 1 - 1e-6, unless the scorer gave its own ``acc``),
 ``rm_score``.
+
+Thread-safe: the server's Score calls share one RewardScorer. Their samples interleave in the
+worker pool; the reward model (in this process) scores one call's batch at a time.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import threading
 
 from meshrl.config.schema import RewardConfig
 from services.reward.pool import DEFAULT_MEMORY_LIMIT_MB, ScorerPool
@@ -33,6 +37,9 @@ class RewardScorer:
         if memory_limit_mb is None:  # 0 = no limit
             memory_limit_mb = getattr(self.cfg, "memory_limit_mb", DEFAULT_MEMORY_LIMIT_MB)
         self.pool = ScorerPool(self.cfg.num_workers, memory_limit_mb)
+        # One batch at a time through the model: a fast tokenizer refuses concurrent use
+        # ("Already borrowed") and concurrent forwards would only share the same cores.
+        self._model_lock = threading.Lock()
         try:
             self.pool.warm_up()
             if self.cfg.custom_function:
@@ -78,7 +85,10 @@ class RewardScorer:
     def _model_scores(self, items: list[ScoreItem]) -> list[float] | None:
         if self.reward_model is None or not items:
             return None
-        return self.reward_model.score([it.prompt for it in items], [it.response for it in items])
+        with self._model_lock:
+            return self.reward_model.score(
+                [it.prompt for it in items], [it.response for it in items]
+            )
 
     def close(self) -> None:
         self.pool.close()

@@ -4,7 +4,8 @@
 
 Ready (health SERVING) as soon as the rule scorers' workers are up; Initialize applies a run's
 ``reward`` section (custom function, timeouts, workers, reward model) by building a new scorer
-and swapping it in. Score calls run one at a time (each batch is spread over the workers).
+and swapping it in. Score calls run concurrently (up to ``--max-calls``, default 8; their
+samples share the worker pool), so a slow batch does not hold up the others.
 """
 
 from __future__ import annotations
@@ -12,15 +13,16 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import logging
-import threading
 
 import grpc
 
 from meshrl.api.v1 import common_pb2, reward_pb2, reward_pb2_grpc
 from meshrl.config.loader import config_from_yaml
 from meshrl.config.schema import RewardConfig, RewardModelConfig
+from meshrl.rpc.call_markers import CallMarkers
 from meshrl.rpc.server import GrpcServer, ServiceError, rpc_method
 from services.reward.convert import item_from_proto, outcome_to_proto
+from services.reward.scorer_slot import DEFAULT_MAX_CALLS, NotReady, ScorerSlot
 from services.reward.scoring import RewardScorer
 
 log = logging.getLogger(__name__)
@@ -38,26 +40,18 @@ def _package_version() -> str:
 class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
     """Answers UNAVAILABLE until its first scorer is in place (see `swap`)."""
 
-    def __init__(self, memory_limit_mb: int | None = None):
+    def __init__(self, memory_limit_mb: int | None = None, max_calls: int = DEFAULT_MAX_CALLS):
         self.memory_limit_mb = memory_limit_mb  # the process's setting, kept across Initialize
-        self._scorer: RewardScorer | None = None
-        self._lock = threading.Lock()  # Score vs the scorer swap of Initialize
-
-    @property
-    def scorer(self) -> RewardScorer:
-        if self._scorer is None:
-            raise ServiceError(grpc.StatusCode.UNAVAILABLE, "reward server is starting its workers")
-        return self._scorer
+        self.slot = ScorerSlot(max_calls)  # Score calls borrow it concurrently
+        self.markers = CallMarkers("reward")  # "rpc Score #k started/finished" log lines
 
     def swap(self, scorer: RewardScorer) -> None:
-        """Puts `scorer` in service; the previous one finishes its work and closes."""
-        with self._lock:
-            old, self._scorer = self._scorer, scorer
-        if old is not None:
-            old.close()
+        """Puts `scorer` in service; the previous one finishes its calls and closes."""
+        self.slot.swap(scorer)
 
     def info(self) -> common_pb2.ServerInfo:
-        rm = self._scorer.reward_model if self._scorer else None
+        scorer = self.slot.current
+        rm = scorer.reward_model if scorer else None
         return common_pb2.ServerInfo(
             api_version="meshrl.api.v1",
             service="reward",
@@ -65,7 +59,7 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
             weight_version=-1,
             world_size=1,
             num_parameters=rm.num_parameters if rm else 0,
-            ready=self._scorer is not None,
+            ready=scorer is not None,
             meshrl_version=_package_version(),
         )
 
@@ -85,18 +79,22 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
     @rpc_method
     def Score(self, request, context):
         items = [item_from_proto(m) for m in request.items]
-        with self._lock:
-            outcomes = self.scorer.score(items, request.timeout_s or None)
+        try:
+            with self.slot.borrow() as scorer, self.markers.call("Score"):
+                outcomes = scorer.score(items, request.timeout_s or None)
+        except NotReady as e:
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, str(e)) from None
         return reward_pb2.ScoreResponse(results=[outcome_to_proto(o) for o in outcomes])
 
     @rpc_method
     def ListScorers(self, request, context):
-        return reward_pb2.ListScorersResponse(data_sources=self.scorer.known_data_sources())
+        scorer = self.slot.current  # no place needed: the names need no worker
+        if scorer is None:
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, "reward server is starting its workers")
+        return reward_pb2.ListScorersResponse(data_sources=scorer.known_data_sources())
 
     def close(self) -> None:
-        with self._lock:
-            if self._scorer is not None:
-                self._scorer.close()
+        self.slot.close()
 
 
 def build_config(
@@ -124,12 +122,13 @@ def serve(
     num_workers: int = 2,
     reward_model_path: str | None = None,
     memory_limit_mb: int | None = None,
+    max_calls: int = DEFAULT_MAX_CALLS,
 ) -> None:
     """Runs the reward server until SIGTERM/SIGINT. `memory_limit_mb` caps each scorer
-    worker's address space (None = 4096)."""
+    worker's address space (None = 4096); `max_calls`: Score calls served at once."""
     cfg = build_config(custom_function, timeout_s, num_workers, reward_model_path)
     server = GrpcServer(SERVICE_NAME, host, port)
-    servicer = RewardServicer(memory_limit_mb)
+    servicer = RewardServicer(memory_limit_mb, max_calls)
     server.add(reward_pb2_grpc.add_RewardServiceServicer_to_server, servicer)
     server.start()  # listening (overall health SERVING) while the workers start
     servicer.swap(RewardScorer(cfg, memory_limit_mb=memory_limit_mb))
@@ -152,6 +151,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--num-workers", type=int, default=2, help="scorer worker processes")
     p.add_argument("--reward-model", default=None, help="reward model folder (HF classification)")
     p.add_argument("--memory-limit-mb", type=int, default=None, help="per worker (default 4096)")
+    p.add_argument(
+        "--max-calls", type=int, default=DEFAULT_MAX_CALLS, help="Score calls served at once"
+    )
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     logging.basicConfig(
@@ -165,6 +167,7 @@ def main(argv: list[str] | None = None) -> None:
         num_workers=args.num_workers,
         reward_model_path=args.reward_model,
         memory_limit_mb=args.memory_limit_mb,
+        max_calls=args.max_calls,
     )
 
 

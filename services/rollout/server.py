@@ -20,6 +20,7 @@ import grpc
 
 from meshrl.api.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from meshrl.config import config_from_yaml
+from meshrl.rpc.call_markers import CallMarkers
 from meshrl.rpc.server import GrpcServer, ServiceError, rpc_method
 from meshrl.weight_sync.group import WeightGroupError
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
@@ -98,6 +99,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     def __init__(self, worker: RolloutWorker, on_ready: Callable[[], None] = lambda: None):
         self.worker = worker
         self._on_ready = on_ready
+        self.markers = CallMarkers("rollout")  # "rpc Generate #k started/finished" log lines
 
     def _info(self) -> common_pb2.ServerInfo:
         ready = self.worker.ready
@@ -128,7 +130,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     def Generate(self, request: rollout_pb2.GenerateRequest, context):
         params = sampling_from_proto(request.sampling)
         prompts = ragged_from_proto(request.prompts)
-        result = self.worker.generate(prompts, params)
+        with self.markers.call("Generate"):
+            result = self.worker.generate(prompts, params)
         return rollout_pb2.GenerateResponse(
             responses=ragged_to_proto(result.responses),
             logprobs=tensor_to_proto(result.logprobs.values),
@@ -155,7 +158,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     @_rollout_rpc
     def ReceiveWeights(self, request: common_pb2.WeightManifest, context):
-        stats = self.worker.receive(WeightManifest.from_proto(request))
+        with self.markers.call("ReceiveWeights"):
+            stats = self.worker.receive(WeightManifest.from_proto(request))
         return common_pb2.WeightSyncResult(
             version=stats.version, seconds=stats.seconds, bytes=stats.bytes
         )

@@ -17,11 +17,14 @@ import threading
 import time
 
 import grpc
+import torch
 import torch.distributed as dist
 
 from meshrl.api.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
 from meshrl.config import RunConfig, config_from_yaml
+from meshrl.config.placement import hands_gpu_memory_over
 from meshrl.ragged import Ragged
+from meshrl.rpc.call_markers import CallMarkers
 from meshrl.rpc.server import GrpcServer, ServiceError, rpc_method
 from meshrl.weight_sync.group import WeightGroupError
 from meshrl.weight_sync.types import GroupSpec
@@ -77,10 +80,17 @@ class RankHandlers:
         self.role: ActorRole | CriticRole | RefRole | None = None
         self.publisher: WeightPublisher | None = None
         self.model_path = ""
+        self.gives_memory_back = False  # set by Initialize (launcher placement, config)
 
     def dispatch(self, method_id: int, payload: bytes):
         name = list(COMMANDS)[method_id]
-        return getattr(self, name)(COMMANDS[name].FromString(payload))
+        try:
+            return getattr(self, name)(COMMANDS[name].FromString(payload))
+        finally:
+            if self.gives_memory_back:
+                # The caching allocator keeps freed blocks for this process; on a GPU
+                # shared with rollout they must go back, or its KV cache cannot return.
+                torch.cuda.empty_cache()
 
     def info(self) -> common_pb2.ServerInfo:
         role = self.role
@@ -102,6 +112,7 @@ class RankHandlers:
             self.publisher.close()
         self.role, self.publisher = None, None
         world = World.current(cfg.trainer.device)
+        self.gives_memory_back = hands_gpu_memory_over(cfg)
         configured = _configured_world_size(cfg, self.role_name)
         if configured != world.world_size:
             log.warning(
@@ -185,6 +196,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         self.channel = channel
         self.server = server
         self._lock = threading.Lock()  # one command at a time through the channel
+        self.markers = CallMarkers(handlers.role_name)  # "rpc <Method> #k started/finished"
 
     def _check(self, method: str) -> None:
         role = self.handlers.role_name
@@ -202,7 +214,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
 
     def _run(self, method: str, request):
         """Sends the command to the other ranks, runs it here, and fails if any rank failed."""
-        with self._lock:
+        with self._lock, self.markers.call(method):
             self.channel.send(COMMAND_IDS[method], request.SerializeToString())
             error: Exception | None = None
             try:

@@ -1,14 +1,29 @@
-"""Fault injection: kill -9 of each role server in the middle of a run, and of the
-coordinator itself. Every run completes its planned steps and ends with a valid checkpoint."""
+"""Fault injection: kill -9 of each role server while it is inside its call of step 4, and of
+the coordinator while the actor is inside step 3's update (then a resume from the CLI). Every
+run completes its planned steps and ends with a valid checkpoint.
+
+How a kill is pinned to its phase: every role server logs ``rpc <Method> #k started (pid P)``
+as a long call begins and ``rpc <Method> #k finished|failed in S s (pid P)`` as it ends
+(``meshrl/rpc/call_markers.py``). The test hook ``MESHRL_TEST_SLOW_RPC=<role>.<Method>=<s>@<k>``
+holds the victim's k-th call of that method open for s seconds right after its "started" line.
+A watcher thread reads the victim's log and kill -9s the server's process group on that line,
+so the kill lands inside the call, whatever the machine's load. Each method below is called
+once per step, so the k-th call is step k's. Afterwards the log proves where the kill landed
+(started, and neither finished nor failed, by the killed pid), the coordinator's log that it
+recovered from that call, and the restarted server's log that the call was served again.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -16,6 +31,7 @@ import yaml
 
 from meshrl.config import build_config
 from meshrl.launcher.local import LocalLauncher
+from meshrl.rpc.call_markers import TEST_SLOW_ENV
 from services.coordinator.checkpointing import CheckpointManager, verify
 from services.coordinator.metrics_sinks import read_jsonl
 from services.coordinator.run import PPORun
@@ -23,6 +39,19 @@ from services.coordinator.run import PPORun
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 STEPS = 5
+KILL_STEP = 4  # after step 2's checkpoint, with step 3 done since
+HOLD_S = 60.0  # the kill ends the held call at once; only a missed kill would wait it out
+
+VICTIMS = {  # case -> (launcher name, role, the call it is killed in, its index k)
+    "rollout": ("rollout0", "rollout", "Generate", KILL_STEP),  # mid-generation
+    "actor": ("actor", "actor", "UpdatePolicy", KILL_STEP),  # mid-update
+    "critic": ("critic", "critic", "ComputeValues", KILL_STEP),
+    "ref": ("ref", "ref", "ComputeLogProbs", KILL_STEP),
+    "reward": ("reward", "reward", "Score", KILL_STEP),  # mid-scoring
+    # After step 4's updates, inside its weight sync (call #1 is the sync before step 1):
+    # the step is complete and must not be run, and so trained on, a second time.
+    "rollout_in_sync": ("rollout0", "rollout", "ReceiveWeights", KILL_STEP + 1),
+}
 
 
 def _overrides(tiny_model, data, run_dir):
@@ -34,40 +63,107 @@ def _overrides(tiny_model, data, run_dir):
         "algorithm.use_kl_in_reward=true",
         f"trainer.total_training_steps={STEPS}", "trainer.save_freq=2", "trainer.plot=false",
         "trainer.logger=[jsonl]", f"trainer.default_local_dir={run_dir}",
-    ]
+    ]  # fmt: skip
 
 
-def _kill(launcher: LocalLauncher, name: str) -> None:
-    os.killpg(launcher.processes[name].popen.pid, signal.SIGKILL)
+def _started(method: str, k: int, pid: int) -> str:
+    return f"rpc {method} #{k} started (pid {pid})"
 
 
-@pytest.mark.parametrize("victim", ["rollout0", "actor", "critic", "ref", "reward"])
-def test_role_server_killed_mid_run(victim, tiny_model, arithmetic_data, tmp_path):
+def _ended(method: str, k: int | str, pid: int) -> re.Pattern:
+    return re.compile(rf"rpc {method} #{k} (finished|failed) in [\d.]+ s \(pid {pid}\)")
+
+
+class KillInsideCall(threading.Thread):
+    """Reads a role server's log and kill -9s its process group on the "started" line of the
+    server's k-th call of `method`."""
+
+    def __init__(self, launcher: LocalLauncher, name: str, method: str, k: int):
+        super().__init__(daemon=True)
+        proc = launcher.processes[name]
+        self.pid, self.log_path = proc.popen.pid, proc.log_path
+        self.line = _started(method, k, self.pid)
+        self.killed = threading.Event()
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            if self.line in self.log_path.read_text(errors="replace"):
+                os.killpg(self.pid, signal.SIGKILL)  # the server's own session, by its id
+                self.killed.set()
+                return
+            self.stop.wait(0.02)
+
+
+@pytest.mark.parametrize("victim", list(VICTIMS))
+def test_role_server_killed_inside_its_call(
+    victim, tiny_model, arithmetic_data, tmp_path, monkeypatch, caplog
+):
+    name, role, method, k = VICTIMS[victim]
+    monkeypatch.setenv(TEST_SLOW_ENV, f"{role}.{method}={HOLD_S}@{k}")  # servers inherit
+    caplog.set_level(logging.INFO, logger="services.coordinator.run")
     cfg = build_config({}, _overrides(tiny_model, arithmetic_data, tmp_path))
     with LocalLauncher(cfg, tmp_path) as launcher:
         endpoints = launcher.start()
-        first_pid = launcher.processes[victim].popen.pid
-
-        def on_step(step, metrics):
-            # after step 3's checkpoint-free log line, kill the victim a moment into step 4
-            if step == 3 and launcher.processes[victim].popen.pid == first_pid:
-                threading.Timer(0.05, _kill, (launcher, victim)).start()
-
-        run = PPORun(cfg, endpoints, tmp_path, on_step=on_step, restarter=launcher)
+        killer = KillInsideCall(launcher, name, method, k)
+        killer.start()
+        run = PPORun(cfg, endpoints, tmp_path, restarter=launcher)
         try:
             run.setup()
             last = run.train()
         finally:
             run.close()
-        assert launcher.processes[victim].popen.pid != first_pid, "the victim was restarted"
+            killer.stop.set()
+        new_pid = launcher.processes[name].popen.pid
+        actor_log = launcher.processes["actor"].log_path.read_text(errors="replace")
+    assert killer.killed.is_set(), f"{name} never started {method} #{k}"
+    assert new_pid != killer.pid, "the victim was restarted"
+
+    # the kill landed inside the call: started, never finished or failed, by the killed pid
+    log_text = killer.log_path.read_text(errors="replace")
+    assert killer.line in log_text
+    assert not _ended(method, k, killer.pid).search(log_text)
+    # the coordinator saw step 4 fail in that call and recovered; the new server served it
+    recoveries = [r.getMessage() for r in caplog.records if "recovering" in r.getMessage()]
+    assert len(recoveries) == 1, recoveries
+    in_sync = method == "ReceiveWeights"
+    said = f"step {KILL_STEP}: updated, but its weight sync failed (" if in_sync else f"step {KILL_STEP} failed ("
+    assert recoveries[0].startswith(said), recoveries[0]
+    # in the sync, whichever end notices first names its call: the actor's send or the receive
+    calls = ("SendWeights", "ReceiveWeights") if in_sync else (method,)
+    assert any(f"failed during {call}" in recoveries[0] for call in calls), recoveries[0]
+    assert _ended(method, r"\d+", new_pid).search(log_text), "the restarted server served it"
+
     assert last["training/global_step"] == STEPS
-    steps = [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "critic/score/mean" in r]
-    assert steps[-1] == STEPS and set(steps) == set(range(1, STEPS + 1))
-    if victim in ("actor", "critic"):
-        assert steps.count(3) == 2, "training state was lost: the run went back to step 2's checkpoint"
+    rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "critic/score/mean" in r]
+    steps = [r["step"] for r in rows]
+    # every step generated with the weights of the step before, also the retried one: the
+    # re-sync after a crash labels the actor's weights with the last step completed
+    versions = [(r["step"], r["rollout/weight_version"]) for r in rows]
+    assert all(v == step - 1 for step, v in versions), versions
+    resumed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resumed from")]
+    if victim in ("actor", "critic"):  # training state lost: back to step 2's checkpoint
+        assert steps == [1, 2, 3, 3, 4, 5]
+        assert len(resumed) == 1 and resumed[0].endswith("global_step_2 (step 2)"), resumed
+    else:  # stateless: the failed step was retried in place (or, updated, not at all)
+        assert steps == [1, 2, 3, 4, 5] and not resumed
+        # the actor (never restarted) trained exactly once per step
+        assert len(re.findall(r"rpc UpdatePolicy #\d+ finished", actor_log)) == STEPS
     final = CheckpointManager(tmp_path).latest_valid()
     assert final is not None and final.name == f"global_step_{STEPS}"
     verify(final)
+
+
+def _wait_for(predicate, what: str, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} within {timeout_s:.0f} s")
+        time.sleep(0.02)
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def test_coordinator_killed_then_resumed_from_cli(tiny_model, arithmetic_data, tmp_path):
@@ -75,26 +171,33 @@ def test_coordinator_killed_then_resumed_from_cli(tiny_model, arithmetic_data, t
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({}))
     cmd = [sys.executable, "-m", "meshrl.cli", "run", str(config),
-           *_overrides(tiny_model, arithmetic_data, run_dir)]
+           *_overrides(tiny_model, arithmetic_data, run_dir)]  # fmt: skip
+    # held only in the first run: a few seconds are enough, its servers stop when it dies
+    held = {**os.environ, TEST_SLOW_ENV: "actor.UpdatePolicy=8@3"}
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:  # wait for the step-2 checkpoint, then kill everything
-        if (run_dir / "checkpoints" / "global_step_2").is_dir():
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("no checkpoint within 300 s")
+                            start_new_session=True, env=held)  # fmt: skip
+    actor_log = run_dir / "logs" / "actor.log"
+    started = re.compile(r"rpc UpdatePolicy #3 started \(pid (\d+)\)")
+    _wait_for(lambda: started.search(_read(actor_log)), "UpdatePolicy #3 on the actor")
     servers = psutil.Process(proc.pid).children(recursive=True)
-    assert servers, "the coordinator had started its role servers"
     os.killpg(proc.pid, signal.SIGKILL)  # the coordinator (role servers run in own sessions)
+    at_kill = _read(actor_log)
     proc.wait()
+    actor_pid = int(started.search(at_kill).group(1))
+    assert not _ended("UpdatePolicy", 3, actor_pid).search(at_kill), "killed mid-update"
+    assert (run_dir / "checkpoints" / "global_step_2").is_dir()
+    assert actor_pid in {p.pid for p in servers}, "the coordinator had started its role servers"
     # orphaned role servers notice their launcher is gone and stop by themselves
     _, alive = psutil.wait_procs(servers, timeout=30)
     assert not alive, f"role servers left behind: {alive}"
+    assert "is gone; stopping this role server" in _read(actor_log)
 
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    plain = {k: v for k, v in os.environ.items() if k != TEST_SLOW_ENV}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=plain)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "resumed from" in out.stderr and "global_step_2 (step 2)" in out.stderr
     rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "critic/score/mean" in r]
-    assert rows[-1]["step"] == STEPS
-    verify(CheckpointManager(run_dir).latest_valid())
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]  # step 3 never finished before the kill
+    final = CheckpointManager(run_dir).latest_valid()
+    assert final is not None and final.name == f"global_step_{STEPS}"
+    verify(final)

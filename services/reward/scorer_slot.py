@@ -1,0 +1,68 @@
+"""ScorerSlot: the RewardScorer in service, lent to many Score calls at once.
+
+Score calls borrow the scorer concurrently (at most `max_calls` at a time; the rest wait for a
+place), so one slow batch no longer blocks the others: each call's samples go into the shared
+worker pool, whose per-sample timeouts start when a worker takes the sample. Initialize swaps
+a new scorer in: calls that start after the swap get the new one, and the old one closes only
+once the last call that borrowed it has its results (none is cut off).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from services.reward.scoring import RewardScorer
+
+DEFAULT_MAX_CALLS = 8
+"""Score calls served at once. Below the gRPC server's 16 threads, so health checks, GetInfo
+and Initialize always find a thread while Score calls wait for a place."""
+
+
+class NotReady(Exception):
+    """No scorer is in service yet (the server is starting its workers)."""
+
+
+class ScorerSlot:
+    def __init__(self, max_calls: int = DEFAULT_MAX_CALLS):
+        if max_calls < 1:
+            raise ValueError(f"max_calls must be at least 1, got {max_calls}")
+        self._scorer: RewardScorer | None = None
+        self._places = threading.BoundedSemaphore(max_calls)
+        self._changed = threading.Condition()  # guards _scorer and _borrowers
+        self._borrowers: dict[RewardScorer, int] = {}  # scorer -> calls using it now
+
+    @property
+    def current(self) -> RewardScorer | None:
+        return self._scorer
+
+    @contextmanager
+    def borrow(self) -> Iterator[RewardScorer]:
+        """The scorer in service, for one call; NotReady before the first swap."""
+        with self._places:
+            with self._changed:
+                scorer = self._scorer
+                if scorer is None:
+                    raise NotReady("reward server is starting its workers")
+                self._borrowers[scorer] = self._borrowers.get(scorer, 0) + 1
+            try:
+                yield scorer
+            finally:
+                with self._changed:
+                    self._borrowers[scorer] -= 1
+                    self._changed.notify_all()
+
+    def swap(self, scorer: RewardScorer | None) -> None:
+        """Puts `scorer` in service (None: takes the current one out), then closes the previous
+        one once the calls that borrowed it are done."""
+        with self._changed:
+            old, self._scorer = self._scorer, scorer
+            if old is None:
+                return
+            self._changed.wait_for(lambda: self._borrowers.get(old, 0) == 0)
+            self._borrowers.pop(old, None)
+        old.close()
+
+    def close(self) -> None:
+        self.swap(None)

@@ -1,0 +1,37 @@
+"""The local launcher when a role server's port is taken between `free_port()` and its bind."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from meshrl.config import build_config
+from meshrl.launcher import local
+from meshrl.launcher.local import LocalLauncher
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_server_that_lost_its_port_starts_on_another(tmp_path, monkeypatch):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()  # another process's server got there first
+    busy = taken.getsockname()[1]
+    picks = iter([busy])
+    real_free_port = local.free_port
+    # The first port handed out is the taken one; every later one is really free.
+    monkeypatch.setattr(local, "free_port", lambda host="127.0.0.1": next(picks, None) or real_free_port(host))
+    launcher = LocalLauncher(build_config({}, []), tmp_path)
+    server = launcher.plan()[0]  # a real role server (rollout0), planned on the taken port
+    assert server.address == f"127.0.0.1:{busy}"
+    launcher.log_dir.mkdir(parents=True)
+    try:
+        launcher._spawn(server)
+        launcher._wait_until_serving(server)  # exits on the bind, is started again elsewhere
+        assert server.alive() and server.address != f"127.0.0.1:{busy}"
+        assert f"port {busy} is already in use" in server.log_path.read_text()
+        assert launcher.processes["rollout0"].address == server.address  # what endpoints() reads
+    finally:
+        launcher.stop()
+        taken.close()
