@@ -209,6 +209,7 @@ def main() -> None:
     parser.add_argument("--response-len", type=int, default=512)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     parser.add_argument("--override", action="append", default=[], help="extra config key=value")
+    parser.add_argument("--tag", default="", help="suffix of the output files' names")
     args = parser.parse_args()
     out, workdir = Path(args.out), Path(args.workdir)
     out.mkdir(parents=True, exist_ok=True)
@@ -229,7 +230,7 @@ def main() -> None:
             logs = workdir / f"run_{variant}" / "logs"
             if logs.is_dir():  # the servers' last words, for the report
                 result["log_tails"] = {p.name: p.read_text()[-3000:] for p in logs.glob("*.log")}
-        (out / f"ppo_step_{variant}.json").write_text(json.dumps(result, indent=1, default=str))
+        (out / f"ppo_step_{variant}{args.tag}.json").write_text(json.dumps(result, indent=1, default=str))
         summary = result.get("median_after_first", result.get("error"))
         print(variant, json.dumps(summary, indent=1, default=str), flush=True)
 
