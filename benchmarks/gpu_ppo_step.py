@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 import torch
 
 from meshrl.testing.char_tokenizer import CHARS, save_char_tokenizer
+from meshrl.testing.tiny_model import make_tiny_qwen2_dir
 
 # Placement of each variant: launcher.role_gpus plus what changes with it.
 VARIANTS: dict[str, list[str]] = {
@@ -67,7 +68,9 @@ def write_prompts(path: Path, rows: int, prompt_tokens: int, seed: int = 0) -> N
     """verl-schema parquet; the chat template adds BOS, so each prompt is exactly
     ``prompt_tokens`` tokens."""
     rng = random.Random(seed)
-    body = [c for c in CHARS if c != "#"]
+    # No spaces: in a Qwen2 model folder transformers loads the char tokenizer as its
+    # Qwen2Tokenizer class, which drops them (the prompts would come out shorter).
+    body = [c for c in CHARS if c not in "# "]
     records = [
         {
             "data_source": "openai/gsm8k",
@@ -84,22 +87,17 @@ def write_prompts(path: Path, rows: int, prompt_tokens: int, seed: int = 0) -> N
 
 
 def make_model(path: Path, tiny: bool) -> str:
-    """The Qwen2.5-0.5B shape (or a 2-layer, hidden-64 one with --tiny) + the char tokenizer."""
-    from benchmarks.gpu_models import make_model_dir, qwen05_config
+    """The Qwen2.5-0.5B shape (or, with --tiny, a 2-layer hidden-64 Qwen2 with its
+    vocabulary) + the char tokenizer."""
+    from benchmarks.gpu_models import make_model_dir
 
     if (path / "config.json").exists():
         return str(path)
     if tiny:
-        from transformers import Qwen2ForCausalLM
-
-        cfg = qwen05_config(layers=2)
-        cfg.hidden_size, cfg.intermediate_size = 64, 128
-        cfg.num_attention_heads, cfg.num_key_value_heads = 4, 2
-        torch.manual_seed(0)
-        Qwen2ForCausalLM(cfg).save_pretrained(str(path))
+        make_tiny_qwen2_dir(path, vocab_size=151936, max_positions=32768)
     else:
         make_model_dir(path)
-    save_char_tokenizer(path)
+        save_char_tokenizer(path)
     return str(path)
 
 

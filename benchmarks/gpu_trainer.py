@@ -259,22 +259,10 @@ def packing_bench(
 
 def _tiny_qwen_dir(path: str) -> str:
     """A 2-layer Qwen2 (GQA, 512-token vocabulary) for checking :func:`packing_bench`."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from meshrl.testing.tiny_model import make_tiny_qwen2_dir
 
-    if os.path.exists(f"{path}/config.json"):
-        return path
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-    )
-    Qwen2ForCausalLM(config).save_pretrained(path)
+    if not os.path.exists(f"{path}/config.json"):
+        make_tiny_qwen2_dir(path, seed=0, tokenizer=False, vocab_size=512, max_positions=4096)
     return path
 
 

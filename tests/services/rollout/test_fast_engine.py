@@ -7,11 +7,9 @@ refilled slots, stop tokens and n samples per prompt.
 
 import pytest
 import torch
-from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 from meshrl.ragged import Ragged
-from meshrl.testing.char_tokenizer import save_char_tokenizer
-from meshrl.testing.tiny_model import make_tiny_model_dir
+from meshrl.testing.tiny_model import make_tiny_model_dir, make_tiny_qwen2_dir
 from services.rollout.engine import MemoryReleasedError, SamplingParams
 from services.rollout.fast_engine import FastEngine
 from services.rollout.native_engine import NativeEngine
@@ -20,34 +18,12 @@ from services.rollout.scheduler import Scheduler
 pytestmark = pytest.mark.timeout(120)
 
 
-def _tiny_qwen2_dir(path):
-    tok = save_char_tokenizer(path)
-    torch.manual_seed(1)
-    config = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    model.save_pretrained(str(path))
-    return str(path)
-
-
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def model_dir(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     if request.param == "llama":
         return str(make_tiny_model_dir(path))
-    return _tiny_qwen2_dir(path)
+    return str(make_tiny_qwen2_dir(path))
 
 
 def _random_prompts(seed: int, count: int, longest: int = 20) -> Ragged:

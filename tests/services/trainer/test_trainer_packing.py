@@ -6,9 +6,9 @@ import random
 import pytest
 import torch
 from trainer_helpers import make_batch, trainer_config
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from meshrl.ragged import Ragged
+from meshrl.testing.tiny_model import make_tiny_qwen2_dir
 from services.trainer.actor import ActorRole
 from services.trainer.critic import CriticRole
 from services.trainer.forward import response_logprobs, response_values
@@ -143,19 +143,8 @@ def test_flatten_sequences_by_hand():
 def gqa_model_dir(tmp_path_factory):
     """A tiny Qwen2 with grouped-query attention (4 query heads over 2 kv heads)."""
     path = tmp_path_factory.mktemp("tiny_qwen2")
-    torch.manual_seed(1)
-    config = Qwen2Config(
-        vocab_size=32,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-    )
-    Qwen2ForCausalLM(config).save_pretrained(str(path))
-    return path
+    return make_tiny_qwen2_dir(path, tokenizer=False, vocab_size=32, hidden=32, intermediate=64,
+                               max_positions=128, tie_word_embeddings=False)
 
 
 def _ragged_batch(seed: int, rows: int = 7) -> SequenceBatch:
