@@ -19,6 +19,7 @@ import os
 import platform
 import random
 import shutil
+import statistics
 import time
 from pathlib import Path
 
@@ -159,11 +160,7 @@ def summarize(steps: list[dict]) -> dict:
     # timings, throughput/MFU, and how far the engine's log-probs are from the actor's
     kept = ("timing_s/", "perf/", "training/rollout_probs_diff", "response_length/mean")
     keys = sorted({k for s in later for k in s if k.startswith(kept)})
-    out = {}
-    for k in keys:
-        values = sorted(float(s[k]) for s in later if k in s)
-        out[k] = values[len(values) // 2]
-    return out
+    return {k: statistics.median(float(s[k]) for s in later if k in s) for k in keys}
 
 
 def run_variant(variant: str, workdir: Path, model: str, args) -> dict:
