@@ -139,11 +139,12 @@ class LocalLauncher:
         log.info("started %s (pid %d) at %s", proc.name, proc.popen.pid, proc.address)
 
     def restart(self, name: str) -> str:
-        """Kills (if needed) and starts a role server again on its address; waits for health."""
+        """Kills (if needed) and starts a role server again; waits for health; returns its
+        address (the old one, unless another process took that port meanwhile)."""
         proc = self.processes[name]
         self._terminate(proc)
         self._spawn(proc)
-        wait_for_health(proc.address, "", self.cfg.launcher.startup_timeout_s, alive=proc.alive)
+        self._wait_until_serving(proc)  # on a new port if its old one was taken meanwhile
         return proc.address
 
     def dead_roles(self) -> list[str]:

@@ -206,7 +206,8 @@ class PPORun:
             raise err  # the call failed but every server lives: not a crash to recover from
         log.warning("role servers down: %s; restarting them", ", ".join(dead))
         for name in dead:
-            self.restarter.restart(name)
+            addresses[name] = self.restarter.restart(name)  # a new port if the old one was taken
+        self.endpoints = Endpoints.from_addresses(addresses)
         self.roles = connect(self.cfg, self.endpoints)  # fresh channels to the new processes
         self.initialize_roles(dead)
         rewind = any(name in STATEFUL_ROLES for name in dead)

@@ -35,3 +35,25 @@ def test_server_that_lost_its_port_starts_on_another(tmp_path, monkeypatch):
     finally:
         launcher.stop()
         taken.close()
+
+
+def test_restart_moves_a_server_whose_port_was_taken(tmp_path):
+    launcher = LocalLauncher(build_config({}, []), tmp_path)
+    server = launcher.plan()[0]
+    launcher.log_dir.mkdir(parents=True)
+    taken = socket.socket()
+    try:
+        launcher._spawn(server)
+        launcher._wait_until_serving(server)
+        old_port = int(server.address.rsplit(":", 1)[1])
+        server.popen.kill()  # the crash
+        server.popen.wait()
+        taken.bind(("127.0.0.1", old_port))  # someone else takes the port before the restart
+        taken.listen()
+        address = launcher.restart("rollout0")
+        assert address == server.address != f"127.0.0.1:{old_port}"
+        assert server.alive()
+        assert f"port {old_port} is already in use" in server.log_path.read_text()
+    finally:
+        launcher.stop()
+        taken.close()
