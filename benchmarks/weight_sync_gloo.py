@@ -100,6 +100,27 @@ def _elapsed(start: tuple[float, float]) -> tuple[float, float]:
     return time.perf_counter() - start[0], time.process_time() - start[1]
 
 
+def _time_reps(group, raw: torch.Tensor, manifest, reps: int, sync) -> list[float]:
+    """This side's part of ``reps`` rounds of the three measurements of one bucket size, in
+    ``_order``; ``sync(manifest)`` is this side's part of a weight sync (send or receive).
+
+    Returns (wall, CPU) seconds of every measurement, flattened in the order they ran: both
+    sides run the same schedule, so the sender pairs its list with the receiver's.
+    """
+    times = []
+    for rep in range(reps):
+        for kind in _order(rep):
+            start = _start(group)
+            if kind == "raw":
+                group.broadcast(raw, src=0)
+            elif kind == "raw_bucketed":
+                _raw_bucketed(group, raw, manifest)
+            else:
+                sync(manifest)
+            times.extend(_elapsed(start))
+    return times
+
+
 def _checksum(model) -> float:
     with torch.no_grad():
         return float(sum(p.double().sum() for p in model.parameters()))
@@ -122,23 +143,18 @@ def receiver(conn, threads: int) -> None:
     inplace = {name: p.detach() for name, p in targets.items()}  # NativeEngine.weight_targets
     group = WeightGroup.join(spec)
     raw = torch.zeros(manifests[0].nbytes, dtype=torch.uint8)
+
+    def sync(manifest) -> None:
+        with torch.no_grad():  # as the rollout worker + native engine do
+            for name, tensor in receive_weights(group, manifest, targets=inplace):
+                targets[name].copy_(tensor)  # nothing to copy if received in place
+
     times, checksums = [], []
     for manifest in manifests:
         with torch.no_grad():
             for p in model.parameters():
                 p.zero_()  # each configuration must bring every weight itself
-        for rep in range(reps):
-            for kind in _order(rep):
-                start = _start(group)
-                if kind == "raw":
-                    group.broadcast(raw, src=0)
-                elif kind == "raw_bucketed":
-                    _raw_bucketed(group, raw, manifest)
-                else:
-                    with torch.no_grad():  # as the rollout worker + native engine do
-                        for name, tensor in receive_weights(group, manifest, targets=inplace):
-                            targets[name].copy_(tensor)  # nothing to copy if received in place
-                times.extend(_elapsed(start))
+        times.extend(_time_reps(group, raw, manifest, reps, sync))
         checksums.append(_checksum(model))
     group.broadcast(torch.tensor(times, dtype=torch.float64), src=1)
     group.broadcast(torch.tensor(checksums, dtype=torch.float64), src=1)
@@ -180,18 +196,13 @@ def run(dtype_name: str, bucket_mbs: list[float], reps: int, threads: int, pin: 
     try:
         group = WeightGroup.join(spec, store)
         raw = torch.ones(manifests[0].nbytes, dtype=torch.uint8)
+
+        def send(manifest) -> None:
+            send_weights(group, _full_params(model), manifest)
+
         mine = []
         for manifest in manifests:
-            for rep in range(reps):
-                for kind in _order(rep):
-                    start = _start(group)
-                    if kind == "raw":
-                        group.broadcast(raw, src=0)
-                    elif kind == "raw_bucketed":
-                        _raw_bucketed(group, raw, manifest)
-                    else:
-                        send_weights(group, _full_params(model), manifest)
-                    mine.extend(_elapsed(start))
+            mine.extend(_time_reps(group, raw, manifest, reps, send))
         theirs = torch.zeros(len(mine), dtype=torch.float64)
         group.broadcast(theirs, src=1)
         checksums = torch.zeros(len(manifests), dtype=torch.float64)

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
 from meshrl.weight_sync.group import WeightGroupError
+from meshrl.weight_sync.store import connect_store, open_store
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
 from meshrl.wire import dtype_from_name, dtype_name
 
@@ -138,36 +139,13 @@ class IpcGroup:
         host: str, timeout_s: float = 120.0, world_size: int = 2
     ) -> tuple[dist.TCPStore, GroupSpec]:
         """Actor side: a store on a fresh port; returns it and the spec for the members."""
-        if world_size < 2:
-            raise ValueError(f"a weight group needs a receiver, got world_size={world_size}")
-        store = dist.TCPStore(
-            host,
-            0,
-            None,
-            is_master=True,
-            timeout=timedelta(seconds=timeout_s),
-            wait_for_workers=False,
-        )
-        spec = GroupSpec(
-            transport="cuda_ipc",
-            master_addr=host,
-            master_port=store.port,
-            world_size=world_size,
-            rank=0,
-            timeout_s=timeout_s,
-            group_id=uuid.uuid4().hex,
-        )
-        return store, spec
+        return open_store(host, timeout_s, world_size, "cuda_ipc")
 
     @staticmethod
     def join(spec: GroupSpec, store: dist.Store | None = None) -> IpcGroup:
         """Joins as ``spec.rank``; returns once every member joined (or raises on timeout)."""
-        timeout = timedelta(seconds=spec.timeout_s)
         try:
-            if store is None:
-                store = dist.TCPStore(
-                    spec.master_addr, spec.master_port, None, is_master=False, timeout=timeout
-                )
+            store = connect_store(spec, store)
             group = IpcGroup(spec, store, torch.device("cuda", torch.cuda.current_device()))
             group._store.set(f"joined/{spec.rank}", "1")
             group._wait([f"joined/{r}" for r in range(spec.world_size)], "join")

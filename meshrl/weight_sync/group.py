@@ -12,12 +12,12 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import uuid
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from meshrl.weight_sync.store import connect_store, open_store
 from meshrl.weight_sync.types import TRANSPORTS, GroupSpec
 
 log = logging.getLogger(__name__)
@@ -58,28 +58,7 @@ class WeightGroup:
         and the filled spec (rank 0) to hand to the other members.
         """
         _check_transport(transport)
-        if world_size < 2:
-            raise ValueError(
-                f"a weight group needs the sender and a receiver, got world_size={world_size}"
-            )
-        store = dist.TCPStore(
-            host,
-            0,
-            None,
-            is_master=True,
-            timeout=timedelta(seconds=timeout_s),
-            wait_for_workers=False,
-        )
-        spec = GroupSpec(
-            transport=transport,
-            master_addr=host,
-            master_port=store.port,
-            world_size=world_size,
-            rank=0,
-            timeout_s=timeout_s,
-            group_id=uuid.uuid4().hex,
-        )
-        return store, spec
+        return open_store(host, timeout_s, world_size, transport)
 
     @staticmethod
     def join(spec: GroupSpec, store: dist.Store | None = None) -> WeightGroup:
@@ -94,10 +73,7 @@ class WeightGroup:
         _check_transport(spec.transport)
         timeout = timedelta(seconds=spec.timeout_s)
         try:
-            if store is None:
-                store = dist.TCPStore(
-                    spec.master_addr, spec.master_port, None, is_master=False, timeout=timeout
-                )
+            store = connect_store(spec, store)
             prefixed = dist.PrefixStore(f"weight_sync/{spec.group_id}/", store)
             backend, device = _make_backend(spec, prefixed, timeout)
             group = WeightGroup(spec, store, backend, device)

@@ -19,6 +19,7 @@ tests check it against the plain engine.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 
@@ -52,26 +53,17 @@ class FastEngine(NativeEngine):
         self,
         model_path: str,
         *,
-        tokenizer_path: str | None = None,
-        dtype: str = "float32",
-        device: str = "cpu",
-        max_num_seqs: int = 256,
-        logprob_batch_size: int = 16,
         gpu_memory_utilization: float = 0.5,
         enforce_eager: bool = False,
         max_model_len: int | None = None,
         check_every: int = 8,
         max_prefill_tokens: int = 16384,
         compile_ops: bool = True,
+        **native: Any,
     ):
-        super().__init__(
-            model_path,
-            tokenizer_path=tokenizer_path,
-            dtype=dtype,
-            device=device,
-            max_num_seqs=max_num_seqs,
-            logprob_batch_size=logprob_batch_size,
-        )
+        """``native``: the :class:`NativeEngine` keywords (``tokenizer_path``, ``dtype``,
+        ``device``, ``max_num_seqs``, ``logprob_batch_size``), with the same defaults."""
+        super().__init__(model_path, **native)
         self.decoder = StaticDecoder(self.runner.model)
         config = self.runner.model.config
         self.max_model_len = max_model_len or config.max_position_embeddings
@@ -88,10 +80,10 @@ class FastEngine(NativeEngine):
                 dev,
                 gpu_memory_utilization,
                 self._activation_reserve(),
-                max_num_seqs * self.max_model_len,
+                self.max_num_seqs * self.max_model_len,
             )
         self.cache = StaticKVCache(shape, dev, capacity)
-        self.graphs = DecodeGraphs(self.decoder, max_num_seqs, enabled=not enforce_eager)
+        self.graphs = DecodeGraphs(self.decoder, self.max_num_seqs, enabled=not enforce_eager)
         if compile_ops and not enforce_eager and self.decoder.use_compiled_ops(True):
             self._warm_up()
         log.info(

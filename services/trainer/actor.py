@@ -18,18 +18,15 @@ from meshrl.algorithms.policy_loss import (
 )
 from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
-from services.trainer.checkpoint import load_checkpoint, save_checkpoint
 from services.trainer.distributed import World
 from services.trainer.forward import response_logprobs, rollout_temperature
 from services.trainer.fsdp import mixed_precision, shard_model
-from services.trainer.mfu import UpdateTimer, perf_metrics
 from services.trainer.micro_batches import MicroBatch, MiniBatch
 from services.trainer.model_loading import load_policy_model
-from services.trainer.optim import LrSchedule, build_optimizer
 from services.trainer.padding_free import pack_micro_batch
 from services.trainer.scoring import ForwardSettings, log_prob_settings, policy_log_probs
 from services.trainer.sequences import SequenceBatch, ragged_to_padded
-from services.trainer.update_loop import UpdateSettings, run_update
+from services.trainer.trained_role import Optimization, TrainedRole
 
 
 @dataclass(frozen=True)
@@ -74,32 +71,25 @@ class PolicyTargets:
     is_weights: torch.Tensor | None  # truncated importance weights, when enabled
 
 
-class ActorRole:
+class ActorRole(TrainedRole):
     name = "actor"
 
     def __init__(
         self,
         model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        schedule: LrSchedule,
+        optimization: Optimization,
         loss: PolicyLossSettings,
-        update: UpdateSettings,
         temperature: float,
         log_prob: ForwardSettings,
         world: World,
     ):
-        self.model = model
-        self.optimizer = optimizer
-        self.schedule = schedule
+        super().__init__(model, optimization, world)
         self.loss = loss
-        self.update = update
         self.temperature = temperature
         self.log_prob = log_prob
         # The update's micro-batches take the log-prob passes' layout: the model's
         # attention implementation is chosen for one of them (model_loading.py).
         self.padding_free = log_prob.padding_free
-        self.world = world
-        self.weight_version = 0  # update_policy calls so far (checkpointed)
 
     @staticmethod
     def build(cfg: RunConfig, world: World) -> ActorRole:
@@ -111,29 +101,14 @@ class ActorRole:
             arr.model.use_remove_padding,
         )
         model = shard_model(model, world.mesh, mixed_precision(arr.model.dtype))
-        update = UpdateSettings(
-            mini_batch_rows=arr.actor.ppo_mini_batch_size * arr.rollout.n,
-            micro_batch_rows=arr.actor.ppo_micro_batch_size_per_gpu,
-            epochs=arr.actor.ppo_epochs,
-            shuffle=arr.actor.shuffle,
-            grad_clip=arr.actor.grad_clip,
-            seed=cfg.trainer.seed,
-            max_tokens=arr.actor.ppo_max_token_len_per_gpu if arr.actor.use_dynamic_bsz else None,
-        )
         return ActorRole(
             model=model,
-            optimizer=build_optimizer(model.parameters(), arr.actor.optim),
-            schedule=LrSchedule.from_config(arr.actor.optim, cfg.trainer.total_training_steps),
+            optimization=Optimization.from_config(model, arr.actor, cfg, arr.actor.use_dynamic_bsz),
             loss=PolicyLossSettings.from_config(cfg),
-            update=update,
             temperature=rollout_temperature(cfg),
             log_prob=log_prob_settings(cfg, arr.rollout),
             world=world,
         )
-
-    @property
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
 
     def compute_log_probs(
         self, batch: SequenceBatch, temperature: float | None = None, with_entropy: bool = False
@@ -170,31 +145,11 @@ class ActorRole:
         targets, extra = self._targets(
             batch, old_logprobs, advantages, ref_logprobs, rollout_logprobs
         )
-        self.model.train()
-        with UpdateTimer(self.world.device) as timer:
-            metrics = run_update(
-                batch.response_lengths,
-                self.update,
-                global_step,
-                lambda micro, mini: self._micro_loss(batch, targets, micro, mini),
-                self.model,
-                self.optimizer,
-                self.schedule,
-                self.world,
-                "actor",
-                sequence_lengths=batch.prompts.lengths + batch.response_lengths,
-            )
-        metrics.update(
-            perf_metrics(
-                "actor",
-                self.model,
-                _sequence_lengths(batch),
-                self.update.epochs,
-                timer.seconds,
-                self.world.world_size,
-            )
+        metrics = self._run_update(
+            batch,
+            global_step,
+            lambda micro, mini: self._micro_loss(batch, targets, micro, mini),
         )
-        self.weight_version += 1
         if self.loss.use_kl_loss:
             extra["actor/kl_coef"] = self.loss.kl_loss_coef
         return {**metrics, **extra}
@@ -302,18 +257,6 @@ class ActorRole:
             with torch.no_grad():
                 full = param.full_tensor() if isinstance(param, DTensor) else param.detach()
             yield name, full
-
-    def save(self, path: str, with_optimizer: bool) -> None:
-        meta = {"role": self.name, "weight_version": self.weight_version}
-        save_checkpoint(path, self.model, self.optimizer if with_optimizer else None, meta)
-
-    def load(self, path: str, with_optimizer: bool) -> None:
-        meta = load_checkpoint(path, self.model, self.optimizer if with_optimizer else None)
-        self.weight_version = int(meta.get("weight_version", 0))
-
-
-def _sequence_lengths(batch: SequenceBatch) -> list[int]:
-    return (batch.prompts.lengths + batch.responses.lengths).tolist()
 
 
 def widen(x: torch.Tensor, width: int) -> torch.Tensor:

@@ -1,0 +1,111 @@
+"""What the trained roles (actor, critic) share: a sharded model, the optimizer, learning-rate
+schedule and PPO update settings that train it, one timed update loop, and checkpoints.
+
+Each role adds only its own loss (and its own forward passes); the reference model, which is
+never trained, has none of this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from meshrl.config.schema import ActorConfig, CriticConfig, RunConfig
+from services.trainer.checkpoint import load_checkpoint, save_checkpoint
+from services.trainer.distributed import World
+from services.trainer.mfu import UpdateTimer, perf_metrics
+from services.trainer.optim import LrSchedule, build_optimizer
+from services.trainer.sequences import SequenceBatch
+from services.trainer.update_loop import MicroLoss, UpdateSettings, run_update
+
+
+@dataclass(frozen=True)
+class Optimization:
+    """How a role's model is trained: optimizer, LR schedule, epochs and batch layout."""
+
+    optimizer: torch.optim.Optimizer
+    schedule: LrSchedule
+    update: UpdateSettings
+
+    @staticmethod
+    def from_config(
+        model: torch.nn.Module,
+        role: ActorConfig | CriticConfig,
+        cfg: RunConfig,
+        dynamic_bsz: bool,
+    ) -> Optimization:
+        """``role`` is ``actor_rollout_ref.actor`` or ``critic`` (the same field names);
+        ``dynamic_bsz`` is the role's resolved ``use_dynamic_bsz``."""
+        update = UpdateSettings(
+            mini_batch_rows=role.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n,
+            micro_batch_rows=role.ppo_micro_batch_size_per_gpu,
+            epochs=role.ppo_epochs,
+            shuffle=role.shuffle,
+            grad_clip=role.grad_clip,
+            seed=cfg.trainer.seed,
+            max_tokens=role.ppo_max_token_len_per_gpu if dynamic_bsz else None,
+        )
+        return Optimization(
+            optimizer=build_optimizer(model.parameters(), role.optim),
+            schedule=LrSchedule.from_config(role.optim, cfg.trainer.total_training_steps),
+            update=update,
+        )
+
+
+class TrainedRole:
+    """Base of the actor and critic roles; a subclass sets ``name`` and supplies the loss."""
+
+    name: str  # the metrics' prefix ("actor/...") and the checkpoint's role
+
+    def __init__(self, model: torch.nn.Module, optimization: Optimization, world: World):
+        self.model = model
+        self.optimizer = optimization.optimizer
+        self.schedule = optimization.schedule
+        self.update = optimization.update
+        self.world = world
+        self.weight_version = 0  # updates so far (checkpointed)
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def _run_update(
+        self, batch: SequenceBatch, global_step: int, micro_loss: MicroLoss
+    ) -> dict[str, float]:
+        """PPO epochs of ``micro_loss`` over ``batch``, timed; returns the loop's metrics
+        with the throughput ones (``perf/*``) and counts one more weight version."""
+        self.model.train()
+        with UpdateTimer(self.world.device) as timer:
+            metrics = run_update(
+                batch.response_lengths,
+                self.update,
+                global_step,
+                micro_loss,
+                self.model,
+                self.optimizer,
+                self.schedule,
+                self.world,
+                self.name,
+                sequence_lengths=batch.prompts.lengths + batch.response_lengths,
+            )
+        metrics.update(
+            perf_metrics(
+                self.name,
+                self.model,
+                (batch.prompts.lengths + batch.responses.lengths).tolist(),
+                self.update.epochs,
+                timer.seconds,
+                self.world.world_size,
+            )
+        )
+        self.weight_version += 1
+        return metrics
+
+    def save(self, path: str, with_optimizer: bool) -> None:
+        meta = {"role": self.name, "weight_version": self.weight_version}
+        save_checkpoint(path, self.model, self.optimizer if with_optimizer else None, meta)
+
+    def load(self, path: str, with_optimizer: bool) -> None:
+        meta = load_checkpoint(path, self.model, self.optimizer if with_optimizer else None)
+        self.weight_version = int(meta.get("weight_version", 0))
