@@ -55,7 +55,7 @@ class WeightSyncer:
         self.rollouts = rollouts
         self.transport = resolve_transport(cfg)
         self.timeout_s = sync_cfg.timeout_s
-        self.bucket_bytes = bucket_bytes or sync_cfg.bucket_size_mb * 1024 * 1024
+        self.bucket_bytes = bucket_bytes or sync_cfg.bucket_bytes(cfg.trainer.device)
         self.dtype = cfg.actor_rollout_ref.rollout.dtype
         self.pool = ThreadPoolExecutor(max_workers=1 + len(rollouts), thread_name_prefix="sync")
         self.spec: GroupSpec | None = None

@@ -126,7 +126,7 @@ class RankHandlers:
             self.publisher = WeightPublisher(
                 self.role,
                 self.host,
-                bucket_bytes=rollout.weight_sync.bucket_size_mb * 1024 * 1024,
+                bucket_bytes=rollout.weight_sync.bucket_bytes(cfg.trainer.device),
                 timeout_s=rollout.weight_sync.timeout_s,
                 world_size=1 + rollout.replicas,
             )

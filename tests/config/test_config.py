@@ -62,3 +62,15 @@ def test_missing_and_malformed_files(tmp_path):
     bad.write_text("data: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+def test_weight_sync_buckets_default_by_device():
+    # measured: on CPU, buckets smaller than a weight matrix sync at 1.28x a raw broadcast,
+    # 256 MB ones at 2.0x (docs/benchmarks.md); GPUs keep large buckets
+    cpu = build_config({}, [])
+    gpu = build_config({}, ["trainer.device=cuda"])
+    sync = cpu.actor_rollout_ref.rollout.weight_sync
+    assert sync.bucket_bytes(cpu.trainer.device) == 4 * 2**20
+    assert gpu.actor_rollout_ref.rollout.weight_sync.bucket_bytes(gpu.trainer.device) == 256 * 2**20
+    chosen = build_config({}, ["actor_rollout_ref.rollout.weight_sync.bucket_size_mb=32"])
+    assert chosen.actor_rollout_ref.rollout.weight_sync.bucket_bytes("cpu") == 32 * 2**20
