@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from trainer_helpers import TrainerProcess, batch_to_proto, make_batch, trainer_config
+from trainer_helpers import batch_to_proto, initialized_actors, make_batch, trainer_config
 
 from meshrl.api.v1 import common_pb2, trainer_pb2
 from meshrl.wire import tensor_from_proto, tensor_to_proto
@@ -26,24 +26,11 @@ BATCH = make_batch(11, seed=31)
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory, tiny_model_dir):
     logs = tmp_path_factory.mktemp("packed_actors")
-    padded = TrainerProcess("actor", 1, logs / "padded_one_rank.log")
-    packed = TrainerProcess("actor", 2, logs / "packed_two_ranks.log")
-    try:
-        configs = (
-            trainer_config(tiny_model_dir, COMMON),
-            trainer_config(tiny_model_dir, COMMON + PACKED),
-        )
-        with ThreadPoolExecutor(2) as pool:
-            list(
-                pool.map(
-                    lambda sc: sc[0].wait_ready().initialize(sc[1]),
-                    zip((padded, packed), configs, strict=True),
-                )
-            )
-        yield padded, packed
-    finally:
-        packed.stop()
-        padded.stop()
+    with initialized_actors(logs, [
+        ("padded_one_rank", 1, trainer_config(tiny_model_dir, COMMON)),
+        ("packed_two_ranks", 2, trainer_config(tiny_model_dir, COMMON + PACKED)),
+    ]) as pair:  # fmt: skip
+        yield pair
 
 
 def _log_probs(server):

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 import torch
-from trainer_helpers import TrainerProcess, batch_to_proto, make_batch, trainer_config
+from trainer_helpers import batch_to_proto, initialized_actors, make_batch, trainer_config
 
 from meshrl.api.v1 import common_pb2, trainer_pb2
 from meshrl.weight_sync import GroupSpec, WeightGroup, WeightManifest, receive_weights
@@ -32,17 +32,10 @@ BATCH = make_batch(9, seed=21)
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory, tiny_model_dir):
+    cfg = trainer_config(tiny_model_dir, OVERRIDES)
     logs = tmp_path_factory.mktemp("actors")
-    one = TrainerProcess("actor", 1, logs / "one_rank.log")
-    two = TrainerProcess("actor", 2, logs / "two_ranks.log")
-    try:
-        cfg = trainer_config(tiny_model_dir, OVERRIDES)
-        with ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda s: s.wait_ready().initialize(cfg), (one, two)))
-        yield one, two
-    finally:
-        two.stop()
-        one.stop()
+    with initialized_actors(logs, [("one_rank", 1, cfg), ("two_ranks", 2, cfg)]) as pair:
+        yield pair
 
 
 def _log_probs(server, with_entropy=False):

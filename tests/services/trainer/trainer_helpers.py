@@ -7,6 +7,9 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -131,3 +134,22 @@ class TrainerProcess:
         except ProcessLookupError:
             pass
         self._log.close()
+
+
+@contextmanager
+def initialized_actors(
+    logs: Path, servers: list[tuple[str, int, RunConfig]]
+) -> Iterator[list[TrainerProcess]]:
+    """Actor servers, one per ``(log name, ranks, config)``, started and initialized
+    concurrently; stopped (last first) on exit."""
+    procs: list[TrainerProcess] = []
+    try:
+        for name, ranks, _ in servers:
+            procs.append(TrainerProcess("actor", ranks, logs / f"{name}.log"))
+        with ThreadPoolExecutor(len(procs)) as pool:
+            list(pool.map(lambda pc: pc[0].wait_ready().initialize(pc[1]),
+                          zip(procs, [cfg for _, _, cfg in servers], strict=True)))  # fmt: skip
+        yield procs
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
