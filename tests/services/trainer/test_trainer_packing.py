@@ -238,6 +238,15 @@ def _params(role) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in role.model.named_parameters()}
 
 
+def _assert_same_update(layout, metrics, params, base_metrics, base_params) -> None:
+    """Every metric but timing within 1e-5, every parameter within 1e-5 absolute."""
+    for key, value in base_metrics.items():
+        if not key.startswith("perf/"):
+            assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-5), (layout, key)
+    for name, p in base_params.items():
+        torch.testing.assert_close(params[name], p, atol=1e-5, rtol=0, msg=f"{layout} {name}")
+
+
 def test_actor_update_is_the_same_in_every_layout(world, tiny_model_dir):
     batch = make_batch(9, seed=11)
     results = {}
@@ -253,11 +262,7 @@ def test_actor_update_is_the_same_in_every_layout(world, tiny_model_dir):
     for layout, (old, ent, metrics, params) in results.items():
         torch.testing.assert_close(old, base_old, atol=1e-5, rtol=0, msg=layout)
         torch.testing.assert_close(ent, base_ent, atol=1e-5, rtol=0, msg=layout)
-        for key, value in base_metrics.items():
-            if not key.startswith("perf/"):
-                assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-5), (layout, key)
-        for name, p in base_params.items():
-            torch.testing.assert_close(params[name], p, atol=1e-5, rtol=0, msg=f"{layout} {name}")
+        _assert_same_update(layout, metrics, params, base_metrics, base_params)
     assert base_metrics["actor/grad_norm"] > 0
     moved = max(float((base_params[n] - p).abs().max()) for n, p in initial.items())
     assert moved > 1e-4, "the update changed the weights"
@@ -279,11 +284,7 @@ def test_critic_update_is_the_same_in_every_layout(world, tiny_model_dir):
     assert base_values.abs().max() > 1e-3
     for layout, (values, metrics, params) in results.items():
         torch.testing.assert_close(values, base_values, atol=1e-5, rtol=0, msg=layout)
-        for key, value in base_metrics.items():
-            if not key.startswith("perf/"):
-                assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-5), (layout, key)
-        for name, p in base_params.items():
-            torch.testing.assert_close(params[name], p, atol=1e-5, rtol=0, msg=f"{layout} {name}")
+        _assert_same_update(layout, metrics, params, base_metrics, base_params)
 
 
 def test_reference_follows_the_actors_dynamic_batching(world, tiny_model_dir):
