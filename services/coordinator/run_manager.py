@@ -13,7 +13,9 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator
+from itertools import islice
 from pathlib import Path
 
 import yaml
@@ -35,16 +37,21 @@ class UnknownRun(KeyError):
 
 
 class EventLog:
-    """Append-only events of one run; readers keep their own cursor, so each watcher sees
-    every event from the start, however late it joins."""
+    """Events of one run; readers keep their own cursor, so each watcher sees every event
+    from the start, however late it joins, as long as the log still holds it: it keeps the
+    newest ``keep`` (a run of many steps must not grow the service's memory without end;
+    the run folder's metrics.jsonl keeps every step)."""
 
-    def __init__(self):
-        self._events: list[RunEvent] = []
+    def __init__(self, keep: int = 10_000):
+        self._events: deque[RunEvent] = deque(maxlen=keep)
+        self._dropped = 0  # events that fell off the front: the index of _events[0]
         self._cond = threading.Condition()
         self._closed = False
 
     def append(self, event: RunEvent, close: bool = False) -> None:
         with self._cond:
+            if len(self._events) == self._events.maxlen:
+                self._dropped += 1
             self._events.append(event)
             self._closed = self._closed or close
             self._cond.notify_all()
@@ -52,18 +59,23 @@ class EventLog:
     def follow(
         self, keep_going: Callable[[], bool] = lambda: True, poll_s: float = 0.5
     ) -> Iterator[RunEvent]:
-        """Yields all events, then new ones as they come, until the log closes or
+        """Yields the events held, then new ones as they come, until the log closes or
         `keep_going()` turns false (checked every `poll_s`, e.g. a client hanging up)."""
-        cursor = 0
+        cursor = 0  # index of the next event to yield, counted from the run's first
         while True:
             with self._cond:
-                while cursor == len(self._events) and not self._closed and keep_going():
+                while cursor == self._end() and not self._closed and keep_going():
                     self._cond.wait(poll_s)
-                batch, closed = self._events[cursor:], self._closed
+                cursor = max(cursor, self._dropped)  # a slow reader skips what was dropped
+                batch = list(islice(self._events, cursor - self._dropped, None))
+                closed = self._closed
             cursor += len(batch)
             yield from batch
-            if (closed and cursor == len(self._events)) or not keep_going():
+            if (closed and cursor == self._end()) or not keep_going():
                 return
+
+    def _end(self) -> int:
+        return self._dropped + len(self._events)
 
 
 class _EventSink:
