@@ -30,6 +30,11 @@ VARLEN_ATTENTION = "meshrl_varlen"
 """The ``attn_implementation`` name of :func:`varlen_attention_forward`."""
 
 
+# Left out of compiled decoder layers (MESHRL_COMPILE_LAYERS): every packed micro-batch has
+# its own sequence count and longest length, which compiled code would specialise on and
+# recompile for (up to dynamo's limit, then fall back). The attention is one kernel either
+# way; the element-wise work around it still compiles.
+@torch.compiler.disable
 def varlen_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
