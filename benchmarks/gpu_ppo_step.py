@@ -118,7 +118,6 @@ def step_config(workdir: Path, model: str, args, variant: str):
         f"data.train_batch_size={args.batch}",
         f"actor_rollout_ref.model.path={model}",
         f"actor_rollout_ref.model.dtype={dtype}",
-        f"critic.model.dtype={dtype}",  # the critic has its own (float32 by default)
         f"actor_rollout_ref.actor.ppo_mini_batch_size={args.mini}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
         "actor_rollout_ref.actor.ppo_epochs=1",

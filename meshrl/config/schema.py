@@ -56,8 +56,9 @@ class ModelConfig(Section):
     """Tokenizer folder if not the model's."""
     enable_gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Compute dtype of the trainer (master weights stay float32)."""
+    dtype: Literal["float32", "bfloat16"] | None = None
+    """Compute dtype of the trainer (master weights stay float32). None: float32 for
+    actor_rollout_ref.model (actor, reference); the actor's for critic.model."""
     use_remove_padding: bool = False
     """Padding-free forwards: each micro-batch is one row of its sequences back to back,
     attention kept inside each (varlen attention; see docs/trainer.md)."""

@@ -31,6 +31,12 @@ class ValueLossSettings:
         return ValueLossSettings(cfg.critic.cliprange_value, cfg.critic.loss_agg_mode)
 
 
+def compute_dtype(cfg: RunConfig) -> str | None:
+    """``critic.model.dtype``, or the actor's when unset (a bf16 actor beside a float32
+    critic is rarely meant: it doubled the first H200 step's time)."""
+    return cfg.critic.model.dtype or cfg.actor_rollout_ref.model.dtype
+
+
 class CriticRole(TrainedRole):
     name = "critic"
 
@@ -53,7 +59,7 @@ class CriticRole(TrainedRole):
         model = load_value_model(
             path, world.device, c.model.enable_gradient_checkpointing, c.model.use_remove_padding
         )
-        model = shard_model(model, world.mesh, mixed_precision(c.model.dtype))
+        model = shard_model(model, world.mesh, mixed_precision(compute_dtype(cfg)))
         dynamic = c.use_dynamic_bsz
         if dynamic is None:  # verl's default: the actor's setting
             dynamic = cfg.actor_rollout_ref.actor.use_dynamic_bsz

@@ -15,13 +15,13 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import PreTrainedModel
 
 
-def mixed_precision(dtype: str) -> MixedPrecisionPolicy | None:
+def mixed_precision(dtype: str | None) -> MixedPrecisionPolicy | None:
     """bf16 compute over float32 master weights: parameters are gathered and cast to
     bf16 for forward/backward, gradients reduced in float32 and kept with the float32
     shards the optimizer updates. None (pure float32) for "float32"."""
     if dtype in ("bfloat16", "bf16"):
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    if dtype in ("float32", "fp32", ""):
+    if dtype in ("float32", "fp32", "", None):
         return None
     raise ValueError(f"model.dtype {dtype!r}: expected float32 or bfloat16")
 

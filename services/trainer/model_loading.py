@@ -2,7 +2,7 @@
 
 Weights are float32 master weights; a lower compute dtype is a mixed-precision policy
 applied when the model is sharded (``fsdp.shard_model(mp_policy=...)``), not a property of
-the weights. (``model.dtype`` is not wired to that policy yet: compute is float32.)
+the weights (``model.dtype``; the critic's follows the actor's unless set).
 """
 
 from __future__ import annotations

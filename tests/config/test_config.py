@@ -74,3 +74,12 @@ def test_weight_sync_buckets_default_by_device():
     assert gpu.actor_rollout_ref.rollout.weight_sync.bucket_bytes(gpu.trainer.device) == 256 * 2**20
     chosen = build_config({}, ["actor_rollout_ref.rollout.weight_sync.bucket_size_mb=32"])
     assert chosen.actor_rollout_ref.rollout.weight_sync.bucket_bytes("cpu") == 32 * 2**20
+
+
+def test_critic_compute_dtype_follows_the_actors_unless_set():
+    from services.trainer.critic import compute_dtype
+
+    assert compute_dtype(build_config({}, [])) is None  # float32 everywhere by default
+    assert compute_dtype(build_config({}, ["actor_rollout_ref.model.dtype=bfloat16"])) == "bfloat16"
+    both = ["actor_rollout_ref.model.dtype=bfloat16", "critic.model.dtype=float32"]
+    assert compute_dtype(build_config({}, both)) == "float32"
