@@ -30,30 +30,27 @@ import torch
 from meshrl.testing.char_tokenizer import CHARS, save_char_tokenizer
 from meshrl.testing.tiny_model import make_tiny_qwen2_dir
 
+# Trainer micro-batches packed to 16k tokens, padding-free (varlen attention).
+PADDING_FREE = [
+    "actor_rollout_ref.model.use_remove_padding=true",
+    "critic.model.use_remove_padding=true",
+    "actor_rollout_ref.actor.use_dynamic_bsz=true",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
+    "critic.ppo_max_token_len_per_gpu=16384",
+]
+
 # Placement of each variant: launcher.role_gpus plus what changes with it.
 VARIANTS: dict[str, list[str]] = {
     # One GPU for all roles; the rollout's KV cache is freed while the trainer roles run.
     "colocated": [],
     # One GPU, the KV cache (and its CUDA graphs) kept between steps.
     "colocated_keep_cache": ["actor_rollout_ref.rollout.free_cache_engine=false"],
-    # One GPU; trainer micro-batches packed to 16k tokens, padding-free (varlen attention).
-    "colocated_padding_free": [
-        "actor_rollout_ref.model.use_remove_padding=true",
-        "critic.model.use_remove_padding=true",
-        "actor_rollout_ref.actor.use_dynamic_bsz=true",
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
-        "critic.ppo_max_token_len_per_gpu=16384",
-    ],
+    # One GPU, padding-free.
+    "colocated_padding_free": PADDING_FREE,
     # One GPU; the trainer roles' decoder layers compiled (MESHRL_COMPILE_LAYERS, below).
     "colocated_compiled": [],
-    # Both of the above.
-    "colocated_fast": [
-        "actor_rollout_ref.model.use_remove_padding=true",
-        "critic.model.use_remove_padding=true",
-        "actor_rollout_ref.actor.use_dynamic_bsz=true",
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
-        "critic.ppo_max_token_len_per_gpu=16384",
-    ],
+    # Both of the above (compiled via VARIANT_ENV).
+    "colocated_fast": PADDING_FREE,
     # Rollout on GPU 1, actor + critic + ref on GPU 0; weights by NCCL.
     "split": ["launcher.role_gpus={rollout: '1', actor: '0', critic: '0', ref: '0'}"],
 }
