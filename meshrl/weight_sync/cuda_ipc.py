@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
 from meshrl.weight_sync.group import WeightGroupError
+from meshrl.weight_sync.sender import take_param
 from meshrl.weight_sync.store import connect_store, open_store
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
 from meshrl.wire import dtype_from_name, dtype_name
@@ -199,12 +200,7 @@ class IpcGroup:
                     self._wait([f"{v}/ack/{i - len(self._ring)}/{r}" for r in receivers], "ack")
                 flat = self._ring[i % len(self._ring)][: bucket.nbytes].view(bucket.dtype)
                 for slot in bucket.params:
-                    name, tensor = next(params, (None, None))
-                    if name != slot.name or tensor.numel() != slot.numel:
-                        raise ValueError(
-                            f"parameter stream gives {name!r}, the manifest "
-                            f"expects {slot.name!r} ({slot.numel} elements)"
-                        )
+                    tensor = take_param(params, slot)
                     flat[slot.offset : slot.offset + slot.numel].copy_(tensor.reshape(-1))
                 torch.cuda.current_stream(self.device).synchronize()  # filled before announced
                 self._store.set(f"{v}/ready/{i}", "1")

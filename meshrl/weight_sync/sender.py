@@ -17,7 +17,7 @@ import torch
 
 from meshrl.weight_sync.group import PendingBroadcast, WeightGroup, WeightGroupError
 from meshrl.weight_sync.receiver import sync_header
-from meshrl.weight_sync.types import BucketPlan, WeightManifest
+from meshrl.weight_sync.types import BucketPlan, ParamSlot, WeightManifest
 
 TEST_DELAY_ENV = "MESHRL_TEST_SYNC_DELAY_S"
 """Test hook: seconds to sleep before each bucket after the first, so that a test can kill
@@ -100,6 +100,18 @@ def _settle(pending: PendingBroadcast | None) -> WeightGroupError | None:
     return None
 
 
+def take_param(params: Iterator[tuple[str, torch.Tensor]], slot: ParamSlot) -> torch.Tensor:
+    """The stream's next parameter, which must be the one the manifest puts in ``slot``
+    (the actor's parameter order is the manifest's, for every transport)."""
+    name, tensor = next(params, (None, None))
+    if name != slot.name or tensor.numel() != slot.numel:
+        raise ValueError(
+            f"parameter stream gives {name!r}, the manifest expects {slot.name!r} "
+            f"({slot.numel} elements)"
+        )
+    return tensor
+
+
 def _fill(
     group: WeightGroup | None,
     bucket: BucketPlan,
@@ -110,12 +122,7 @@ def _fill(
     drains them). Returns the flat tensor to broadcast, (``bucket.numel``,)."""
     flat = None
     for p in bucket.params:
-        name, tensor = next(params, (None, None))
-        if name != p.name or tensor.numel() != p.numel:
-            raise ValueError(
-                f"parameter stream gives {name!r}, the manifest expects {p.name!r} "
-                f"({p.numel} elements)"
-            )
+        tensor = take_param(params, p)
         if group is None:
             continue
         if len(bucket.params) == 1 and _sendable_as_is(tensor, bucket, group.device):
