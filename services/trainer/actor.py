@@ -198,6 +198,15 @@ class ActorRole(TrainedRole):
         width = targets.old_logprobs.shape[1]
         packed = pack_micro_batch(batch.select(micro.rows), self.padding_free)
         packed = packed.to(self.world.device)
+
+        def rows(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x[micro.rows].to(self.world.device)
+
+        # Copied to the device before the forward is queued: a host-to-device copy from
+        # pageable memory waits for the stream, so after it would idle the GPU until the
+        # whole forward had run.
+        old_logprobs, advantages = rows(targets.old_logprobs), rows(targets.advantages)
+        is_weights, ref_logprobs = rows(targets.is_weights), rows(targets.ref_logprobs)
         scores = response_logprobs(
             self.model,
             packed,
@@ -209,20 +218,17 @@ class ActorRole(TrainedRole):
         entropy = widen(scores.entropy, width)
         mask = widen(packed.response_mask, width)
 
-        def rows(x: torch.Tensor | None) -> torch.Tensor | None:
-            return None if x is None else x[micro.rows].to(self.world.device)
-
         counts = {"global_token_count": mini.token_count, "global_seq_count": mini.seq_count}
         pg = ppo_policy_loss(
             logprobs,
-            rows(targets.old_logprobs),
-            rows(targets.advantages),
+            old_logprobs,
+            advantages,
             mask,
             clip_ratio_low=cfg.clip_ratio_low,
             clip_ratio_high=cfg.clip_ratio_high,
             clip_ratio_c=cfg.clip_ratio_c,
             loss_agg_mode=cfg.loss_agg_mode,
-            is_weights=rows(targets.is_weights),
+            is_weights=is_weights,
             **counts,
         )
         entropy_agg = aggregate_loss(entropy, mask, cfg.loss_agg_mode, **counts)
@@ -238,7 +244,7 @@ class ActorRole(TrainedRole):
             "actor/ppo_kl": pg.approx_kl * share,
         }
         if cfg.use_kl_loss:
-            kl = kl_penalty(logprobs, rows(targets.ref_logprobs), cfg.kl_loss_type)
+            kl = kl_penalty(logprobs, ref_logprobs, cfg.kl_loss_type)
             kl_agg = aggregate_loss(kl, mask, cfg.loss_agg_mode, **counts)
             loss = loss + cfg.kl_loss_coef * kl_agg
             metrics["actor/kl_loss"] = kl_agg

@@ -109,12 +109,15 @@ class CriticRole(TrainedRole):
             rows = batch.select(micro.rows)
             packed = pack_micro_batch(rows, self.forward.padding_free, width)
             packed = packed.to(self.world.device)
+            # Before the forward is queued (see the actor's micro-batch loss).
+            micro_old = old[micro.rows].to(self.world.device)
+            micro_target = target[micro.rows].to(self.world.device)
             mask = packed.response_mask
             values = response_values(self.model, packed)  # (m, r)
             vl = clipped_value_loss(
                 values,
-                old[micro.rows].to(self.world.device),
-                target[micro.rows].to(self.world.device),
+                micro_old,
+                micro_target,
                 mask,
                 cliprange_value=self.loss.cliprange_value,
                 loss_agg_mode=self.loss.loss_agg_mode,

@@ -87,15 +87,50 @@ def clipped_step(
 ) -> StepResult:
     """Clips the global gradient norm to ``max_norm`` and steps, unless it is inf/nan.
 
-    With FSDP2 the gradients are DTensor shards: ``clip_grad_norm_`` reduces their norms
-    over the mesh, so every rank sees the same global norm and takes the same decision.
+    With FSDP2 the gradients are DTensor shards: every rank sees the same global norm
+    (:func:`global_grad_norm`) and takes the same decision.
     """
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
+    norm = clip_grad_norm(params, max_norm)
     grad_norm = float(norm)
     stepped = math.isfinite(grad_norm)
     if stepped:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return StepResult(grad_norm, stepped)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def global_grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """The 2-norm of all gradients over all ranks, a float32 scalar on their device.
+
+    Computed on the local shards (a few foreach kernels) plus one all-reduce of the sum of
+    squares: ``clip_grad_norm_`` on DTensors dispatches each op through DTensor, which
+    took ~10 ms of host time per step on the H200 while the GPU waited. FSDP2 shards
+    every gradient along dim 0 (no replicas), so the shards' squares sum to the total.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    local = [_local(g) for g in grads]
+    norms = torch._foreach_norm(local, 2.0)
+    total = torch.stack([n.float() for n in norms]).square().sum()
+    mesh = next((g.device_mesh for g in grads if isinstance(g, DTensor)), None)
+    if mesh is not None and mesh.size() > 1:
+        torch.distributed.all_reduce(total, group=mesh.get_group())
+    return total.sqrt()
+
+
+@torch.no_grad()
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Scales the gradients in place so their global norm is at most ``max_norm`` (as
+    ``torch.nn.utils.clip_grad_norm_``: factor ``max_norm / (norm + 1e-6)``, capped at 1);
+    returns the norm before clipping, on the device (no host sync)."""
+    norm = global_grad_norm(params)
+    local = [_local(p.grad) for p in params if p.grad is not None]
+    if local:
+        coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        torch._foreach_mul_(local, coef.to(local[0].device))
+    return norm

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from services.trainer.distributed import World
 from services.trainer.micro_batches import MicroBatch, MiniBatch, epoch_seed, plan_epoch
@@ -70,7 +71,8 @@ def run_update(
         )
         for mini in plan:
             metrics = _accumulate_gradients(mini, micro_loss, world)
-            step = clipped_step(params, optimizer, settings.grad_clip)
+            with record_function("meshrl/optimizer_step"):
+                step = clipped_step(params, optimizer, settings.grad_clip)
             metrics[f"{prefix}/grad_norm"] = step.grad_norm
             metrics[f"{prefix}/nonfinite_grad_steps"] = 0.0 if step.stepped else 1.0
             per_step.append(metrics)
@@ -83,16 +85,22 @@ def run_update(
 def _accumulate_gradients(mini: MiniBatch, micro_loss: MicroLoss, world: World) -> dict[str, float]:
     sums: dict[str, torch.Tensor] = {}
     for micro in mini.micro_batches:
-        loss, metrics = micro_loss(micro, mini)
+        with record_function("meshrl/micro_loss"):  # named ranges in profiler traces
+            loss, metrics = micro_loss(micro, mini)
         # FSDP averages gradients over ranks, but each rank's loss is already divided by
         # the counts of the whole mini-batch: multiplying by the world size turns that
         # average back into the sum, which is the single-rank gradient.
-        (loss * (micro.weight * world.world_size)).backward()
+        with record_function("meshrl/backward"):
+            (loss * (micro.weight * world.world_size)).backward()
+        # Summed where they are: a host copy per metric would stall the device queue
+        # between micro-batches. One transfer per mini-batch, below.
         for name, value in metrics.items():
-            sums[name] = sums.get(name, 0.0) + value.detach().float().cpu() * micro.weight
+            sums[name] = sums.get(name, 0.0) + value.detach().float() * micro.weight
     names = sorted(sums)
-    totals = world.all_reduce_sum(torch.stack([sums[n] for n in names])) if names else []
-    return {name: float(total) for name, total in zip(names, totals, strict=True)}
+    if not names:
+        return {}
+    totals = world.all_reduce_sum(torch.stack([sums[n] for n in names])).tolist()
+    return dict(zip(names, totals, strict=True))
 
 
 def _average(rows: list[dict[str, float]]) -> dict[str, float]:

@@ -58,3 +58,31 @@ def test_clipping_and_skipping_a_non_finite_step():
     result = clipped_step(list(layer.parameters()), opt, max_norm=1.0)
     assert not result.stepped and math.isnan(result.grad_norm)
     assert torch.equal(layer.weight.detach(), before)
+
+
+def test_clip_on_local_shards_equals_torch_clip_on_dtensors():
+    """Our norm and scaling over FSDP2's local shards = clip_grad_norm_ over the DTensors."""
+    from torch.distributed.fsdp import fully_shard
+
+    from services.trainer.distributed import World, init_distributed
+    from services.trainer.optim import clip_grad_norm
+
+    init_distributed()
+    mesh = World.current("cpu").mesh
+    torch.manual_seed(0)
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = fully_shard(
+            torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 3)), mesh=mesh
+        )
+        model(
+            torch.randn(5, 8, generator=torch.Generator().manual_seed(1))
+        ).square().sum().backward()
+        models.append(model)
+    ours = clip_grad_norm(list(models[0].parameters()), 0.5)
+    theirs = torch.nn.utils.clip_grad_norm_(list(models[1].parameters()), 0.5)
+    assert float(ours) == pytest.approx(float(theirs.full_tensor()), rel=1e-6)
+    assert float(ours) > 0.5  # so the gradients were scaled
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        torch.testing.assert_close(a.grad.full_tensor(), b.grad.full_tensor())
