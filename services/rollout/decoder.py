@@ -17,7 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.rollout import triton_decode
 from services.rollout.fused_ops import FusedOps
+from services.rollout.fused_weights import FusedLayer, can_fuse, fuse_layer
 from services.rollout.kv_cache import KVShape
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -64,9 +66,16 @@ class StaticDecoder:
         self.eps = self.norm.variance_epsilon
         self.silu = getattr(cfg, "hidden_act", "silu") == "silu"
         self.ops = FusedOps(compile=False)
-        self.attention = "matmul"
-        """Decode attention: "matmul" (grouped heads as rows of one batched matmul) or
-        "sdpa" (the same, through scaled_dot_product_attention with a boolean mask)."""
+        self.fused: list[FusedLayer] | None = None
+        if all(can_fuse(layer) for layer in self.layers):
+            # The modules' q/k/v and gate/up weights become views of one buffer each.
+            self.fused = [fuse_layer(layer) for layer in self.layers]
+        self.triton_mlp = triton_decode.available(self.device)
+        """SiLU-times-up of the fused gate/up projection as a Triton kernel."""
+        self.attention = "triton" if triton_decode.available(self.device) else "matmul"
+        """Decode attention: "triton" (one kernel: rope, cache write, grouped-query
+        flash-decoding over the slot; CUDA), "matmul" (grouped heads as rows of one
+        batched matmul) or "sdpa" (the same, through scaled_dot_product_attention)."""
         self._cos = self._sin = torch.empty(0)
 
     def use_compiled_ops(self, on: bool) -> bool:
@@ -93,19 +102,34 @@ class StaticDecoder:
             self._cos, self._sin = cos[0].contiguous(), sin[0].contiguous()
         return self._cos, self._sin
 
-    def _qkv(self, layer, h: torch.Tensor, lead: tuple[int, ...]):
-        """q (*lead, H, d), k and v (*lead, kvh, d) of normed hidden states h (*lead, hidden)."""
-        attn = layer.self_attn
-        q = attn.q_proj(h).view(*lead, self.num_heads, self.head_dim)
-        k = attn.k_proj(h).view(*lead, self.kv_heads, self.head_dim)
-        v = attn.v_proj(h).view(*lead, self.kv_heads, self.head_dim)
+    def _qkv(self, i: int, h: torch.Tensor, lead: tuple[int, ...]):
+        """q (*lead, H, d), k and v (*lead, kvh, d) of layer i, from normed hidden states
+        h (*lead, hidden); views of one fused projection's output when fused."""
+        attn = self.layers[i].self_attn
+        if self.fused is not None:
+            w = self.fused[i]
+            qkv = F.linear(h, w.qkv_weight, w.qkv_bias)
+            q, k, v = qkv.split([w.q_out, w.kv_out, w.kv_out], dim=-1)
+        else:
+            q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+        q = q.view(*lead, self.num_heads, self.head_dim)
+        k = k.view(*lead, self.kv_heads, self.head_dim)
+        v = v.view(*lead, self.kv_heads, self.head_dim)
         if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head before rope
             q = self.ops.rms_norm(q, attn.q_norm.weight, attn.q_norm.variance_epsilon)
             k = self.ops.rms_norm(k, attn.k_norm.weight, attn.k_norm.variance_epsilon)
         return q, k, v
 
-    def _mlp(self, layer, h: torch.Tensor) -> torch.Tensor:
-        mlp = layer.mlp
+    def _mlp(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        mlp = self.layers[i].mlp
+        fused = self.fused[i] if self.fused is not None else None
+        if self.silu and fused is not None and fused.gate_up_weight is not None:
+            gate_up = F.linear(h, fused.gate_up_weight)
+            if self.triton_mlp:
+                lead = gate_up.shape[:-1]
+                act = triton_decode.silu_mul_halves(gate_up.reshape(-1, gate_up.shape[-1]))
+                return mlp.down_proj(act.view(*lead, -1))
+            return mlp.down_proj(self.ops.silu_mul_halves(gate_up))
         if self.silu:
             return mlp.down_proj(self.ops.silu_mul(mlp.gate_proj(h), mlp.up_proj(h)))
         return mlp(h)
@@ -140,7 +164,7 @@ class StaticDecoder:
         x = self.embed(ids)  # (u, P, hidden)
         h = ops.rms_norm(x, self.layers[0].input_layernorm.weight, self.eps)
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, h, (u, width))  # (u, P, h, d)
+            q, k, v = self._qkv(i, h, (u, width))  # (u, P, h, d)
             q, k = ops.rope(q, k, cos, sin)
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (u, h, P, d)
             k_cache[i, dest_slots, :, :width] = k[src_rows]
@@ -151,7 +175,7 @@ class StaticDecoder:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling)
             o = layer.self_attn.o_proj(o.transpose(1, 2).reshape(u, width, -1))
             x, h = ops.add_rms_norm(x, o, layer.post_attention_layernorm.weight, self.eps)
-            x = x + self._mlp(layer, h)
+            x = x + self._mlp(i, h)
             if i + 1 < len(self.layers):
                 h = ops.rms_norm(x, self.layers[i + 1].input_layernorm.weight, self.eps)
         last = x[torch.arange(u, device=x.device), lengths - 1]  # (u, hidden)
@@ -176,18 +200,48 @@ class StaticDecoder:
         bs = tokens.shape[0]
         ops = self.ops
         cos_t, sin_t = self.rope_table(width)
+        x = self.embed(tokens)  # (bs, hidden)
+        h = ops.rms_norm(x, self.layers[0].input_layernorm.weight, self.eps)
+        if self.attention == "triton":
+            attend = self._triton_attention(positions, k_cache, v_cache, cos_t, sin_t, width)
+        else:
+            attend = self._torch_attention(positions, k_cache, v_cache, cos_t, sin_t, width)
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(i, h, (bs,))  # (bs, h, d)
+            o = attend(i, q, k, v)  # (bs, H, d)
+            o = layer.self_attn.o_proj(o.reshape(bs, -1))
+            x, h = ops.add_rms_norm(x, o, layer.post_attention_layernorm.weight, self.eps)
+            x, h = ops.add_rms_norm(x, self._mlp(i, h), self._next_norm_weight(i), self.eps)
+        return self.lm_head(h)
+
+    def _triton_attention(self, positions, k_cache, v_cache, cos_t, sin_t, width):
+        """Layer i's attention as two kernels: rope + cache write, then flash-decoding
+        over each row's first ``positions + 1`` keys (nothing past them is read)."""
+        # A finished slot keeps stepping until the host sees it; never read past `width`.
+        lengths = (positions + 1).clamp(max=width)
+
+        def attend(i, q, k, v):
+            q = triton_decode.rope_store(q, k, v, cos_t, sin_t, positions, k_cache[i], v_cache[i])
+            return triton_decode.decode_attention(
+                q, k_cache[i], v_cache[i], lengths, self.scaling, width
+            )
+
+        return attend
+
+    def _torch_attention(self, positions, k_cache, v_cache, cos_t, sin_t, width):
+        """Layer i's attention in torch ops over the first ``width`` positions, masked."""
+        bs = positions.shape[0]
+        ops = self.ops
         cos, sin = cos_t[positions][:, None, :], sin_t[positions][:, None, :]  # (bs, 1, d)
-        rows = torch.arange(bs, device=tokens.device)
-        span = torch.arange(width, device=tokens.device)
+        rows = torch.arange(bs, device=positions.device)
+        span = torch.arange(width, device=positions.device)
         keep = (span[None, :] <= positions[:, None])[:, None, None, :]  # (bs, 1, 1, w)
         bias = None
         if self.attention == "matmul":
-            bias = torch.zeros(keep.shape, dtype=torch.float32, device=tokens.device)
+            bias = torch.zeros(keep.shape, dtype=torch.float32, device=positions.device)
             bias.masked_fill_(~keep, float("-inf"))
-        x = self.embed(tokens)  # (bs, hidden)
-        h = ops.rms_norm(x, self.layers[0].input_layernorm.weight, self.eps)
-        for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, h, (bs,))  # (bs, h, d)
+
+        def attend(i, q, k, v):
             q, k = ops.rope(q, k, cos, sin)
             k_cache[i, rows, :, positions] = k
             v_cache[i, rows, :, positions] = v
@@ -205,7 +259,6 @@ class StaticDecoder:
                 o = torch.matmul(
                     ops.masked_softmax(scores, self.scaling, bias, values.dtype), values
                 )  # (bs, kvh, g, d)
-            o = layer.self_attn.o_proj(o.reshape(bs, -1))
-            x, h = ops.add_rms_norm(x, o, layer.post_attention_layernorm.weight, self.eps)
-            x, h = ops.add_rms_norm(x, self._mlp(layer, h), self._next_norm_weight(i), self.eps)
-        return self.lm_head(h)
+            return o
+
+        return attend

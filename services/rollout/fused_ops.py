@@ -56,10 +56,16 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def silu_mul_halves(gate_up: torch.Tensor) -> torch.Tensor:
+    """(..., 2 * I) -> (..., I): ``silu(gate) * up`` of a fused gate/up projection."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 class FusedOps:
     """The functions above, compiled when asked and possible."""
 
-    NAMES = ("rms_norm", "add_rms_norm", "rope", "masked_softmax", "silu_mul")
+    NAMES = ("rms_norm", "add_rms_norm", "rope", "masked_softmax", "silu_mul", "silu_mul_halves")
 
     def __init__(self, compile: bool):
         self.compiled = False

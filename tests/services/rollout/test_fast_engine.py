@@ -97,3 +97,26 @@ def test_scheduler_refills_and_compacts():
     assert sched.compaction() == ([1], [0]) or sched.compaction() == ([], [])
     sched.move([1], [0])
     assert sched.active == [0] and sched.rows_needed() == 1
+
+
+def test_loaded_weights_reach_the_fused_projections(model_dir):
+    """q/k/v and gate/up run as one GEMM each over a fused buffer that the modules'
+    parameters are views of: weights loaded by name must change what decode computes."""
+    plain, fast = NativeEngine(model_dir), FastEngine(model_dir, max_num_seqs=4)
+    attn = fast.runner.model.model.layers[0].self_attn
+    fused = fast.decoder.fused[0]
+    assert attn.k_proj.weight.data_ptr() == fused.qkv_weight[fused.q_out :].data_ptr()
+    g = torch.Generator().manual_seed(3)
+    new = {
+        name: p.detach() + 0.05 * torch.randn(p.shape, generator=g)
+        for name, p in plain.runner.model.named_parameters()
+    }
+    plain.load_weights(new.items())
+    fast.load_weights(new.items())
+    torch.testing.assert_close(
+        fused.qkv_weight[: fused.q_out], new["model.layers.0.self_attn.q_proj.weight"]
+    )
+    prompts = _random_prompts(4, 6)
+    params = SamplingParams(temperature=0, max_tokens=12)
+    want, got = plain.generate(prompts, params), fast.generate(prompts, params)
+    assert got.responses.tolist() == want.responses.tolist()

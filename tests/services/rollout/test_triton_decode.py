@@ -1,0 +1,372 @@
+"""The Triton decode kernels against their torch references, in the Triton interpreter (CPU).
+
+The interpreter is chosen when the kernels are first jitted, from TRITON_INTERPRET, and
+anything in this pytest process may have imported triton or jitted them already; so the
+kernel checks run in one child process started with TRITON_INTERPRET=1. It runs every case
+in ATTENTION_CASES and ROPE_CASES and reports each one's outcome; each pytest item below
+reads its own. The references themselves, the split heuristic and ``available`` are
+checked in this process (no triton needed).
+
+Tolerances: float32 is close to exact. In bfloat16 the interpreter rounds float32 -> bf16
+toward zero (a GPU rounds to nearest), so kernel outputs may differ from a round-to-nearest
+reference by one bf16 ulp; the comparisons with the model-dtype references (what decoder.py
+computes today, rounding scores and rope products to the model dtype) are looser still.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.rollout import triton_decode as td
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _attention(dtype, kvh, g, d, L, width, lengths, layout, splits=None, out=False) -> dict:
+    """An attention case: kv heads, groups (query heads per kv head), head_dim, slot_len L of
+    the view, width, lengths (one per row; 1 and == width included), the cache layout
+    ("layer": one layer of a 5-D buffer, as decoder.py passes it; "sliced": the first L
+    positions of longer slots; "permuted": a (slots, L, kvh, d) buffer seen as (slots, kvh,
+    L, d)), the number of key splits (None: the heuristic's pick) and whether to pass out."""
+    return dict(dtype=dtype, kvh=kvh, g=g, d=d, L=L, width=width, lengths=lengths,
+                layout=layout, splits=splits, out=out)  # fmt: skip
+
+
+ATTENTION_CASES = {
+    "fp32-g1-d64-layer": _attention("float32", 2, 1, 64, 200, 150, [1, 150, 64, 65, 99], "layer"),
+    "fp32-g7-d128-sliced": _attention("float32", 1, 7, 128, 130, 130, [130, 1, 77], "sliced"),
+    "bf16-g2-d128-layer": _attention("bfloat16", 2, 2, 128, 200, 200, [200, 1, 129, 128], "layer"),
+    "bf16-g7-d64-permuted": _attention(
+        "bfloat16", 2, 7, 64, 100, 70, [70, 1, 3, 64, 65, 33], "permuted"
+    ),
+    "bf16-g1-d32-width-under-block": _attention("bfloat16", 4, 1, 32, 40, 5, [5, 1, 2], "sliced"),
+    "fp16-g2-d64-layer": _attention("float16", 2, 2, 64, 100, 90, [90, 1, 45], "layer"),
+    "fp32-g2-d64-split3": _attention(
+        "float32", 2, 2, 64, 200, 190, [190, 1, 64, 65, 129], "sliced", splits=3
+    ),
+    "bf16-g7-d128-split4": _attention(
+        "bfloat16", 1, 7, 128, 200, 200, [200, 1, 100], "layer", splits=4
+    ),
+    "bf16-g1-d64-split2-out": _attention(
+        "bfloat16", 2, 1, 64, 160, 128, [128, 1, 64, 65, 127, 2], "permuted", splits=2, out=True
+    ),
+}
+
+# rope_store cases: rows, query heads, kv heads, head_dim, slot_len of the view, positions
+# (0 and L - 1 included; in "outside", L and one past the L + 20 rows of the rope table:
+# neither may be written anywhere).
+ROPE_CASES = {
+    "fp32-h4-kv2-d64": dict(dtype="float32", H=4, kvh=2, d=64, L=50, positions=[0, 49, 7, 20]),
+    "bf16-h14-kv2-d128": dict(
+        dtype="bfloat16", H=14, kvh=2, d=128, L=200, positions=[199, 0, 100, 63, 64]
+    ),
+    "fp16-h2-kv1-d32": dict(dtype="float16", H=2, kvh=1, d=32, L=20, positions=[3, 19]),
+    "bf16-h8-kv8-d64-outside": dict(
+        dtype="bfloat16", H=8, kvh=8, d=64, L=30, positions=[29, 30, 0, 75]
+    ),
+}
+
+# silu_mul_halves cases: rows, intermediate size (1024 = one block exactly; 1500 = a masked
+# tail), dtype.
+SILU_CASES = {
+    "fp32-r3-i1500": dict(dtype="float32", rows=3, inter=1500),
+    "bf16-r5-i1024": dict(dtype="bfloat16", rows=5, inter=1024),
+}
+
+# float32 -> model dtype: the interpreter truncates bf16, a GPU rounds to nearest: 1 ulp.
+ONE_ULP = {torch.float32: 2e-6, torch.bfloat16: 2**-7, torch.float16: 2**-10}
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float, what: str):
+    torch.testing.assert_close(
+        actual.float(), expected.float(), atol=atol, rtol=rtol, msg=lambda m: f"{what}: {m}"
+    )
+
+
+def _cache_pair(layout: str, slots: int, kvh: int, L: int, d: int, dtype, gen):
+    """(k_view, v_view, k_buffer, v_buffer): one layer's (slots, kvh, L, d) cache views."""
+
+    def one():
+        if layout == "layer":  # layer 1 of (layers, slots, kvh, L, d)
+            buffer = torch.randn(3, slots, kvh, L, d, generator=gen).to(dtype)
+            return buffer[1], buffer
+        if layout == "sliced":  # the first L positions of longer slots
+            buffer = torch.randn(slots, kvh, L + 9, d, generator=gen).to(dtype)
+            return buffer[:, :, :L], buffer
+        assert layout == "permuted"
+        buffer = torch.randn(slots, L, kvh, d, generator=gen).to(dtype)
+        return buffer.permute(0, 2, 1, 3), buffer
+
+    k_view, k_buffer = one()
+    v_view, v_buffer = one()
+    return k_view, v_view, k_buffer, v_buffer
+
+
+def check_attention(case: dict) -> None:
+    dtype = DTYPES[case["dtype"]]
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.tensor(case["lengths"], dtype=torch.int64)
+    bs, kvh, g, d, L, width = (
+        len(lengths),
+        case["kvh"],
+        case["g"],
+        case["d"],
+        case["L"],
+        case["width"],
+    )
+    scaling = d**-0.5
+    q = torch.randn(bs, kvh * g, d, generator=gen).to(dtype)
+    k_cache, v_cache, _, _ = _cache_pair(case["layout"], bs + 2, kvh, L, d, dtype, gen)
+    k_clean, v_clean = k_cache.clone(), v_cache.clone()
+    # Everything a row must not read is NaN in the views the kernel gets: keys at or past
+    # its length, and the two slots past the batch. One NaN read poisons the whole row.
+    slot_lengths = torch.cat((lengths, torch.zeros(2, dtype=torch.int64)))
+    readable = torch.arange(L)[None, :] < slot_lengths[:, None]  # (slots, L)
+    for view in (k_cache, v_cache):
+        view.masked_fill_(~readable[:, None, :, None], float("nan"))
+    out = torch.full((bs, kvh * g, d), float("nan"), dtype=dtype) if case["out"] else None
+
+    o = td.decode_attention(
+        q, k_cache, v_cache, lengths, scaling, width, out=out, num_splits=case["splits"]
+    )
+    assert o.shape == q.shape and o.dtype == dtype
+    if out is not None:
+        assert o is out
+    exact = td.decode_attention_reference(
+        q.float(), k_clean.float(), v_clean.float(), lengths, scaling, width
+    )
+    today = td.decode_attention_reference(q, k_clean, v_clean, lengths, scaling, width)
+    # Against float32 math on the same inputs: weights rounded to bf16 for the second dot
+    # (relative 2^-8 per term) plus the output's rounding.
+    tol = {torch.float32: 1e-5, torch.bfloat16: 1.5e-2, torch.float16: 2e-3}[dtype]
+    _close(o, exact, tol, tol, "vs float32 reference")
+    # Against decoder.py's path (scores rounded to the model dtype as well).
+    tol = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}[dtype]
+    _close(o, today, tol, tol, "vs decoder.py's attention")
+    # Length 1 attends one key: the output is that value (up to the output's rounding).
+    for row in (lengths == 1).nonzero().flatten().tolist():
+        expected = v_clean[row, :, 0].repeat_interleave(g, dim=0)
+        _close(o[row], expected, 0, ONE_ULP[dtype], f"row {row} of length 1")
+
+
+def _rope_tables(max_len: int, d: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (max_len, d) as a Llama rotary module makes them (base 10000)."""
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+    angles = torch.arange(max_len, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def check_rope_store(case: dict) -> None:
+    dtype = DTYPES[case["dtype"]]
+    gen = torch.Generator().manual_seed(1)
+    positions = torch.tensor(case["positions"], dtype=torch.int64)
+    bs, H, kvh, d, L = len(positions), case["H"], case["kvh"], case["d"], case["L"]
+    cos, sin = _rope_tables(L + 20, d, dtype)
+    inside = [row for row in range(bs) if 0 <= positions[row] < L]  # written to the cache
+    in_table = [row for row in range(bs) if 0 <= positions[row] < len(cos)]  # rotated
+    # q, k, v as views of one fused projection output (bs, (H + 2 kvh) * d).
+    qkv = torch.randn(bs, (H + 2 * kvh) * d, generator=gen).to(dtype)
+    q = qkv[:, : H * d].view(bs, H, d)
+    k = qkv[:, H * d : (H + kvh) * d].view(bs, kvh, d)
+    v = qkv[:, (H + kvh) * d :].view(bs, kvh, d)
+    # The cache: the first L positions of longer slots (so a write past L would land in
+    # memory the test can see), two slots more than rows.
+    k_buffer = torch.randn(bs + 2, kvh, L + 7, d, generator=gen).to(dtype)
+    v_buffer = torch.randn(bs + 2, kvh, L + 7, d, generator=gen).to(dtype)
+    k_before, v_before = k_buffer.clone(), v_buffer.clone()
+
+    q_rot = td.rope_store(q, k, v, cos, sin, positions, k_buffer[:, :, :L], v_buffer[:, :, :L])
+
+    assert q_rot.shape == (bs, H, d) and q_rot.dtype == dtype and q_rot.is_contiguous()
+    # Float32 rope rounded once: what the kernel computes (1 ulp: see ONE_ULP).
+    rotated = torch.tensor(in_table, dtype=torch.int64)
+    cos_at, sin_at = cos[positions[rotated]][:, None], sin[positions[rotated]][:, None]
+    q_exact, _ = td.rope(q[rotated].float(), k[rotated].float(), cos_at.float(), sin_at.float())
+    _close(q_rot[rotated], q_exact.to(dtype), 1e-7, ONE_ULP[dtype], "q vs float32 rope")
+    # A position past the table reads no table (zeros) rather than memory past it.
+    for row in set(range(bs)) - set(in_table):
+        assert not q_rot[row].any(), f"row {row} past the table"
+    # Against decoder.py's path (rope in the model dtype, both caches by index_put), on
+    # the rows whose position is inside the slot (index_put would fail on the others).
+    rows = torch.tensor(inside, dtype=torch.int64)
+    k_today = torch.zeros(len(inside), kvh, L, d, dtype=dtype)
+    v_today = torch.zeros(len(inside), kvh, L, d, dtype=dtype)
+    q_today = td.rope_store_reference(
+        q[rows], k[rows], v[rows], cos, sin, positions[rows], k_today, v_today
+    )
+    tol = {torch.float32: 1e-6, torch.bfloat16: 2e-2, torch.float16: 3e-3}[dtype]
+    _close(q_rot[rows], q_today, tol, tol, "q vs decoder.py's rope")
+    at = positions[rows]
+    slot = torch.arange(len(inside))
+    _close(k_buffer[rows, :, at], k_today[slot, :, at], tol, tol, "keys vs decoder.py's")
+    assert torch.equal(v_buffer[rows, :, at], v_today[slot, :, at])
+
+    written = torch.zeros(k_buffer.shape[:3], dtype=torch.bool)  # (slots, kvh, L + 7)
+    for row in inside:
+        position = int(positions[row])
+        written[row, :, position] = True
+        cos_at, sin_at = cos[position].float(), sin[position].float()
+        _, k_exact = td.rope(q[row].float(), k[row].float(), cos_at, sin_at)
+        key = k_buffer[row, :, position]
+        _close(key, k_exact.to(dtype), 1e-7, ONE_ULP[dtype], f"key of row {row}")
+        assert torch.equal(v_buffer[row, :, position], v[row]), f"value of row {row}"
+    # Not one other element of either buffer changed (bitwise).
+    assert torch.equal(k_buffer[~written], k_before[~written]), "a key was written elsewhere"
+    assert torch.equal(v_buffer[~written], v_before[~written]), "a value was written elsewhere"
+
+
+def check_silu_mul_halves(case: dict) -> None:
+    dtype = getattr(torch, case["dtype"])
+    gen = torch.Generator().manual_seed(case["rows"])
+    wide = torch.randn(case["rows"], 2 * case["inter"] + 8, generator=gen).to(dtype)
+    gate_up = wide[:, : 2 * case["inter"]]  # a row stride wider than the row
+    got = td.silu_mul_halves(gate_up)
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    want = torch.nn.functional.silu(gate) * up
+    _close(got, want, atol=ONE_ULP[dtype] * 4, rtol=ONE_ULP[dtype] * 2, what="silu(gate) * up")
+
+
+def _run_all_cases(results_path: str) -> None:
+    """The child process: every case, its outcome (None or the traceback) into JSON."""
+    assert td.available("cpu"), "the child process must run with TRITON_INTERPRET=1"
+    results = {}
+    for group, cases, check in (
+        ("attention", ATTENTION_CASES, check_attention),
+        ("rope_store", ROPE_CASES, check_rope_store),
+        ("silu_mul_halves", SILU_CASES, check_silu_mul_halves),
+    ):
+        for name, case in cases.items():
+            try:
+                check(case)
+                results[f"{group}/{name}"] = None
+            except Exception:  # noqa: BLE001 - reported to the pytest item
+                results[f"{group}/{name}"] = traceback.format_exc()
+    Path(results_path).write_text(json.dumps(results))
+
+
+needs_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None,
+    reason="triton is not installed (the kernels are checked in its interpreter)",
+)
+
+
+@pytest.fixture(scope="module")
+def interpreter_results(tmp_path_factory) -> dict[str, str | None]:
+    results_path = tmp_path_factory.mktemp("triton_decode") / "results.json"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    child = subprocess.run(
+        [sys.executable, __file__, str(results_path)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if child.returncode != 0 or not results_path.exists():
+        pytest.fail(f"the interpreter process failed ({child.returncode}):\n{child.stderr[-4000:]}")
+    return json.loads(results_path.read_text())
+
+
+def _report(results: dict[str, str | None], key: str) -> None:
+    assert key in results, f"no result for {key}"
+    if results[key] is not None:
+        pytest.fail(results[key], pytrace=False)
+
+
+@needs_triton
+@pytest.mark.parametrize("name", list(ATTENTION_CASES))
+def test_decode_attention_in_interpreter(interpreter_results, name):
+    _report(interpreter_results, f"attention/{name}")
+
+
+@needs_triton
+@pytest.mark.parametrize("name", list(ROPE_CASES))
+def test_rope_store_in_interpreter(interpreter_results, name):
+    _report(interpreter_results, f"rope_store/{name}")
+
+
+@needs_triton
+@pytest.mark.parametrize("name", list(SILU_CASES))
+def test_silu_mul_halves_in_interpreter(interpreter_results, name):
+    _report(interpreter_results, f"silu_mul_halves/{name}")
+
+
+# ---- in this process: the references, the split heuristic, availability ----------------
+
+
+def test_attention_reference_equals_per_row_softmax():
+    gen = torch.Generator().manual_seed(2)
+    bs, kvh, g, d, L, width = 3, 2, 3, 16, 12, 10
+    lengths = torch.tensor([10, 1, 6])
+    q = torch.randn(bs, kvh * g, d, generator=gen, dtype=torch.float64)
+    k_cache = torch.randn(bs + 1, kvh, L, d, generator=gen, dtype=torch.float64)
+    v_cache = torch.randn(bs + 1, kvh, L, d, generator=gen, dtype=torch.float64)
+    o = td.decode_attention_reference(q, k_cache, v_cache, lengths, 0.3, width)
+    for row in range(bs):
+        n = int(lengths[row])
+        for head in range(kvh * g):
+            keys, values = k_cache[row, head // g, :n], v_cache[row, head // g, :n]
+            weights = torch.softmax(keys @ q[row, head] * 0.3, dim=0)
+            torch.testing.assert_close(o[row, head], weights @ values)
+
+
+def test_rope_store_reference_rotates_and_scatters():
+    gen = torch.Generator().manual_seed(3)
+    bs, H, kvh, d, L = 2, 4, 2, 8, 6
+    positions = torch.tensor([5, 0])
+    cos, sin = _rope_tables(L, d, torch.float64)
+    q = torch.randn(bs, H, d, generator=gen, dtype=torch.float64)
+    k = torch.randn(bs, kvh, d, generator=gen, dtype=torch.float64)
+    v = torch.randn(bs, kvh, d, generator=gen, dtype=torch.float64)
+    k_cache = torch.zeros(bs, kvh, L, d, dtype=torch.float64)
+    v_cache = torch.zeros(bs, kvh, L, d, dtype=torch.float64)
+    q_rot = td.rope_store_reference(q, k, v, cos, sin, positions, k_cache, v_cache)
+    half = d // 2
+    for row in range(bs):
+        p = int(positions[row])
+        for x, rotated in ((q[row], q_rot[row]), (k[row], k_cache[row, :, p])):
+            low, high = x[..., :half], x[..., half:]
+            expected = torch.cat(
+                (
+                    low * cos[p, :half] - high * sin[p, :half],
+                    high * cos[p, half:] + low * sin[p, half:],
+                ),
+                dim=-1,
+            )
+            torch.testing.assert_close(rotated, expected)
+        torch.testing.assert_close(v_cache[row, :, p], v[row])
+    assert int((k_cache != 0).any(-1).sum()) == bs * kvh  # one position per (row, kv head)
+
+
+def test_split_count_only_splits_few_long_rows():
+    assert td.split_count(programs=512, width=4096, sm_count=132) == 1  # the GPU is full
+    assert td.split_count(programs=8, width=100, sm_count=132) == 1  # too few keys to share
+    assert td.split_count(programs=8, width=4096, sm_count=132) == td.MAX_SPLITS
+    splits = td.split_count(programs=64, width=8192, sm_count=132)
+    assert 1 < splits <= td.MAX_SPLITS and splits * 64 >= 2 * 132
+    assert td.split_count(programs=8, width=3 * td.KEYS_PER_SPLIT_MIN, sm_count=132) == 3
+
+
+def test_available(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    has_triton = importlib.util.find_spec("triton") is not None
+    assert not td.available("cpu")
+    assert td.available("cuda") == has_triton
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert td.available(torch.device("cpu")) == has_triton
+
+
+if __name__ == "__main__":
+    _run_all_cases(sys.argv[1])
