@@ -89,6 +89,13 @@ def check_bf16(engine: FastEngine) -> dict:
     engine.graphs.enabled = True
     plain = NativeEngine.generate(engine, prompts, greedy)
     rows_same, prefix = _prefix_agreement(graphs.responses, plain.responses)
+    attention = engine.decoder.attention
+    engine.decoder.attention = "matmul"  # the torch attention path, same graphs otherwise
+    engine.graphs.clear()
+    torch_path = engine.generate(prompts, greedy)
+    engine.decoder.attention = attention
+    engine.graphs.clear()
+    paths_same, paths_prefix = _prefix_agreement(graphs.responses, torch_path.responses)
     sampled_params = SamplingParams(temperature=1.0, max_tokens=128, n=2, seed=5)
     sampled = engine.generate(prompts, sampled_params)
     repeated = prompts.select([i for i in range(len(prompts)) for _ in range(2)])
@@ -101,6 +108,9 @@ def check_bf16(engine: FastEngine) -> dict:
     again = engine.generate(prompts, greedy)
     return {
         "graphs_equal_eager_fast": graphs.responses.tolist() == eager.responses.tolist(),
+        "attention": attention,
+        "vs_torch_attention_rows_identical": paths_same,
+        "vs_torch_attention_mean_prefix": paths_prefix,
         "graphs_vs_hf_greedy_rows_identical": rows_same,
         "graphs_vs_hf_greedy_mean_prefix": prefix,
         "engine_vs_hf_forward_logprob_mean_abs": float(diff.mean()),
@@ -179,13 +189,15 @@ def bandwidth_floor_tok_s(
 
 
 def decode_variants(engine: FastEngine, batch: int = 256) -> dict:
-    """The same timed run with the decoder's element-wise ops compiled or not, and the
-    decode attention as a batched matmul or through SDPA; leaves the fastest set."""
+    """The same timed run with the decode attention as the Triton kernels (rope + cache
+    write, flash-decoding), a batched matmul or SDPA, and the decoder's element-wise ops
+    compiled or not; leaves the fastest set."""
     out = {}
     variants = (
+        ("compiled_triton", True, "triton"),
         ("compiled_matmul", True, "matmul"),
         ("compiled_sdpa", True, "sdpa"),
-        ("plain_ops_matmul", False, "matmul"),
+        ("plain_ops_triton", False, "triton"),
     )
     for name, compiled, attention in variants:
         engine.decoder.use_compiled_ops(compiled)

@@ -221,7 +221,9 @@ def main() -> None:
             logs = workdir / f"run_{variant}" / "logs"
             if logs.is_dir():  # the servers' last words, for the report
                 result["log_tails"] = {p.name: p.read_text()[-3000:] for p in logs.glob("*.log")}
-        (out / f"ppo_step_{variant}{args.tag}.json").write_text(json.dumps(result, indent=1, default=str))
+        (out / f"ppo_step_{variant}{args.tag}.json").write_text(
+            json.dumps(result, indent=1, default=str)
+        )
         summary = result.get("median_after_first", result.get("error"))
         print(variant, json.dumps(summary, indent=1, default=str), flush=True)
 

@@ -5,7 +5,9 @@ decoder layers. First, the chunked head is checked against full logits."""
 
 from __future__ import annotations
 
+import json
 import os
+import statistics
 import time
 
 import torch
@@ -140,6 +142,126 @@ def actor_update(
     if cuda:
         torch.cuda.empty_cache()
     return out
+
+
+def update_variants(
+    model_dir: str, out_dir: str = "", updates: int = 4, device: str = "cuda"
+) -> dict:
+    """Where the actor update's time goes: compiled decoder layers over right-padded rows
+    and over one padding-free row. Each: the median MFU of updates 2.., and a profile of
+    one more: its kernels, and the GPU's idle gaps with what the host was doing then
+    (``trace_gaps``), in ``out_dir``.
+
+    (Tried on the H200 and dropped: the whole model as one FSDP unit with the decoder
+    stack compiled as one graph, 30.8% MFU against 35.3% for a unit and a graph per layer;
+    keeping the gathered weights from forward to backward; keeping the LM head's chunks
+    instead of recomputing them, or larger chunks: each within noise.)"""
+    padding_free = (
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.model.use_remove_padding=true",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
+    )
+    out = {}
+    for tag, overrides in (("layers_compiled", ()), ("padding_free", padding_free)):
+        try:
+            actor, batch, old, adv = _built_actor(
+                model_dir, True, overrides=overrides, device=device
+            )
+            out[tag] = _measure_updates(actor, batch, old, adv, updates, out_dir, tag)
+        except Exception as e:  # noqa: BLE001
+            out[tag] = {"error": f"{type(e).__name__}: {e}"[:2000]}
+        print(f"[update_variants/{tag}] {out[tag]}", flush=True)
+        actor = None
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
+def _measure_updates(actor, batch, old, adv, updates: int, out_dir: str, tag: str) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.trace_gaps import gaps
+
+    cuda = actor.world.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    runs = [
+        actor.update_policy(batch, old, adv, None, None, global_step=step)
+        for step in range(1, updates + 1)
+    ]
+    mfu = [r["perf/mfu/actor"] for r in runs]
+    row = {
+        "mfu": statistics.median(mfu[1:]),
+        "mfu_each": mfu,
+        "step_s": statistics.median(16 * 1024 / r["perf/throughput/actor"] for r in runs[1:]),
+        "pg_loss_first": runs[0]["actor/pg_loss"],
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
+    }
+    if out_dir and cuda:
+        trace = f"{out_dir}/trace_{tag}.json"
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            actor.update_policy(batch, old, adv, None, None, global_step=updates + 1)
+            _sync(cuda)
+        prof.export_chrome_trace(trace)
+        with open(trace) as f:
+            report = gaps(json.load(f), top=12, min_us=50)
+        os.remove(trace)  # tens of MB; the report is what comes back
+        row["profiled"] = {k: v for k, v in report.items() if k != "largest"}
+        with open(f"{out_dir}/trace_{tag}_gaps.json", "w") as f:
+            json.dump(report, f, indent=1)
+        with open(f"{out_dir}/trainer_profile_{tag}.txt", "w") as f:
+            f.write(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30))
+    return row
+
+
+def _built_actor(
+    model_dir: str,
+    compile_layers: bool,
+    rows: int = 16,
+    tokens: int = 512,
+    overrides: tuple[str, ...] = (),
+    device: str = "cuda",
+):
+    """An ActorRole on the GPU with a 16 x (512 + 512) batch, its old log-probs and random
+    advantages."""
+    from meshrl.config import build_config
+    from services.trainer.actor import ActorRole
+    from services.trainer.distributed import World, init_distributed
+    from services.trainer.sequences import SequenceBatch
+
+    os.environ["MESHRL_COMPILE_LAYERS"] = "1" if compile_layers else "0"
+    init_distributed()
+    tree = {
+        "data": {
+            "train_batch_size": rows,
+            "max_prompt_length": tokens,
+            "max_response_length": tokens,
+        },
+        "trainer": {"device": device},
+        "actor_rollout_ref": {
+            "model": {"path": model_dir, "dtype": "bfloat16" if device == "cuda" else "float32"},
+            "actor": {
+                "ppo_mini_batch_size": rows,
+                "ppo_micro_batch_size_per_gpu": rows,
+                "optim": {"lr": 1e-6},
+            },
+            "rollout": {"n": 1, "temperature": 1.0, "log_prob_micro_batch_size_per_gpu": rows},
+        },
+    }
+    actor = ActorRole.build(build_config(tree, list(overrides)), World.current(device))
+    g = torch.Generator().manual_seed(3)
+    vocab = actor.model.config.vocab_size
+    batch = SequenceBatch(
+        Ragged.from_tensors(
+            [torch.randint(10, vocab, (tokens,), generator=g) for _ in range(rows)]
+        ),
+        Ragged.from_tensors(
+            [torch.randint(10, vocab, (tokens,), generator=g) for _ in range(rows)]
+        ),
+    )
+    old, _ = actor.compute_log_probs(batch)
+    adv = old.with_values(torch.randn(old.values.numel(), generator=g))
+    return actor, batch, old, adv
 
 
 def packing_bench(

@@ -23,18 +23,36 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-QWEN05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-               num_key_value_heads=2, vocab_size=151936, max_position_embeddings=4096,
-               tie_word_embeddings=True, rope_theta=1e6)
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-             num_key_value_heads=2, vocab_size=512, max_position_embeddings=256, tie_word_embeddings=True)
+QWEN05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=4096,
+    tie_word_embeddings=True,
+    rope_theta=1e6,
+)
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    vocab_size=512,
+    max_position_embeddings=256,
+    tie_word_embeddings=True,
+)
 
 
 def build_model(small: bool, dtype: torch.dtype, device: str):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    return Qwen2ForCausalLM(Qwen2Config(**(SMALL if small else QWEN05B))).to(dtype=dtype, device=device)
+    return Qwen2ForCausalLM(Qwen2Config(**(SMALL if small else QWEN05B))).to(
+        dtype=dtype, device=device
+    )
 
 
 def _device(kind: str, rank: int) -> str:
@@ -62,8 +80,11 @@ def sync_worker(rank: int, args, port: int, queue) -> None:
     named = list(model.named_parameters())
     by_name = dict(named)
     bucket_bytes = args.bucket_mb * 1024 * 1024
-    manifest = WeightManifest(1, plan_buckets([(n, tuple(p.shape)) for n, p in named], torch.bfloat16,
-                                              bucket_bytes), group_id="x2")
+    manifest = WeightManifest(
+        1,
+        plan_buckets([(n, tuple(p.shape)) for n, p in named], torch.bfloat16, bucket_bytes),
+        group_id="x2",
+    )
     spec = GroupSpec(transport, "127.0.0.1", port, 2, rank, 120.0, "x2")
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, wait_for_workers=False)
     group = WeightGroup.join(spec, store)
@@ -98,9 +119,17 @@ def sync_worker(rank: int, args, port: int, queue) -> None:
     if rank == 1:  # received weights equal the sender's (same seed builds the same model)
         ref = build_model(args.small, torch.bfloat16, device)
         ok = all(torch.equal(p, 2 * q) for (_, p), q in zip(named, ref.parameters(), strict=True))
-        queue.put({"bytes": total * 2, "sync_s": statistics.median(syncs),
-                   "raw_broadcast_s": statistics.median(raws), "weights_equal": ok,
-                   "params": total, "buckets": len(manifest.buckets), "bucket_mb": args.bucket_mb})
+        queue.put(
+            {
+                "bytes": total * 2,
+                "sync_s": statistics.median(syncs),
+                "raw_broadcast_s": statistics.median(raws),
+                "weights_equal": ok,
+                "params": total,
+                "buckets": len(manifest.buckets),
+                "bucket_mb": args.bucket_mb,
+            }
+        )
     group.close()
 
 
@@ -113,14 +142,19 @@ def loss_worker(rank: int, world: int, args, port: int, queue) -> None:
 
     device = _device(args.device, rank)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", rank=rank, world_size=world)
+    dist.init_process_group(
+        "nccl" if args.device == "cuda" else "gloo", rank=rank, world_size=world
+    )
     model = build_model(args.small, torch.float32, device)
     mesh = init_device_mesh(args.device, (world,))
     if args.device == "cuda":
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
-        shard_model(model, mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                                                                 reduce_dtype=torch.float32))
+        shard_model(
+            model,
+            mesh,
+            mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+        )
     else:
         shard_model(model, mesh)
     g = torch.Generator().manual_seed(1)
@@ -133,7 +167,9 @@ def loss_worker(rank: int, world: int, args, port: int, queue) -> None:
     logits = model(input_ids=ids[rows]).logits[:, :-1].float()
     logp = torch.log_softmax(logits, -1).gather(-1, ids[rows, 1:, None])[..., 0]
     mask = torch.ones_like(logp)
-    out = ppo_policy_loss(logp, logp.detach() - 0.01, adv[rows], mask, global_token_count=b * (t - 1))
+    out = ppo_policy_loss(
+        logp, logp.detach() - 0.01, adv[rows], mask, global_token_count=b * (t - 1)
+    )
     loss = out.loss.detach().clone()
     dist.all_reduce(loss)  # sum of the ranks' shares = the whole batch's token-mean loss
     out.loss.backward()
@@ -179,8 +215,11 @@ def main() -> None:
     result["weight_sync"] = sync
     one = _spawn(loss_worker, 1, 1, args)[0]
     two = _spawn(loss_worker, 2, 2, args)[0]
-    result["fsdp_loss"] = {"one_gpu": one["loss"], "two_gpus": two["loss"],
-                           "abs_diff": abs(one["loss"] - two["loss"])}
+    result["fsdp_loss"] = {
+        "one_gpu": one["loss"],
+        "two_gpus": two["loss"],
+        "abs_diff": abs(one["loss"] - two["loss"]),
+    }
     print(json.dumps(result, indent=1))
     if args.out:
         with open(args.out, "w") as f:
