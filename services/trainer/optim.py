@@ -93,10 +93,69 @@ def clipped_step(
     norm = clip_grad_norm(params, max_norm)
     grad_norm = float(norm)
     stepped = math.isfinite(grad_norm)
-    if stepped:
+    if stepped and not fused_adamw_on_local_shards(optimizer):
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return StepResult(grad_norm, stepped)
+
+
+@torch.no_grad()
+def fused_adamw_on_local_shards(optimizer: torch.optim.Optimizer) -> bool:
+    """``optimizer.step()`` of a fused AdamW, run on the local shards of its DTensor
+    parameters, gradients and moments (the same kernel, ``torch._fused_adamw_``, on the
+    same numbers: every shard's update depends only on its own elements). Returns False,
+    having changed nothing, when it does not apply (another optimizer, amsgrad/maximize,
+    moments not created yet: the first step), and the caller steps as usual.
+
+    Why: dispatching the fused kernel through DTensor, for ~300 parameters and their three
+    states, took ~5 ms of host time a step on the H200 while the GPU waited.
+    """
+    if not isinstance(optimizer, torch.optim.AdamW):
+        return False
+    calls = []
+    for group in optimizer.param_groups:
+        if not group.get("fused") or group["amsgrad"] or group["maximize"]:
+            return False
+        if isinstance(group["lr"], torch.Tensor):
+            return False
+        tensors: tuple[list[torch.Tensor], ...] = ([], [], [], [], [])
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = optimizer.state.get(p)
+            if not state or "exp_avg" not in state:
+                return False
+            for bucket, t in zip(
+                tensors,
+                (p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"]),
+                strict=True,
+            ):
+                bucket.append(_local(t))
+        kinds = {(t.device, t.dtype) for t in tensors[0] + tensors[1] + tensors[2] + tensors[3]}
+        if len(kinds) > 1:
+            return False
+        calls.append((group, tensors))
+    for group, (params, grads, exp_avgs, exp_avg_sqs, steps) in calls:
+        if not params:
+            continue
+        beta1, beta2 = group["betas"]
+        torch._foreach_add_(steps, 1)
+        torch._fused_adamw_(
+            params,
+            grads,
+            exp_avgs,
+            exp_avg_sqs,
+            [],
+            steps,
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            weight_decay=group["weight_decay"],
+            eps=group["eps"],
+            amsgrad=False,
+            maximize=False,
+        )
+    return True
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -86,3 +86,42 @@ def test_clip_on_local_shards_equals_torch_clip_on_dtensors():
     assert float(ours) > 0.5  # so the gradients were scaled
     for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
         torch.testing.assert_close(a.grad.full_tensor(), b.grad.full_tensor())
+
+
+def test_fused_adamw_on_local_shards_equals_its_step():
+    """The fused AdamW step on FSDP2's local shards = AdamW(fused=True).step() on the
+    DTensors, bit for bit; before the moments exist it declines (the first step)."""
+    from torch.distributed.fsdp import fully_shard
+
+    from services.trainer.distributed import World, init_distributed
+    from services.trainer.optim import fused_adamw_on_local_shards
+
+    init_distributed()
+    mesh = World.current("cpu").mesh
+    pairs = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = fully_shard(
+            torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 3)), mesh=mesh
+        )
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, fused=True)
+        pairs.append((model, opt))
+
+    def backward(model, seed):
+        x = torch.randn(5, 8, generator=torch.Generator().manual_seed(seed))
+        model(x).square().sum().backward()
+
+    for model, opt in pairs:
+        backward(model, 1)
+    assert not fused_adamw_on_local_shards(pairs[0][1])  # no moments yet: declined
+    for model, opt in pairs:
+        opt.step()
+        opt.zero_grad()
+        backward(model, 2)
+    assert fused_adamw_on_local_shards(pairs[0][1])
+    pairs[1][1].step()
+    for a, b in zip(pairs[0][0].parameters(), pairs[1][0].parameters(), strict=True):
+        assert torch.equal(a.full_tensor(), b.full_tensor())
+        sa, sb = pairs[0][1].state[a], pairs[1][1].state[b]
+        assert torch.equal(sa["exp_avg"].full_tensor(), sb["exp_avg"].full_tensor())
+        assert torch.equal(sa["step"], sb["step"]) and float(sa["step"]) == 2
