@@ -190,29 +190,38 @@ def bandwidth_floor_tok_s(
 
 def decode_variants(engine: FastEngine, batch: int = 256) -> dict:
     """The same timed run with the decode attention as the Triton kernels (rope + cache
-    write, flash-decoding), a batched matmul or SDPA, and the decoder's element-wise ops
-    compiled or not; leaves the fastest set."""
+    write, flash-decoding), a batched matmul or SDPA; the decoder's element-wise ops
+    compiled or not; and sampling by the one-pass Gumbel kernel or the torch race (a
+    float32 noise tensor, then two compiled passes). Leaves the fastest set."""
+    from services.rollout import gpu_sampler
+
     out = {}
     variants = (
-        ("compiled_triton", True, "triton"),
-        ("compiled_matmul", True, "matmul"),
-        ("compiled_sdpa", True, "sdpa"),
-        ("plain_ops_triton", False, "triton"),
+        ("compiled_triton", True, "triton", True),
+        ("compiled_triton_torch_sampling", True, "triton", False),
+        ("compiled_matmul", True, "matmul", True),
+        ("compiled_sdpa", True, "sdpa", True),
+        ("plain_ops_triton", False, "triton", True),
     )
-    for name, compiled, attention in variants:
+
+    def configure(compiled: bool, attention: str, kernel_sampling: bool) -> None:
         engine.decoder.use_compiled_ops(compiled)
         engine.decoder.attention = attention
+        if kernel_sampling:
+            gpu_sampler._compiled.pop("no_kernel", None)
+        else:
+            gpu_sampler._compiled["no_kernel"] = True
         engine.graphs.clear()
+
+    for name, *setting in variants:
+        configure(*setting)
         try:
             out[name] = engine_speed(engine, batch, 256, 256, False)
             out[name]["ops_compiled"] = engine.decoder.ops.compiled
         except Exception as e:  # noqa: BLE001
             out[name] = {"error": f"{type(e).__name__}: {e}"}
     best = max((k for k in out if "tok_s" in out[k]), key=lambda k: out[k]["tok_s"])
-    _, compiled, attention = next(v for v in variants if v[0] == best)
-    engine.decoder.use_compiled_ops(compiled)
-    engine.decoder.attention = attention
-    engine.graphs.clear()
+    configure(*next(v[1:] for v in variants if v[0] == best))
     out["best"] = best
     return out
 

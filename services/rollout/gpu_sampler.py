@@ -7,8 +7,15 @@ takes the argmax of the logits as they come (bf16 to float32 is exact, so the sa
 index). Log-probs are ``logits / T - logsumexp`` at the drawn token, as before. With
 top-k/top-p the plain sampler runs.
 
-On CUDA the two reductions (race argmax, log-prob) are compiled into one pass each over
-the bf16 logits; the eager versions are the reference and the fallback.
+On CUDA (or under the Triton interpreter) the draw and its log-prob are one Triton kernel,
+:func:`triton_decode.sample_gumbel`, that reads the logits once: Gumbel-max,
+``argmax(logits / T + G)``, the same distribution as the race (``-log E`` is a Gumbel
+draw), with its own Philox stream keyed on the host, so a step makes no (rows, vocabulary)
+noise tensor and never syncs. Its seed and counter come from the request's generator:
+a CUDA generator's seed and Philox offset (read and advanced on the host, as torch's own
+kernels do), or a draw from a CPU generator. Same ``SamplingParams.seed``, same tokens.
+Elsewhere the two reductions (race argmax, log-prob) are compiled into one pass each over
+the bf16 logits on CUDA; the eager versions are the reference and the fallback.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import logging
 
 import torch
 
+from services.rollout import triton_decode
 from services.rollout.engine import SamplingParams
 from services.rollout.sampler import sample
 
@@ -66,9 +74,33 @@ def sample_rows(
         return _sample(logits, params, generator, t, logits.device)
 
 
+def step_seed(generator: torch.Generator | None) -> tuple[int, int]:
+    """(seed, offset) for one :func:`triton_decode.sample_gumbel` call, on the host.
+
+    A CUDA generator gives its seed and current Philox offset and moves the offset on (host
+    state, no sync; not allowed while capturing a CUDA graph), so each call gets a new
+    counter and a re-seeded generator repeats the sequence. Another generator (CPU, or None
+    for the default one) gives a 62-bit seed drawn by a CPU op, offset 0.
+    """
+    if generator is not None and generator.device.type == "cuda":
+        offset = generator.get_offset()
+        generator.set_offset(offset + 4)  # CUDA generator offsets are multiples of 4
+        return generator.initial_seed(), offset
+    return int(torch.randint(0, 2**62, (), generator=generator)), 0
+
+
 def _sample(logits, params, generator, t, device):
     if params.greedy:
         tokens = logits.argmax(dim=-1)
+    elif logits.dim() == 2 and triton_decode.available(device) and not _compiled.get("no_kernel"):
+        try:
+            return triton_decode.sample_gumbel(logits, t, *step_seed(generator))
+        except Exception as e:  # noqa: BLE001 - a compiler problem shows at the first call
+            if device.type != "cuda":
+                raise
+            log.warning("the sampling kernel failed (%s); sampling in torch", e)
+            _compiled["no_kernel"] = True
+        return _sample(logits, params, generator, t, device)
     else:
         race = torch.empty(logits.shape, dtype=torch.float32, device=device)
         race.exponential_(1.0, generator=generator)

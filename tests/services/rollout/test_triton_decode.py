@@ -237,6 +237,88 @@ def check_silu_mul_halves(case: dict) -> None:
     _close(got, want, atol=ONE_ULP[dtype] * 4, rtol=ONE_ULP[dtype] * 2, what="silu(gate) * up")
 
 
+# sample_gumbel cases (see check_sampling): the draw's distribution, its log-probs in each
+# dtype (masked tails, -inf logits, a wide row stride), seeds, and gpu_sampler on top.
+SAMPLE_CASES = {
+    "distribution-v12-block16": dict(kind="distribution"),
+    "logprobs-fp32-v300-block64": dict(kind="logprobs", dtype="float32", vocab=300, block=64),
+    "logprobs-bf16-v300-block64": dict(kind="logprobs", dtype="bfloat16", vocab=300, block=64),
+    "logprobs-fp16-v5000-default-block": dict(
+        kind="logprobs", dtype="float16", vocab=5000, block=None
+    ),
+    "seeds": dict(kind="seeds"),
+    "gpu_sampler": dict(kind="sampler"),
+}
+SAMPLE_T = 0.7
+
+
+def _chi_square(tokens: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * len(tokens)
+    observed = torch.bincount(tokens, minlength=len(probs)).double()
+    return float(((observed - expected) ** 2 / expected).sum())
+
+
+def check_sampling(case: dict) -> None:
+    kind = case["kind"]
+    gen = torch.Generator().manual_seed(11)
+    if kind == "distribution":
+        # 800 draws from one row of 12 logits, seen through a row stride of 0; one block of
+        # 16 columns, 4 of them masked. Deterministic (fixed seed); a correct sampler gives
+        # chi-square ~ 11 +- 5 with 11 degrees of freedom, 40 has p ~ 3e-5.
+        base = torch.tensor([0.3, -1.2, 1.2, 0.0, -0.5, 0.9, -0.9, 0.6, -0.2, 0.2, 1.0, -0.7])
+        rows = 800
+        tokens, logprobs = td.sample_gumbel(base.expand(rows, -1), SAMPLE_T, 1234, 8, block=16)
+        assert tokens.dtype == torch.int64 and logprobs.dtype == torch.float32
+        assert tokens.shape == logprobs.shape == (rows,)
+        assert 0 <= int(tokens.min()) and int(tokens.max()) < len(base)
+        log_probs = torch.log_softmax(base / SAMPLE_T, dim=-1)
+        chi2 = _chi_square(tokens, log_probs.exp().double())
+        assert chi2 < 40, f"chi-square {chi2:.1f} vs softmax(x / T)"
+        # ... and it can tell: at T = 0.5 instead of 0.7 the same draws give ~140.
+        assert _chi_square(tokens, torch.softmax(base.double() / 0.5, -1)) > 100
+        _close(logprobs, log_probs[tokens], 1e-6, 1e-6, "log-probs")
+    elif kind == "logprobs":
+        dtype, vocab, rows = DTYPES[case["dtype"]], case["vocab"], 6
+        wide = (torch.randn(rows, vocab + 7, generator=gen) * 3).to(dtype)
+        wide[1, ::3] = float("-inf")  # masked tokens: never drawn
+        wide[2, :-8] = float("-inf")  # one finite token in the row: drawn, log-prob 0
+        logits = wide[:, :vocab]
+        kwargs = {} if case["block"] is None else {"block": case["block"]}
+        tokens, logprobs = td.sample_gumbel(logits, SAMPLE_T, 99, 0, **kwargs)
+        expected = torch.log_softmax(logits.float() / SAMPLE_T, dim=-1)
+        _close(logprobs, expected.gather(1, tokens[:, None])[:, 0], 1e-5, 1e-5, "log-probs")
+        assert torch.isfinite(logprobs).all() and int(tokens[1]) % 3 != 0
+        assert int(tokens[2]) == vocab - 1 and float(logprobs[2]) == 0.0
+    elif kind == "seeds":
+        logits = torch.randn(8, 64, generator=gen) * 0.5
+        first = td.sample_gumbel(logits, 1.0, 5, 0, block=32)
+        again = td.sample_gumbel(logits, 1.0, 5, 0, block=32)
+        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+        for seed, offset in ((6, 0), (5, 4), (5 + 2**40, 0), (2**64 - 1, 2**40)):
+            other = td.sample_gumbel(logits, 1.0, seed, offset, block=32)[0]
+            assert not torch.equal(first[0], other), f"seed {seed}, offset {offset}"
+    else:
+        assert kind == "sampler"
+        from services.rollout.engine import SamplingParams
+        from services.rollout.gpu_sampler import sample_rows
+
+        logits = (torch.randn(5, 300, generator=gen) * 2).bfloat16()
+        params = SamplingParams(temperature=0.8, seed=3)
+
+        def two_steps():
+            step_gen = torch.Generator().manual_seed(3)
+            return [sample_rows(logits, params, step_gen) for _ in range(2)]
+
+        (t1, lp1), (t2, lp2) = two_steps()
+        (u1, _), (u2, _) = two_steps()
+        assert torch.equal(t1, u1) and torch.equal(t2, u2), "same seed, same tokens"
+        assert not torch.equal(t1, t2), "each step draws anew"
+        expected = torch.log_softmax(logits.float() / 0.8, dim=-1)
+        _close(lp1, expected.gather(1, t1[:, None])[:, 0], 1e-5, 1e-5, "sample_rows log-probs")
+        greedy, _ = sample_rows(logits, SamplingParams(temperature=0.0), None)
+        assert torch.equal(greedy, logits.argmax(-1))
+
+
 def _run_all_cases(results_path: str) -> None:
     """The child process: every case, its outcome (None or the traceback) into JSON."""
     assert td.available("cpu"), "the child process must run with TRITON_INTERPRET=1"
@@ -245,6 +327,7 @@ def _run_all_cases(results_path: str) -> None:
         ("attention", ATTENTION_CASES, check_attention),
         ("rope_store", ROPE_CASES, check_rope_store),
         ("silu_mul_halves", SILU_CASES, check_silu_mul_halves),
+        ("sampling", SAMPLE_CASES, check_sampling),
     ):
         for name, case in cases.items():
             try:
@@ -301,6 +384,12 @@ def test_rope_store_in_interpreter(interpreter_results, name):
 @pytest.mark.parametrize("name", list(SILU_CASES))
 def test_silu_mul_halves_in_interpreter(interpreter_results, name):
     _report(interpreter_results, f"silu_mul_halves/{name}")
+
+
+@needs_triton
+@pytest.mark.parametrize("name", list(SAMPLE_CASES))
+def test_sample_gumbel_in_interpreter(interpreter_results, name):
+    _report(interpreter_results, f"sampling/{name}")
 
 
 # ---- in this process: the references, the split heuristic, availability ----------------

@@ -60,3 +60,45 @@ def test_silu_mul_halves_matches_torch():
     gate, up = gate_up.float().chunk(2, dim=-1)
     want = (torch.nn.functional.silu(gate) * up).bfloat16()
     torch.testing.assert_close(td.silu_mul_halves(gate_up), want, atol=1e-2, rtol=1e-2)
+
+
+def test_sample_gumbel_logprobs_and_frequencies():
+    from services.rollout.engine import SamplingParams
+    from services.rollout.gpu_sampler import sample_rows
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    rows, vocab, t = 256, 151936, 0.8
+    wide = torch.randn(rows, vocab + 64, device="cuda", generator=g) * 3
+    logits = wide.bfloat16()[:, :vocab]  # a row stride wider than the row
+    tokens, logprobs = td.sample_gumbel(logits, t, 1234, 0)
+    assert tokens.dtype == torch.int64 and tokens.shape == (rows,)
+    assert 0 <= int(tokens.min()) and int(tokens.max()) < vocab
+    want = torch.log_softmax(logits.float() / t, dim=-1)
+    torch.testing.assert_close(
+        logprobs, want.gather(1, tokens[:, None])[:, 0], atol=1e-4, rtol=1e-4
+    )
+    assert (tokens != logits.argmax(-1)).sum() > rows // 2  # sampled, not greedy
+    again = td.sample_gumbel(logits, t, 1234, 0)
+    assert torch.equal(again[0], tokens) and torch.equal(again[1], logprobs)
+    assert not torch.equal(td.sample_gumbel(logits, t, 1234, 4)[0], tokens)
+
+    # Frequencies: 200k draws of one row of 12 logits (row stride 0); chi-square with 11
+    # degrees of freedom (~11 +- 5 for a correct sampler).
+    base = torch.linspace(-1.5, 1.5, 12, device="cuda")[torch.randperm(12, device="cuda")]
+    draws = 200_000
+    tokens, _ = td.sample_gumbel(base.expand(draws, -1).bfloat16(), t, 7, 0)
+    probs = torch.softmax(base.bfloat16().float().double() / t, -1)
+    observed = torch.bincount(tokens, minlength=12).double()
+    chi2 = float(((observed - probs * draws) ** 2 / (probs * draws)).sum())
+    assert chi2 < 45, chi2
+
+    # Through gpu_sampler with the engine's CUDA generator: a re-seeded generator repeats.
+    params = SamplingParams(temperature=t, seed=5)
+
+    def steps():
+        gen = torch.Generator(device="cuda").manual_seed(5)
+        return [sample_rows(logits, params, gen)[0] for _ in range(3)]
+
+    first, second = steps(), steps()
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+    assert not torch.equal(first[0], first[1])
