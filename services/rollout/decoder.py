@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.rollout import triton_decode
+from services.rollout import kernels
 from services.rollout.fused_ops import FusedOps
 from services.rollout.fused_weights import FusedLayer, can_fuse, fuse_layer
 from services.rollout.kv_cache import KVShape
@@ -70,9 +70,9 @@ class StaticDecoder:
         if all(can_fuse(layer) for layer in self.layers):
             # The modules' q/k/v and gate/up weights become views of one buffer each.
             self.fused = [fuse_layer(layer) for layer in self.layers]
-        self.triton_mlp = triton_decode.available(self.device)
+        self.triton_mlp = kernels.available(self.device)
         """SiLU-times-up of the fused gate/up projection as a Triton kernel."""
-        self.attention = "triton" if triton_decode.available(self.device) else "matmul"
+        self.attention = "triton" if kernels.available(self.device) else "matmul"
         """Decode attention: "triton" (one kernel: rope, cache write, grouped-query
         flash-decoding over the slot; CUDA), "matmul" (grouped heads as rows of one
         batched matmul) or "sdpa" (the same, through scaled_dot_product_attention)."""
@@ -127,7 +127,7 @@ class StaticDecoder:
             gate_up = F.linear(h, fused.gate_up_weight)
             if self.triton_mlp:
                 lead = gate_up.shape[:-1]
-                act = triton_decode.silu_mul_halves(gate_up.reshape(-1, gate_up.shape[-1]))
+                act = kernels.silu_mul_halves(gate_up.reshape(-1, gate_up.shape[-1]))
                 return mlp.down_proj(act.view(*lead, -1))
             return mlp.down_proj(self.ops.silu_mul_halves(gate_up))
         if self.silu:
@@ -221,10 +221,8 @@ class StaticDecoder:
         lengths = (positions + 1).clamp(max=width)
 
         def attend(i, q, k, v):
-            q = triton_decode.rope_store(q, k, v, cos_t, sin_t, positions, k_cache[i], v_cache[i])
-            return triton_decode.decode_attention(
-                q, k_cache[i], v_cache[i], lengths, self.scaling, width
-            )
+            q = kernels.rope_store(q, k, v, cos_t, sin_t, positions, k_cache[i], v_cache[i])
+            return kernels.decode_attention(q, k_cache[i], v_cache[i], lengths, self.scaling, width)
 
         return attend
 

@@ -8,7 +8,7 @@ index). Log-probs are ``logits / T - logsumexp`` at the drawn token, as before. 
 top-k/top-p the plain sampler runs.
 
 On CUDA (or under the Triton interpreter) the draw and its log-prob are one Triton kernel,
-:func:`triton_decode.sample_gumbel`, that reads the logits once: Gumbel-max,
+:func:`kernels.sample_gumbel`, that reads the logits once: Gumbel-max,
 ``argmax(logits / T + G)``, the same distribution as the race (``-log E`` is a Gumbel
 draw), with its own Philox stream keyed on the host, so a step makes no (rows, vocabulary)
 noise tensor and never syncs. Its seed and counter come from the request's generator:
@@ -24,7 +24,7 @@ import logging
 
 import torch
 
-from services.rollout import triton_decode
+from services.rollout import kernels
 from services.rollout.engine import SamplingParams
 from services.rollout.sampler import sample
 
@@ -75,7 +75,7 @@ def sample_rows(
 
 
 def step_seed(generator: torch.Generator | None) -> tuple[int, int]:
-    """(seed, offset) for one :func:`triton_decode.sample_gumbel` call, on the host.
+    """(seed, offset) for one :func:`kernels.sample_gumbel` call, on the host.
 
     A CUDA generator gives its seed and current Philox offset and moves the offset on (host
     state, no sync; not allowed while capturing a CUDA graph), so each call gets a new
@@ -92,9 +92,9 @@ def step_seed(generator: torch.Generator | None) -> tuple[int, int]:
 def _sample(logits, params, generator, t, device):
     if params.greedy:
         tokens = logits.argmax(dim=-1)
-    elif logits.dim() == 2 and triton_decode.available(device) and not _compiled.get("no_kernel"):
+    elif logits.dim() == 2 and kernels.available(device) and not _compiled.get("no_kernel"):
         try:
-            return triton_decode.sample_gumbel(logits, t, *step_seed(generator))
+            return kernels.sample_gumbel(logits, t, *step_seed(generator))
         except Exception as e:  # noqa: BLE001 - a compiler problem shows at the first call
             if device.type != "cuda":
                 raise

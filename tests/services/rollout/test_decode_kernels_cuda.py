@@ -6,7 +6,7 @@ import importlib.util
 import pytest
 import torch
 
-from services.rollout import triton_decode as td
+from services.rollout import kernels as td
 
 pytestmark = [
     pytest.mark.gpu,

@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.rollout import triton_decode as td
+from services.rollout import kernels as td
+from services.rollout.fused_ops import rope
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -192,7 +193,7 @@ def check_rope_store(case: dict) -> None:
     # Float32 rope rounded once: what the kernel computes (1 ulp: see ONE_ULP).
     rotated = torch.tensor(in_table, dtype=torch.int64)
     cos_at, sin_at = cos[positions[rotated]][:, None], sin[positions[rotated]][:, None]
-    q_exact, _ = td.rope(q[rotated].float(), k[rotated].float(), cos_at.float(), sin_at.float())
+    q_exact, _ = rope(q[rotated].float(), k[rotated].float(), cos_at.float(), sin_at.float())
     _close(q_rot[rotated], q_exact.to(dtype), 1e-7, ONE_ULP[dtype], "q vs float32 rope")
     # A position past the table reads no table (zeros) rather than memory past it.
     for row in set(range(bs)) - set(in_table):
@@ -217,7 +218,7 @@ def check_rope_store(case: dict) -> None:
         position = int(positions[row])
         written[row, :, position] = True
         cos_at, sin_at = cos[position].float(), sin[position].float()
-        _, k_exact = td.rope(q[row].float(), k[row].float(), cos_at, sin_at)
+        _, k_exact = rope(q[row].float(), k[row].float(), cos_at, sin_at)
         key = k_buffer[row, :, position]
         _close(key, k_exact.to(dtype), 1e-7, ONE_ULP[dtype], f"key of row {row}")
         assert torch.equal(v_buffer[row, :, position], v[row]), f"value of row {row}"
@@ -346,7 +347,7 @@ needs_triton = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def interpreter_results(tmp_path_factory) -> dict[str, str | None]:
-    results_path = tmp_path_factory.mktemp("triton_decode") / "results.json"
+    results_path = tmp_path_factory.mktemp("decode_kernels") / "results.json"
     env = dict(os.environ, TRITON_INTERPRET="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     child = subprocess.run(
@@ -440,12 +441,12 @@ def test_rope_store_reference_rotates_and_scatters():
 
 
 def test_split_count_only_splits_few_long_rows():
-    assert td.split_count(programs=512, width=4096, sm_count=132) == 1  # the GPU is full
-    assert td.split_count(programs=8, width=100, sm_count=132) == 1  # too few keys to share
-    assert td.split_count(programs=8, width=4096, sm_count=132) == td.MAX_SPLITS
-    splits = td.split_count(programs=64, width=8192, sm_count=132)
+    assert td.split_count(programs=512, width=4096, sms=132) == 1  # the GPU is full
+    assert td.split_count(programs=8, width=100, sms=132) == 1  # too few keys to share
+    assert td.split_count(programs=8, width=4096, sms=132) == td.MAX_SPLITS
+    splits = td.split_count(programs=64, width=8192, sms=132)
     assert 1 < splits <= td.MAX_SPLITS and splits * 64 >= 2 * 132
-    assert td.split_count(programs=8, width=3 * td.KEYS_PER_SPLIT_MIN, sm_count=132) == 3
+    assert td.split_count(programs=8, width=3 * td.KEYS_PER_SPLIT_MIN, sms=132) == 3
 
 
 def test_available(monkeypatch):

@@ -1,0 +1,40 @@
+"""Triton kernels of the fast engine's decode step (CUDA; the tests run them in Triton's
+CPU interpreter).
+
+A decode step at a few hundred rows is bound by kernel count, not bytes: each of these
+replaces several torch kernels of :meth:`StaticDecoder.decode` or of the sampler.
+
+- :func:`rope_store` (``rope_store.py``): rope at each row's position, the rotated key and the
+  value into the row's cache slot; returns the rotated q.
+- :func:`decode_attention` (``attention.py``): grouped-query flash-decoding over the cache.
+- :func:`silu_mul_halves` (``silu.py``): SiLU(gate) x up of the fused gate/up projection.
+- :func:`sample_gumbel` (``sampling.py``): a token and its log-prob per row, one pass.
+
+The pure-torch ``*_reference`` functions compute what the torch paths compute; the tests
+check the kernels against them.
+"""
+
+from services.rollout.kernels.attention import (
+    KEYS_PER_SPLIT_MIN,
+    MAX_SPLITS,
+    decode_attention,
+    decode_attention_reference,
+    split_count,
+)
+from services.rollout.kernels.rope_store import rope_store, rope_store_reference
+from services.rollout.kernels.runtime import available
+from services.rollout.kernels.sampling import sample_gumbel
+from services.rollout.kernels.silu import silu_mul_halves
+
+__all__ = [
+    "KEYS_PER_SPLIT_MIN",
+    "MAX_SPLITS",
+    "available",
+    "decode_attention",
+    "decode_attention_reference",
+    "rope_store",
+    "rope_store_reference",
+    "sample_gumbel",
+    "silu_mul_halves",
+    "split_count",
+]

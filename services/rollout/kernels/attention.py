@@ -1,0 +1,378 @@
+"""Grouped-query flash-decoding over one layer's static KV cache (Triton, CUDA).
+
+The torch path of :meth:`StaticDecoder.decode` runs six or more kernels of attention per
+layer (two batched matmuls, the masked softmax, and the copies matmul makes of the
+non-contiguous ``k_cache[i, :bs, :, :width]`` views). :func:`decode_attention` is one: one
+program per (row, kv head) serves the kv head's g query heads as the rows of one
+``tl.dot`` over the cache view in place (any strides), with an online softmax in float32.
+For few rows it can split the keys of a row over several programs and reduce the partial
+results in a second kernel, so that the GPU has enough programs to fill it.
+
+Grids depend only on shapes and ``width``, never on the values of ``lengths``, and nothing
+syncs with the host: a CUDA graph captured once replays with new positions.
+
+Precision: scores, softmax statistics and the output accumulator in float32, the softmax
+weights rounded to the values' dtype for the second product (as the torch path rounds its
+probabilities), outputs in the model dtype. The torch path also rounds the scores to the
+model dtype out of its matmul; here they stay float32, so bf16 outputs differ from it by
+about a bf16 ulp of the scores' effect. Float32 models use full-precision (not TF32) dots,
+as torch.matmul does by default.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from types import SimpleNamespace
+
+import torch
+
+from services.rollout.fused_ops import masked_softmax
+from services.rollout.kernels.runtime import (
+    cdiv,
+    check_head_dim,
+    is_interpreted,
+    jit,
+    sm_count,
+    tl,
+    triton,
+)
+
+LOG2_E = math.log2(math.e)
+BLOCK_KEYS = 64
+"""Keys per iteration of the attention loop: a (64, d) tile of keys and one of values per
+step (16 KiB each at d=128 in bf16), small enough for two pipeline stages and several
+programs per SM, large enough that a row's loop is a handful of iterations."""
+MIN_GROUP_ROWS = 16
+"""tl.dot needs at least 16 rows: the g query heads of a kv head are padded up to this."""
+MAX_SPLITS = 16
+KEYS_PER_SPLIT_MIN = 4 * BLOCK_KEYS
+"""A split is worth its second kernel and partial writes only with a few blocks of keys."""
+
+
+def _decode_attention_kernel(
+    q_ptr,
+    q_stride_row,
+    q_stride_head,
+    q_stride_dim,
+    k_ptr,
+    k_stride_slot,
+    k_stride_head,
+    k_stride_pos,
+    k_stride_dim,
+    v_ptr,
+    v_stride_slot,
+    v_stride_head,
+    v_stride_pos,
+    v_stride_dim,
+    lengths_ptr,
+    out_ptr,
+    out_stride_row,
+    out_stride_head,
+    out_stride_split,
+    out_stride_dim,
+    lse_ptr,
+    lse_stride_row,
+    lse_stride_head,
+    scale_log2,
+    width,
+    keys_per_split,
+    GROUPS: tl.constexpr,
+    GROUP_ROWS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One (row, kv head, split): the kv head's GROUPS query heads against keys
+    [split * keys_per_split, ...) of the row's slot, up to min(lengths[row], width).
+
+    SPLIT=False: writes the normalized output in out's dtype (out (bs, H, d)).
+    SPLIT=True: writes the split's normalized float32 output (out (bs, H, splits, d)) and its
+    log2-sum-exp2 of scaled scores (lse (bs, H, splits)) for _combine_splits_kernel.
+    """
+    # int64 before any stride product: slot * slot stride overflows int32 on a large cache.
+    row = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    length = tl.minimum(tl.load(lengths_ptr + row).to(tl.int32), width)
+    begin = split * keys_per_split
+    end = tl.minimum(begin + keys_per_split, length)
+
+    group_row = tl.arange(0, GROUP_ROWS)
+    head = kv_head * GROUPS + group_row  # query heads of this kv head (and padding rows)
+    head_ok = group_row < GROUPS
+    dim = tl.arange(0, HEAD_DIM)
+    key_in_block = tl.arange(0, BLOCK_N)
+
+    q = tl.load(
+        q_ptr + row * q_stride_row + head[:, None] * q_stride_head + dim[None, :] * q_stride_dim,
+        mask=head_ok[:, None],
+        other=0.0,
+    )  # (GROUP_ROWS, HEAD_DIM)
+    if DOT_IN_FP32:
+        q = q.to(tl.float32)
+    k_base = k_ptr + row * k_stride_slot + kv_head * k_stride_head
+    v_base = v_ptr + row * v_stride_slot + kv_head * v_stride_head
+
+    running_max = tl.full([GROUP_ROWS], float("-inf"), tl.float32)
+    running_sum = tl.zeros([GROUP_ROWS], tl.float32)
+    acc = tl.zeros([GROUP_ROWS, HEAD_DIM], tl.float32)
+    for start in range(begin, end, BLOCK_N):
+        key = start + key_in_block
+        key_ok = key < end
+        # Keys loaded transposed, (HEAD_DIM, BLOCK_N), so q @ keys needs no tl.trans.
+        keys = tl.load(
+            k_base + key[None, :] * k_stride_pos + dim[:, None] * k_stride_dim,
+            mask=key_ok[None, :],
+            other=0.0,
+        )
+        values = tl.load(
+            v_base + key[:, None] * v_stride_pos + dim[None, :] * v_stride_dim,
+            mask=key_ok[:, None],
+            other=0.0,
+        )  # (BLOCK_N, HEAD_DIM)
+        if DOT_IN_FP32:
+            keys = keys.to(tl.float32)
+        # Scores in float32, scaled by scaling * log2(e) so exp2 gives exp(scores * scaling).
+        scores = tl.dot(q, keys, input_precision=DOT_PRECISION) * scale_log2
+        scores = tl.where(key_ok[None, :], scores, float("-inf"))
+        new_max = tl.maximum(running_max, tl.max(scores, 1))  # finite: key `begin` is valid
+        rescale = tl.exp2(running_max - new_max)
+        weights = tl.exp2(scores - new_max[:, None])
+        running_sum = running_sum * rescale + tl.sum(weights, 1)
+        # Weights rounded to the values' dtype for the second dot, as flash attention does.
+        weights = weights.to(values.dtype)
+        if DOT_IN_FP32:
+            weights = weights.to(tl.float32)
+            values = values.to(tl.float32)
+        acc = acc * rescale[:, None] + tl.dot(weights, values, input_precision=DOT_PRECISION)
+        running_max = new_max
+
+    # An empty range (a split past the row's length) leaves sum 0: write zeros, not 0/0.
+    safe_sum = tl.where(running_sum > 0.0, running_sum, 1.0)
+    o = acc / safe_sum[:, None]
+    out_ptrs = (
+        out_ptr
+        + row * out_stride_row
+        + head[:, None] * out_stride_head
+        + split * out_stride_split
+        + dim[None, :] * out_stride_dim
+    )
+    if SPLIT:
+        tl.store(out_ptrs, o, mask=head_ok[:, None])
+        lse = tl.where(running_sum > 0.0, running_max + tl.log2(safe_sum), float("-inf"))
+        lse_ptrs = lse_ptr + row * lse_stride_row + head * lse_stride_head + split
+        tl.store(lse_ptrs, lse, mask=head_ok)
+    else:
+        tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
+
+
+def _combine_splits_kernel(
+    part_ptr,
+    part_stride_row,
+    part_stride_head,
+    part_stride_split,
+    lse_ptr,
+    lse_stride_row,
+    lse_stride_head,
+    out_ptr,
+    out_stride_row,
+    out_stride_head,
+    out_stride_dim,
+    SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    """One (row, query head): the splits' outputs weighted by their share of the softmax."""
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    split = tl.arange(0, SPLITS_PAD)
+    split_ok = split < SPLITS
+    dim = tl.arange(0, HEAD_DIM)
+
+    lse = tl.load(
+        lse_ptr + row * lse_stride_row + head * lse_stride_head + split,
+        mask=split_ok,
+        other=float("-inf"),
+    )
+    top = tl.max(lse, 0)
+    top = tl.where(top > float("-inf"), top, 0.0)  # no -inf - -inf even with no keys at all
+    share = tl.exp2(lse - top)  # 0 for empty and padding splits
+    parts = tl.load(
+        part_ptr
+        + row * part_stride_row
+        + head * part_stride_head
+        + split[:, None] * part_stride_split
+        + dim[None, :],
+        mask=split_ok[:, None],
+        other=0.0,
+    )  # (SPLITS_PAD, HEAD_DIM) float32
+    total = tl.sum(share, 0)
+    total = tl.where(total > 0.0, total, 1.0)
+    o = tl.sum(parts * share[:, None], 0) / total
+    tl.store(
+        out_ptr + row * out_stride_row + head * out_stride_head + dim * out_stride_dim,
+        o.to(out_ptr.dtype.element_ty),
+    )
+
+
+@functools.cache
+def _kernels() -> SimpleNamespace:
+    """The two kernels, jitted once (interpreted when TRITON_INTERPRET is on now)."""
+    attention = jit(_decode_attention_kernel)
+    return SimpleNamespace(
+        attention=attention,
+        combine_splits=jit(_combine_splits_kernel),
+        interpreted=is_interpreted(attention),
+    )
+
+
+def split_count(programs: int, width: int, sms: int) -> int:
+    """How many programs share each (row, kv head)'s keys: 1 when ``programs`` (rows x kv
+    heads) already fill the GPU, else enough for about two programs per SM, each with at
+    least KEYS_PER_SPLIT_MIN keys. Depends only on shapes, so a captured graph keeps it."""
+    if programs >= sms:
+        return 1
+    wanted = cdiv(2 * sms, programs)
+    most = max(1, width // KEYS_PER_SPLIT_MIN)
+    return max(1, min(wanted, most, MAX_SPLITS))
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    lengths: torch.Tensor,
+    scaling: float,
+    width: int,
+    *,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Grouped-query attention of one new token per row over its slot of one layer's cache.
+
+    q (bs, H, d) in the model dtype, H = kvh * g (query head h reads kv head h // g);
+    k_cache, v_cache (slots >= bs, kvh, L, d), any strides (row s reads slot s); lengths (bs,)
+    int64/int32 on q's device: row s attends keys 0..lengths[s]-1 (lengths >= 1, clamped to
+    ``width``); ``width`` <= L bounds every length and, with the shapes, fixes the grid.
+    ``num_splits`` (None: :func:`split_count`) splits each row's keys over that many programs.
+    Returns o (bs, H, d) in q's dtype (written into ``out`` when given).
+    """
+    bs, num_heads, d = q.shape
+    slots, kv_heads, slot_len, _ = k_cache.shape
+    groups = num_heads // kv_heads
+    check_head_dim(d)
+    assert num_heads == kv_heads * groups, f"{num_heads} query heads over {kv_heads} kv heads"
+    assert k_cache.shape == v_cache.shape and k_cache.shape[-1] == d
+    assert q.dtype == k_cache.dtype == v_cache.dtype, "q and the cache must share a dtype"
+    assert slots >= bs and 1 <= width <= slot_len, f"width {width}, slots {slots}, rows {bs}"
+    assert lengths.shape == (bs,) and not lengths.dtype.is_floating_point
+    if out is None:
+        out = torch.empty((bs, num_heads, d), dtype=q.dtype, device=q.device)
+    assert out.shape == q.shape and out.dtype == q.dtype, "out must be like q"
+    kernels = _kernels()
+    programs = bs * kv_heads
+    splits = num_splits or split_count(programs, width, sm_count(q.device))
+    # Whole blocks per split; drop splits that could never hold a key.
+    keys_per_split = cdiv(cdiv(width, splits), BLOCK_KEYS) * BLOCK_KEYS
+    splits = cdiv(width, keys_per_split)
+    group_rows = max(MIN_GROUP_ROWS, triton.next_power_of_2(groups))
+    constants = dict(
+        GROUPS=groups,
+        GROUP_ROWS=group_rows,
+        HEAD_DIM=d,
+        BLOCK_N=BLOCK_KEYS,
+        SPLIT=splits > 1,
+        # The interpreter's tl.dot multiplies bfloat16 as raw uint16 bits: give it float32
+        # operands there (exact: a product of two bf16 is exact in float32, the sum is
+        # float32 either way). On a GPU bf16/fp16 go to the tensor cores as they are.
+        DOT_IN_FP32=kernels.interpreted and q.dtype == torch.bfloat16,
+        # float32 models: full-precision dots, as torch.matmul (TF32 off by default) does.
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=4,
+        num_stages=2,
+    )
+    common = (
+        q,
+        *q.stride(),
+        k_cache,
+        *k_cache.stride(),
+        v_cache,
+        *v_cache.stride(),
+        lengths,
+    )
+    if splits == 1:
+        kernels.attention[(bs, kv_heads, 1)](
+            *common,
+            out,
+            out.stride(0),
+            out.stride(1),
+            0,
+            out.stride(2),
+            out,  # no lse: an unused pointer
+            0,
+            0,
+            scaling * LOG2_E,
+            width,
+            keys_per_split,
+            **constants,
+        )
+        return out
+    parts = torch.empty((bs, num_heads, splits, d), dtype=torch.float32, device=q.device)
+    lse = torch.empty((bs, num_heads, splits), dtype=torch.float32, device=q.device)
+    kernels.attention[(bs, kv_heads, splits)](
+        *common,
+        parts,
+        *parts.stride(),
+        lse,
+        lse.stride(0),
+        lse.stride(1),
+        scaling * LOG2_E,
+        width,
+        keys_per_split,
+        **constants,
+    )
+    kernels.combine_splits[(bs, num_heads)](
+        parts,
+        parts.stride(0),
+        parts.stride(1),
+        parts.stride(2),
+        lse,
+        lse.stride(0),
+        lse.stride(1),
+        out,
+        *out.stride(),
+        SPLITS=splits,
+        SPLITS_PAD=triton.next_power_of_2(splits),
+        HEAD_DIM=d,
+        num_warps=4,
+    )
+    return out
+
+
+def decode_attention_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    lengths: torch.Tensor,
+    scaling: float,
+    width: int,
+) -> torch.Tensor:
+    """:func:`decode_attention` as ``StaticDecoder.decode``'s "matmul" path: q (bs, H, d),
+    caches (slots, kvh, L, d), lengths (bs,); returns o (bs, H, d) in q's dtype. Scores
+    come out of the matmul in the model dtype, the softmax is float32."""
+    bs, num_heads, d = q.shape
+    kv_heads = k_cache.shape[1]
+    keys = k_cache[:bs, :, :width]  # (bs, kvh, w, d)
+    values = v_cache[:bs, :, :width]
+    span = torch.arange(width, device=q.device)
+    keep = (span[None, :] < lengths[:, None])[:, None, None, :]  # (bs, 1, 1, w)
+    bias = torch.zeros(keep.shape, dtype=torch.float32, device=q.device)
+    bias.masked_fill_(~keep, float("-inf"))
+    grouped = q.reshape(bs, kv_heads, num_heads // kv_heads, d)  # (bs, kvh, g, d)
+    scores = torch.matmul(grouped, keys.transpose(-1, -2))  # (bs, kvh, g, w)
+    o = torch.matmul(masked_softmax(scores, scaling, bias, values.dtype), values)
+    return o.reshape(bs, num_heads, d)
