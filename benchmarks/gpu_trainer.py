@@ -53,6 +53,39 @@ def check_chunked_head() -> dict:
     }
 
 
+def _actor_tree(
+    model_dir: str,
+    device: str,
+    rows: int,
+    prompt_tokens: int,
+    response_tokens: int,
+    checkpointing: bool = False,
+) -> dict:
+    """The run config of a one-mini-batch, one-micro-batch actor update of ``rows`` rows
+    (bf16 compute on CUDA, float32 elsewhere)."""
+    return {
+        "data": {
+            "train_batch_size": rows,
+            "max_prompt_length": prompt_tokens,
+            "max_response_length": response_tokens,
+        },
+        "trainer": {"device": device},
+        "actor_rollout_ref": {
+            "model": {
+                "path": model_dir,
+                "dtype": "bfloat16" if device == "cuda" else "float32",
+                "enable_gradient_checkpointing": checkpointing,
+            },
+            "actor": {
+                "ppo_mini_batch_size": rows,
+                "ppo_micro_batch_size_per_gpu": rows,
+                "optim": {"lr": 1e-6},
+            },
+            "rollout": {"n": 1, "temperature": 1.0, "log_prob_micro_batch_size_per_gpu": rows},
+        },
+    }
+
+
 def actor_update(
     model_dir: str,
     compile_layers: bool,
@@ -70,23 +103,7 @@ def actor_update(
 
     os.environ["MESHRL_COMPILE_LAYERS"] = "1" if compile_layers else "0"
     init_distributed()
-    tree = {
-        "data": {"train_batch_size": 16, "max_prompt_length": 512, "max_response_length": 512},
-        "trainer": {"device": device},
-        "actor_rollout_ref": {
-            "model": {
-                "path": model_dir,
-                "dtype": "bfloat16",
-                "enable_gradient_checkpointing": checkpointing,
-            },
-            "actor": {
-                "ppo_mini_batch_size": 16,
-                "ppo_micro_batch_size_per_gpu": 16,
-                "optim": {"lr": 1e-6},
-            },
-            "rollout": {"n": 1, "temperature": 1.0, "log_prob_micro_batch_size_per_gpu": 16},
-        },
-    }
+    tree = _actor_tree(model_dir, device, 16, 512, 512, checkpointing)
     cfg = build_config(tree, [])
     actor = ActorRole.build(cfg, World.current(device))
     cuda = device == "cuda"
@@ -231,23 +248,7 @@ def _built_actor(
 
     os.environ["MESHRL_COMPILE_LAYERS"] = "1" if compile_layers else "0"
     init_distributed()
-    tree = {
-        "data": {
-            "train_batch_size": rows,
-            "max_prompt_length": tokens,
-            "max_response_length": tokens,
-        },
-        "trainer": {"device": device},
-        "actor_rollout_ref": {
-            "model": {"path": model_dir, "dtype": "bfloat16" if device == "cuda" else "float32"},
-            "actor": {
-                "ppo_mini_batch_size": rows,
-                "ppo_micro_batch_size_per_gpu": rows,
-                "optim": {"lr": 1e-6},
-            },
-            "rollout": {"n": 1, "temperature": 1.0, "log_prob_micro_batch_size_per_gpu": rows},
-        },
-    }
+    tree = _actor_tree(model_dir, device, rows, tokens, tokens)
     actor = ActorRole.build(build_config(tree, list(overrides)), World.current(device))
     g = torch.Generator().manual_seed(3)
     vocab = actor.model.config.vocab_size
@@ -318,23 +319,7 @@ def packing_bench(
             f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={budget}",
         ],
     }
-    tree = {
-        "data": {
-            "train_batch_size": rows,
-            "max_prompt_length": prompt_tokens,
-            "max_response_length": max_response,
-        },
-        "trainer": {"device": device},
-        "actor_rollout_ref": {
-            "model": {"path": path, "dtype": "bfloat16" if cuda else "float32"},
-            "actor": {
-                "ppo_mini_batch_size": rows,
-                "ppo_micro_batch_size_per_gpu": rows,
-                "optim": {"lr": 1e-6},
-            },
-            "rollout": {"n": 1, "temperature": 1.0, "log_prob_micro_batch_size_per_gpu": rows},
-        },
-    }
+    tree = _actor_tree(path, device, rows, prompt_tokens, max_response)
     padded_tokens = rows * (prompt_tokens + int(lengths.max()))
     out: dict = {"rows": rows, "real_tokens": real, "padding_fraction": 1 - real / padded_tokens}
     advantages = torch.randn(int(lengths.sum()), generator=g)  # the same for both layouts
