@@ -11,7 +11,9 @@ def _launcher_overrides(args: argparse.Namespace) -> list[str]:
     """--launcher / --ray-address as config overrides (after the user's, so they win)."""
     extra = [f"launcher.kind={args.launcher}"] if args.launcher else []
     if args.ray_address:
-        extra += ([] if args.launcher else ["launcher.kind=ray"]) + [f"launcher.ray_address={args.ray_address}"]
+        extra += ([] if args.launcher else ["launcher.kind=ray"]) + [
+            f"launcher.ray_address={args.ray_address}"
+        ]
     return extra
 
 
@@ -77,8 +79,13 @@ def _cmd_reward(args: argparse.Namespace) -> int:
     if args.reward_command == "serve":
         from services.reward.server import serve
 
-        serve(host=args.host, port=args.port, custom_function=args.custom_function,
-              timeout_s=args.timeout_s, num_workers=args.num_workers)
+        serve(
+            host=args.host,
+            port=args.port,
+            custom_function=args.custom_function,
+            timeout_s=args.timeout_s,
+            num_workers=args.num_workers,
+        )
         return 0
     from services.reward.evaluate import evaluate, format_table
 
@@ -102,39 +109,68 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="meshrl", description="PPO post-training as a mesh of gRPC role servers")
+    p = argparse.ArgumentParser(
+        prog="meshrl", description="PPO post-training as a mesh of gRPC role servers"
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run PPO from a YAML config (+ key=value overrides)")
     run.add_argument("config", help="YAML run config ('-' = stdin with --coordinator)")
     run.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.train_batch_size=64")
-    run.add_argument("--coordinator", metavar="HOST:PORT", default=None,
-                     help="submit to a coordinator service and follow the run (Ctrl-C stops it)")
+    run.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        default=None,
+        help="submit to a coordinator service and follow the run (Ctrl-C stops it)",
+    )
     run.add_argument("--detach", action="store_true", help="with --coordinator: submit and return")
-    run.add_argument("--launcher", choices=["local", "ray", "external"], default=None,
-                     help="how role servers start (launcher.kind; default: the config's, local)")
-    run.add_argument("--ray-address", metavar="ADDR", default=None,
-                     help="Ray cluster to place role servers on (implies --launcher ray)")
+    run.add_argument(
+        "--launcher",
+        choices=["local", "ray", "external"],
+        default=None,
+        help="how role servers start (launcher.kind; default: the config's, local)",
+    )
+    run.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        default=None,
+        help="Ray cluster to place role servers on (implies --launcher ray)",
+    )
     run.set_defaults(fn=_cmd_run)
 
     status = sub.add_parser("status", help="runs of a coordinator service")
     status.add_argument("run_id", nargs="?", default=None, help="one run (default: all)")
-    status.add_argument("--coordinator", metavar="HOST:PORT", default=None,
-                        help="default: $MESHRL_COORDINATOR or 127.0.0.1:50050")
+    status.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        default=None,
+        help="default: $MESHRL_COORDINATOR or 127.0.0.1:50050",
+    )
     status.set_defaults(fn=_cmd_status)
 
-    stop = sub.add_parser("stop", help="stop a run on a coordinator service (after its current step)")
+    stop = sub.add_parser(
+        "stop", help="stop a run on a coordinator service (after its current step)"
+    )
     stop.add_argument("run_id")
-    stop.add_argument("--coordinator", metavar="HOST:PORT", default=None,
-                      help="default: $MESHRL_COORDINATOR or 127.0.0.1:50050")
+    stop.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        default=None,
+        help="default: $MESHRL_COORDINATOR or 127.0.0.1:50050",
+    )
     stop.set_defaults(fn=_cmd_stop)
 
     serve = sub.add_parser("serve", help="start one role server, or the coordinator service")
     serve.add_argument("service", choices=["rollout", "trainer", "reward", "coordinator"])
     serve.add_argument("--role", choices=["actor", "critic", "ref"], default="actor")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=None, help="default: 50050 for the coordinator, else any free port")
+    serve.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="default: 50050 for the coordinator, else any free port",
+    )
     serve.add_argument("--workdir", default=".", help="coordinator: base of relative run folders")
     serve.set_defaults(fn=_cmd_serve)
 
@@ -156,19 +192,27 @@ def build_parser() -> argparse.ArgumentParser:
     reval = rsub.add_parser("eval", help="accuracy per data_source of responses to a parquet set")
     reval.add_argument("--data", required=True, help="verl-schema parquet")
     reval.add_argument("--responses", required=True, help="responses.jsonl")
-    reval.add_argument("--server", default=None, help="HOST:PORT of a reward server (else in-process)")
+    reval.add_argument(
+        "--server", default=None, help="HOST:PORT of a reward server (else in-process)"
+    )
     reval.add_argument("--output", default=None, help="write the table as JSON here")
     reval.set_defaults(fn=_cmd_reward)
 
-    export = sub.add_parser("export", help="a step checkpoint's actor or critic as a Hugging Face folder")
+    export = sub.add_parser(
+        "export", help="a step checkpoint's actor or critic as a Hugging Face folder"
+    )
     export.add_argument("checkpoint", help="a checkpoints/global_step_<k> folder")
     export.add_argument("--role", choices=["actor", "critic"], default="actor")
     export.add_argument("--to", required=True, help="output folder")
     export.set_defaults(fn=_cmd_export)
 
-    demo = sub.add_parser("demo", help="the embedded default: PPO on a tiny model learning addition")
+    demo = sub.add_parser(
+        "demo", help="the embedded default: PPO on a tiny model learning addition"
+    )
     demo.add_argument("--out", default="demo_out", help="output folder")
-    demo.add_argument("--config", default=None, help="another config to run on the demo task (examples/)")
+    demo.add_argument(
+        "--config", default=None, help="another config to run on the demo task (examples/)"
+    )
     demo.add_argument("overrides", nargs="*", help="dotted config overrides")
     demo.set_defaults(fn=_cmd_demo)
     return p
@@ -184,8 +228,15 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from services.coordinator.clients import RoleCallError
     from services.coordinator.remote import CoordinatorError
 
-    return (ConfigError, DataError, ExportError, CheckpointError, ServiceUnavailable, RoleCallError,
-            CoordinatorError)
+    return (
+        ConfigError,
+        DataError,
+        ExportError,
+        CheckpointError,
+        ServiceUnavailable,
+        RoleCallError,
+        CoordinatorError,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,9 +22,18 @@ from transformers import AutoConfig
 from services.coordinator.checkpointing import verify
 
 # Small files of a model folder that describe it (not weights).
-HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                 "special_tokens_map.json", "chat_template.jinja", "tokenizer.model", "vocab.json",
-                 "merges.txt", "added_tokens.json")
+HF_SIDE_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+)
 SHARD_BYTES = 2 * 1024**3
 
 
@@ -44,10 +53,10 @@ def _rename(role: str, key: str) -> str | None:
     become a `*ForTokenClassification` with one label (`score` = value head)."""
     if not key.startswith("model."):
         return None  # optimizer state
-    name = key[len("model."):]
+    name = key[len("model.") :]
     if role == "critic":
         if name.startswith("value_head."):
-            return "score." + name[len("value_head."):]
+            return "score." + name[len("value_head.") :]
         return name  # "model.layers..." is already the decoder's name inside the classifier
     return name
 
@@ -65,8 +74,9 @@ def _groups(items: list[tuple[str, TensorStorageMetadata]], limit: int):
         yield group
 
 
-def export_checkpoint(checkpoint: str | Path, role: str, out_dir: str | Path,
-                      shard_bytes: int = SHARD_BYTES) -> Path:
+def export_checkpoint(
+    checkpoint: str | Path, role: str, out_dir: str | Path, shard_bytes: int = SHARD_BYTES
+) -> Path:
     checkpoint, out = Path(checkpoint), Path(out_dir)
     if role not in ("actor", "critic"):
         raise ExportError(f"--role must be actor or critic, not {role!r}")
@@ -89,20 +99,34 @@ def export_checkpoint(checkpoint: str | Path, role: str, out_dir: str | Path,
 
     reader = dcp.FileSystemReader(str(shards_dir))
     metadata = reader.read_metadata().state_dict_metadata
-    tensors = [(k, m) for k, m in metadata.items()
-               if isinstance(m, TensorStorageMetadata) and _rename(role, k) is not None]
+    tensors = [
+        (k, m)
+        for k, m in metadata.items()
+        if isinstance(m, TensorStorageMetadata) and _rename(role, k) is not None
+    ]
     index: dict[str, str] = {}
     groups = list(_groups(tensors, shard_bytes))
     for i, group in enumerate(groups):
-        state = {"model": {k[len("model."):]: torch.empty(m.size, dtype=m.properties.dtype)
-                           for k, m in group}}
+        state = {
+            "model": {
+                k[len("model.") :]: torch.empty(m.size, dtype=m.properties.dtype) for k, m in group
+            }
+        }
         dcp.load(state, storage_reader=reader, no_dist=True)
-        name = "model.safetensors" if len(groups) == 1 else f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        name = (
+            "model.safetensors"
+            if len(groups) == 1
+            else f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        )
         shard = {_rename(role, "model." + k): v.contiguous() for k, v in state["model"].items()}
         save_file(shard, str(out / name), metadata={"format": "pt"})
         index.update({k: name for k in shard})
     if len(groups) > 1:
-        total = sum(m.size.numel() * torch.empty(0, dtype=m.properties.dtype).element_size() for _, m in tensors)
+        total = sum(
+            m.size.numel() * torch.empty(0, dtype=m.properties.dtype).element_size()
+            for _, m in tensors
+        )
         (out / "model.safetensors.index.json").write_text(
-            json.dumps({"metadata": {"total_size": total}, "weight_map": index}, indent=1))
+            json.dumps({"metadata": {"total_size": total}, "weight_map": index}, indent=1)
+        )
     return out

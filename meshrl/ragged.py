@@ -84,8 +84,10 @@ class Ragged:
     def select(self, indices: Sequence[int] | torch.Tensor) -> Ragged:
         """The rows at ``indices``, in that order."""
         idx = torch.as_tensor(indices, dtype=torch.int64).tolist()
-        return Ragged.from_tensors([self.row(i) for i in idx]) if idx else Ragged(
-            self.values[:0], torch.zeros(1, dtype=torch.int64)
+        return (
+            Ragged.from_tensors([self.row(i) for i in idx])
+            if idx
+            else Ragged(self.values[:0], torch.zeros(1, dtype=torch.int64))
         )
 
     def with_values(self, values: torch.Tensor) -> Ragged:

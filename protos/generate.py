@@ -48,8 +48,11 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         fresh = generate(Path(tmp))
-        stale = [p.name for p in fresh if not (target / p.name).exists()
-                 or not filecmp.cmp(p, target / p.name, shallow=False)]
+        stale = [
+            p.name
+            for p in fresh
+            if not (target / p.name).exists() or not filecmp.cmp(p, target / p.name, shallow=False)
+        ]
     if stale:
         sys.exit(f"generated stubs drift from protos/: {stale}; run `python protos/generate.py`")
     print("stubs match protos")

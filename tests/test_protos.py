@@ -10,7 +10,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_generated_stubs_match_protos():
     result = subprocess.run(
         [sys.executable, str(ROOT / "protos" / "generate.py"), "--check"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr + result.stdout
     assert "stubs match protos" in result.stdout
@@ -27,7 +29,9 @@ def test_drift_is_detected(tmp_path, monkeypatch):
     stub.write_text(stub.read_text() + "\n# edited by hand\n")
     result = subprocess.run(
         [sys.executable, str(copy / "protos" / "generate.py"), "--check"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode != 0
     assert "reward_pb2.py" in result.stderr

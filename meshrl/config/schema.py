@@ -17,7 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 class Section(BaseModel):
     """Base of every section: unknown keys fail, field docstrings are the documentation."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, validate_assignment=True
+    )
 
 
 class DataConfig(Section):
@@ -137,6 +139,7 @@ class WeightSyncConfig(Section):
         """``bucket_size_mb`` in bytes, its default chosen by ``trainer.device``."""
         mb = self.bucket_size_mb or (256 if device == "cuda" else 4)
         return mb * 1024 * 1024
+
     bucket_size_mb: int | None = Field(None, gt=0)
     """Size of the flat buffers weights travel in; None: 256 on GPUs (few large transfers;
     the bf16 cast copies anyway) and 4 on CPU, where buckets smaller than a weight matrix let
@@ -349,21 +352,31 @@ class LauncherConfig(Section):
     def _gpu_indices_as_text(cls, value):
         # YAML reads `rollout: 1` as an int; CUDA_VISIBLE_DEVICES is text.
         if isinstance(value, dict):
-            return {role: str(gpus) if isinstance(gpus, int) else gpus for role, gpus in value.items()}
+            return {
+                role: str(gpus) if isinstance(gpus, int) else gpus for role, gpus in value.items()
+            }
         return value
 
     @model_validator(mode="after")
     def _check_pools(self) -> LauncherConfig:
         for role, pool in self.role_pool.items():
             if role not in LAUNCHER_ROLES:
-                raise ValueError(f"launcher.role_pool.{role}: unknown role (one of {', '.join(LAUNCHER_ROLES)})")
+                raise ValueError(
+                    f"launcher.role_pool.{role}: unknown role (one of {', '.join(LAUNCHER_ROLES)})"
+                )
             if pool != "global" and pool not in self.resource_pool:
-                raise ValueError(f"launcher.role_pool.{role}: pool {pool!r} is not in launcher.resource_pool")
+                raise ValueError(
+                    f"launcher.role_pool.{role}: pool {pool!r} is not in launcher.resource_pool"
+                )
         for role, gpus in self.role_gpus.items():
             if role not in LAUNCHER_ROLES:
-                raise ValueError(f"launcher.role_gpus.{role}: unknown role (one of {', '.join(LAUNCHER_ROLES)})")
+                raise ValueError(
+                    f"launcher.role_gpus.{role}: unknown role (one of {', '.join(LAUNCHER_ROLES)})"
+                )
             if not re.fullmatch(r"\d+(,\d+)*", gpus):
-                raise ValueError(f"launcher.role_gpus.{role}={gpus!r}: expected GPU indices like \"0\" or \"0,1\"")
+                raise ValueError(
+                    f'launcher.role_gpus.{role}={gpus!r}: expected GPU indices like "0" or "0,1"'
+                )
         return self
 
 
@@ -396,7 +409,9 @@ class SecurityConfig(Section):
                 have, missing = (a, b) if getattr(self, a) else (b, a)
                 raise ValueError(f"security.{have} is set but security.{missing} is not")
         if self.require_client_cert and not (self.tls_cert and self.tls_ca):
-            raise ValueError("security.require_client_cert needs security.tls_cert and security.tls_ca")
+            raise ValueError(
+                "security.require_client_cert needs security.tls_cert and security.tls_ca"
+            )
         return self
 
 

@@ -39,7 +39,9 @@ def rows(pairs: list[tuple[int, int]], split: str) -> list[dict]:
     ]
 
 
-def write_arithmetic_parquet(out_dir: Path, n_train: int = 4096, n_val: int = 128, seed: int = 0) -> dict[str, Path]:
+def write_arithmetic_parquet(
+    out_dir: Path, n_train: int = 4096, n_val: int = 128, seed: int = 0
+) -> dict[str, Path]:
     """Disjoint train/test problems; returns the two parquet paths."""
     rng = random.Random(seed)
     every = [(a, b) for a in range(10, 100) for b in range(10, 100)]

@@ -22,12 +22,22 @@ def _encode(tokenizer, a: int, b: int) -> tuple[list[int], int]:
         [{"role": "user", "content": prompt_text(a, b)}], add_generation_prompt=True, tokenize=False
     )
     p_ids = tokenizer(prompt, add_special_tokens=False).input_ids
-    r_ids = tokenizer(solution_text(a, b), add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+    r_ids = tokenizer(solution_text(a, b), add_special_tokens=False).input_ids + [
+        tokenizer.eos_token_id
+    ]
     return p_ids + r_ids, len(p_ids)
 
 
-def warm_start(model, tokenizer, iterations: int = 900, batch_size: int = 128, lr: float = 3e-3,
-               label_smoothing: float = 0.1, seed: int = 0, held_out: set | None = None) -> list[float]:
+def warm_start(
+    model,
+    tokenizer,
+    iterations: int = 900,
+    batch_size: int = 128,
+    lr: float = 3e-3,
+    label_smoothing: float = 0.1,
+    seed: int = 0,
+    held_out: set | None = None,
+) -> list[float]:
     """Trains on response tokens only; returns the loss curve (one value per 50 iterations)."""
     rng = random.Random(seed)
     torch.manual_seed(seed)
@@ -56,10 +66,15 @@ def warm_start(model, tokenizer, iterations: int = 900, batch_size: int = 128, l
         for i, (s, start) in enumerate(zip(seqs, starts, strict=True)):
             input_ids[i, : len(s)] = torch.tensor(s)
             labels[i, start : len(s)] = torch.tensor(s[start:])
-        logits = model(input_ids=input_ids, attention_mask=(labels != -100) | (input_ids != tokenizer.pad_token_id)).logits
+        logits = model(
+            input_ids=input_ids,
+            attention_mask=(labels != -100) | (input_ids != tokenizer.pad_token_id),
+        ).logits
         loss = F.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
-            ignore_index=-100, label_smoothing=label_smoothing,
+            logits[:, :-1].reshape(-1, logits.shape[-1]),
+            labels[:, 1:].reshape(-1),
+            ignore_index=-100,
+            label_smoothing=label_smoothing,
         )
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -38,14 +38,20 @@ class RoleProcess:
         return self.popen is not None and self.popen.poll() is None
 
 
-def server_command(module: str, host: str, port: int, extra: list[str] | None = None,
-                   world_size: int = 1) -> list[str]:
+def server_command(
+    module: str, host: str, port: int, extra: list[str] | None = None, world_size: int = 1
+) -> list[str]:
     args = ["-m", module, "--host", host, "--port", str(port), *(extra or [])]
     if world_size <= 1:
         return [sys.executable, *args]
     return [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world_size}",
-        "--master_addr=127.0.0.1", f"--master_port={free_port()}", *args,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={world_size}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        *args,
     ]
 
 
@@ -78,20 +84,41 @@ class LocalLauncher:
         def add(name, module, extra=None, world_size=1, threads=1):
             port = free_port(host)
             role = name.rstrip("0123456789")  # rollout0 -> rollout
-            procs.append(RoleProcess(
-                name, server_command(module, host, port, extra, world_size), f"{host}:{port}",
-                self.log_dir / f"{name}.log", threads, cfg.launcher.role_gpus.get(role),
-            ))
+            procs.append(
+                RoleProcess(
+                    name,
+                    server_command(module, host, port, extra, world_size),
+                    f"{host}:{port}",
+                    self.log_dir / f"{name}.log",
+                    threads,
+                    cfg.launcher.role_gpus.get(role),
+                )
+            )
 
         for i in range(cfg.actor_rollout_ref.rollout.replicas):
             add(f"rollout{i}", "services.rollout.server")
-        add("actor", "services.trainer.server", ["--role", "actor"], cfg.actor_rollout_ref.actor.world_size)
+        add(
+            "actor",
+            "services.trainer.server",
+            ["--role", "actor"],
+            cfg.actor_rollout_ref.actor.world_size,
+        )
         if cfg.use_critic:
             add("critic", "services.trainer.server", ["--role", "critic"], cfg.critic.world_size)
         if cfg.use_ref:
-            add("ref", "services.trainer.server", ["--role", "ref"], cfg.actor_rollout_ref.ref.world_size,
-                threads=1)
-        add("reward", "services.reward.server", ["--num-workers", str(cfg.reward.num_workers)], threads=1)
+            add(
+                "ref",
+                "services.trainer.server",
+                ["--role", "ref"],
+                cfg.actor_rollout_ref.ref.world_size,
+                threads=1,
+            )
+        add(
+            "reward",
+            "services.reward.server",
+            ["--num-workers", str(cfg.reward.num_workers)],
+            threads=1,
+        )
         return procs
 
     def start(self) -> Endpoints:
@@ -112,27 +139,42 @@ class LocalLauncher:
         again on a new port."""
         for attempt in range(1, attempts + 1):
             try:
-                wait_for_health(proc.address, "", self.cfg.launcher.startup_timeout_s, alive=proc.alive)
+                wait_for_health(
+                    proc.address, "", self.cfg.launcher.startup_timeout_s, alive=proc.alive
+                )
                 return
             except Exception:
                 if proc.alive() or attempt == attempts or not _lost_its_port(proc):
                     raise
             old = proc.address
             _move_to_a_free_port(proc, self.host)
-            log.warning("%s could not bind %s (taken meanwhile); starting it on %s",
-                        proc.name, old, proc.address)
+            log.warning(
+                "%s could not bind %s (taken meanwhile); starting it on %s",
+                proc.name,
+                old,
+                proc.address,
+            )
             self._spawn(proc)
 
     def _spawn(self, proc: RoleProcess) -> None:
-        env = dict(os.environ, OMP_NUM_THREADS=str(proc.threads), PYTHONUNBUFFERED="1",
-                   TOKENIZERS_PARALLELISM="false", MESHRL_PARENT_PID=str(os.getpid()))
+        env = dict(
+            os.environ,
+            OMP_NUM_THREADS=str(proc.threads),
+            PYTHONUNBUFFERED="1",
+            TOKENIZERS_PARALLELISM="false",
+            MESHRL_PARENT_PID=str(os.getpid()),
+        )
         env.update(SecuritySettings.from_config(self.cfg.security).to_env())  # TLS / token
         if proc.gpus is not None:  # launcher.role_gpus: this server sees only these GPUs
             env["CUDA_VISIBLE_DEVICES"] = proc.gpus
         log_file = proc.log_path.open("ab")
         proc.popen = subprocess.Popen(
-            proc.command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True, stdin=subprocess.DEVNULL,
+            proc.command,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
         )
         log_file.close()
         self.processes[proc.name] = proc
@@ -152,7 +194,9 @@ class LocalLauncher:
         return [name for name, proc in self.processes.items() if not proc.alive()]
 
     def endpoints(self) -> Endpoints:
-        return Endpoints.from_addresses({name: proc.address for name, proc in self.processes.items()})
+        return Endpoints.from_addresses(
+            {name: proc.address for name, proc in self.processes.items()}
+        )
 
     @staticmethod
     def _terminate(proc: RoleProcess, grace_s: float = 5.0) -> None:

@@ -38,8 +38,11 @@ class GracefulStop:
     def _handle(self, signum, frame) -> None:
         self.signals += 1
         if self.signals == 1:
-            log.warning("signal %d: finishing the current step, then checkpoint and stop "
-                        "(again to abandon it)", signum)
+            log.warning(
+                "signal %d: finishing the current step, then checkpoint and stop "
+                "(again to abandon it)",
+                signum,
+            )
             self.run.stop()
         else:
             raise KeyboardInterrupt(f"signal {signum}")
@@ -61,7 +64,9 @@ def run_local(cfg: RunConfig) -> dict[str, float]:
     with make_launcher(cfg, run_dir) as launcher:  # local unless launcher.kind says otherwise
         endpoints = launcher.start()
         log.info("role servers up: %s", endpoints)
-        restarter = launcher if hasattr(launcher, "restart") and hasattr(launcher, "dead_roles") else None
+        restarter = (
+            launcher if hasattr(launcher, "restart") and hasattr(launcher, "dead_roles") else None
+        )
         run = PPORun(cfg, endpoints, run_dir, restarter=restarter)
         with GracefulStop(run):
             try:

@@ -16,9 +16,7 @@ SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 CHARS = list("0123456789+-*=# Q:")
 
 # Renders the user turns only: the demo's prompts carry their own "Q: ... =" format.
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}{{ message['content'] }}{% endfor %}"
-)
+CHAT_TEMPLATE = "{{ bos_token }}{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:

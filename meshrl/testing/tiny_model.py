@@ -22,8 +22,14 @@ from transformers import (
 from meshrl.testing.char_tokenizer import save_char_tokenizer
 
 
-def tiny_llama_config(vocab_size: int, hidden: int = 64, layers: int = 2, heads: int = 2,
-                      intermediate: int = 128, max_positions: int = 256) -> LlamaConfig:
+def tiny_llama_config(
+    vocab_size: int,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 2,
+    intermediate: int = 128,
+    max_positions: int = 256,
+) -> LlamaConfig:
     return LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden,
@@ -53,8 +59,14 @@ def make_tiny_model_dir(path: str | Path, seed: int = 0, **config_kwargs) -> Pat
     return path
 
 
-def tiny_qwen2_config(vocab_size: int, hidden: int = 64, layers: int = 2, intermediate: int = 128,
-                      max_positions: int = 256, tie_word_embeddings: bool = True) -> Qwen2Config:
+def tiny_qwen2_config(
+    vocab_size: int,
+    hidden: int = 64,
+    layers: int = 2,
+    intermediate: int = 128,
+    max_positions: int = 256,
+    tie_word_embeddings: bool = True,
+) -> Qwen2Config:
     """4 query heads over 2 KV heads; special ids as the char tokenizer's."""
     return Qwen2Config(
         vocab_size=vocab_size,
@@ -71,8 +83,9 @@ def tiny_qwen2_config(vocab_size: int, hidden: int = 64, layers: int = 2, interm
     )
 
 
-def make_tiny_qwen2_dir(path: str | Path, seed: int = 1, tokenizer: bool = True,
-                        **config_kwargs) -> Path:
+def make_tiny_qwen2_dir(
+    path: str | Path, seed: int = 1, tokenizer: bool = True, **config_kwargs
+) -> Path:
     """Writes a random-init tiny Qwen2 (+ the char tokenizer unless ``tokenizer=False``, then
     ``vocab_size`` must be given) to ``path``; returns the path."""
     path = Path(path)

@@ -55,7 +55,11 @@ def compute_advantages(
         if inputs.values is None:
             raise ValueError("adv_estimator gae needs critic values (critic.enable)")
         result = gae_advantages(
-            rewards.rewards, inputs.values, inputs.mask, cfg.gamma, cfg.lam,
+            rewards.rewards,
+            inputs.values,
+            inputs.mask,
+            cfg.gamma,
+            cfg.lam,
             whiten=cfg.whiten_advantages,
         )
     elif est == "grpo":
@@ -67,7 +71,9 @@ def compute_advantages(
     elif est == "reinforce_plus_plus":
         result = reinforce_plus_plus_advantages(rewards.rewards, inputs.mask, cfg.gamma)
     elif est == "reinforce_plus_plus_baseline":
-        result = reinforce_plus_plus_baseline_advantages(inputs.scores, inputs.mask, inputs.group_ids)
+        result = reinforce_plus_plus_baseline_advantages(
+            inputs.scores, inputs.mask, inputs.group_ids
+        )
     elif est == "remax":
         if inputs.baseline_scores is None:
             raise ValueError("adv_estimator remax needs the greedy baseline scores")

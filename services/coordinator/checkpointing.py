@@ -68,7 +68,9 @@ def _sha256(path: Path) -> str:
 
 def write_manifest(folder: Path) -> None:
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
-    entries = {str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+    entries = {
+        str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files
+    }
     (folder / MANIFEST).write_text(json.dumps({"files": entries}, indent=1))
 
 
@@ -90,7 +92,7 @@ def verify(folder: Path) -> None:
 
 
 def step_of(folder: Path) -> int:
-    return int(folder.name[len(PREFIX):])
+    return int(folder.name[len(PREFIX) :])
 
 
 class CheckpointManager:
@@ -117,8 +119,13 @@ class CheckpointManager:
                 log.warning("skipping checkpoint: %s", e)
         return None
 
-    def save(self, step: int, state: CoordinatorState, config_yaml: str,
-             save_roles: Callable[[Path], None]) -> Path:
+    def save(
+        self,
+        step: int,
+        state: CoordinatorState,
+        config_yaml: str,
+        save_roles: Callable[[Path], None],
+    ) -> Path:
         """save_roles(tmp_folder) has the actor/critic servers write their shards into it."""
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / f"{PREFIX}{step}"
@@ -146,7 +153,11 @@ class CheckpointManager:
         """Names the folder, the cause, and what is kept: nothing was replaced."""
         cause = f"{e.strerror}: {e.filename}" if isinstance(e, OSError) and e.strerror else str(e)
         previous = self.complete()
-        kept = f"the latest checkpoint is still {previous[-1]}" if previous else "no earlier checkpoint"
+        kept = (
+            f"the latest checkpoint is still {previous[-1]}"
+            if previous
+            else "no earlier checkpoint"
+        )
         return f"could not write the checkpoint of step {step} in {self.root}: {cause}; {kept}"
 
     def prune(self) -> None:

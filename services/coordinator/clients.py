@@ -122,7 +122,9 @@ class RolloutClient(_RoleClient):
         resp = self._call("ComputeLogProbs", req)
         return responses.with_values(tensor_from_proto(resp.logprobs).float())
 
-    def receive_weights(self, manifest: WeightManifest, timeout_s: float) -> common_pb2.WeightSyncResult:
+    def receive_weights(
+        self, manifest: WeightManifest, timeout_s: float
+    ) -> common_pb2.WeightSyncResult:
         return self._call("ReceiveWeights", manifest.to_proto(), timeout_s=timeout_s)
 
     def set_memory_state(self, release: bool) -> int:
@@ -180,7 +182,12 @@ class TrainerClient(_RoleClient):
         return dict(self._call("UpdatePolicy", req).metrics)
 
     def update_value(
-        self, prompts: Ragged, responses: Ragged, old_values: Ragged, returns: Ragged, global_step: int
+        self,
+        prompts: Ragged,
+        responses: Ragged,
+        old_values: Ragged,
+        returns: Ragged,
+        global_step: int,
     ) -> dict[str, float]:
         req = trainer_pb2.ValueUpdateRequest(
             batch=_sequence_batch(prompts, responses),
@@ -197,7 +204,9 @@ class TrainerClient(_RoleClient):
         return GroupSpec.from_proto(self._call("OpenWeightGroup", spec))
 
     def prepare_weights(self, version: int, dtype: str, bucket_bytes: int) -> WeightManifest:
-        req = trainer_pb2.PrepareWeightsRequest(version=version, dtype=dtype, bucket_bytes=bucket_bytes)
+        req = trainer_pb2.PrepareWeightsRequest(
+            version=version, dtype=dtype, bucket_bytes=bucket_bytes
+        )
         return WeightManifest.from_proto(self._call("PrepareWeights", req))
 
     def send_weights(self, version: int, timeout_s: float) -> common_pb2.WeightSyncResult:
@@ -205,10 +214,16 @@ class TrainerClient(_RoleClient):
         return self._call("SendWeights", req, timeout_s=timeout_s)
 
     def save_checkpoint(self, path: str, with_optimizer: bool = True) -> None:
-        self._call("SaveCheckpoint", trainer_pb2.CheckpointRequest(path=path, with_optimizer=with_optimizer))
+        self._call(
+            "SaveCheckpoint",
+            trainer_pb2.CheckpointRequest(path=path, with_optimizer=with_optimizer),
+        )
 
     def load_checkpoint(self, path: str, with_optimizer: bool = True) -> None:
-        self._call("LoadCheckpoint", trainer_pb2.CheckpointRequest(path=path, with_optimizer=with_optimizer))
+        self._call(
+            "LoadCheckpoint",
+            trainer_pb2.CheckpointRequest(path=path, with_optimizer=with_optimizer),
+        )
 
 
 def flat_float(r: Ragged) -> torch.Tensor:

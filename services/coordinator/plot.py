@@ -29,8 +29,12 @@ def plot_metrics(jsonl_path: Path, png_path: Path) -> Path:
         ax.set_title(title)
         ax.set_xlabel("PPO step")
         ax.grid(alpha=0.3)
-    val = [(r["step"], v) for r in read_jsonl(jsonl_path) for k, v in r.items()
-           if k.startswith("val-core/") and "/acc/" in k and v is not None]
+    val = [
+        (r["step"], v)
+        for r in read_jsonl(jsonl_path)
+        for k, v in r.items()
+        if k.startswith("val-core/") and "/acc/" in k and v is not None
+    ]
     if val and panels:
         axes[0][0].plot([p[0] for p in val], [p[1] for p in val], "o--", label="val acc")
         axes[0][0].legend()

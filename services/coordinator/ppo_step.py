@@ -60,7 +60,9 @@ class Roles:
 
 
 def generate_split(
-    rollouts: list[RolloutClient], prompts: Ragged, sampling: rollout_pb2.SamplingParams,
+    rollouts: list[RolloutClient],
+    prompts: Ragged,
+    sampling: rollout_pb2.SamplingParams,
     pool: ThreadPoolExecutor,
 ) -> GenerationBatch:
     """Splits the prompts over the rollout replicas, generates concurrently, joins in order."""
@@ -74,8 +76,12 @@ def generate_split(
     if len(versions) != 1:
         raise RuntimeError(f"rollout replicas serve different weight versions: {sorted(versions)}")
     return GenerationBatch(
-        responses=Ragged.from_tensors([r.responses.row(i) for r in results for i in range(len(r.responses))]),
-        logprobs=Ragged.from_tensors([r.logprobs.row(i) for r in results for i in range(len(r.logprobs))]),
+        responses=Ragged.from_tensors(
+            [r.responses.row(i) for r in results for i in range(len(r.responses))]
+        ),
+        logprobs=Ragged.from_tensors(
+            [r.logprobs.row(i) for r in results for i in range(len(r.logprobs))]
+        ),
         finish_reasons=[x for r in results for x in r.finish_reasons],
         weight_version=versions.pop(),
     )
@@ -116,7 +122,9 @@ class PPOStep:
         self.tokenizer = tokenizer
         self.syncer = syncer
         self.kl_ctrl = kl_ctrl
-        self.pool = ThreadPoolExecutor(max_workers=8 + len(roles.rollouts), thread_name_prefix="phase")
+        self.pool = ThreadPoolExecutor(
+            max_workers=8 + len(roles.rollouts), thread_name_prefix="phase"
+        )
         self.temperature = cfg.actor_rollout_ref.rollout.temperature or 1.0
         self.memory = RolloutMemory.for_run(cfg, roles.rollouts)
 
@@ -124,8 +132,11 @@ class PPOStep:
     def sampling_params(self, step: int) -> rollout_pb2.SamplingParams:
         r = self.cfg.actor_rollout_ref.rollout
         return rollout_pb2.SamplingParams(
-            temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-            max_tokens=self.cfg.data.max_response_length, n=r.n,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            max_tokens=self.cfg.data.max_response_length,
+            n=r.n,
             seed=self.cfg.trainer.seed * 1_000_003 + step,
         )
 
@@ -205,7 +216,9 @@ class PPOStep:
                 group_ids=batch.group_ids,
                 values=padded(batch.values, width) if batch.values is not None else None,
                 old_logprobs=padded(batch.old_logprobs, width),
-                ref_logprobs=padded(batch.ref_logprobs, width) if batch.ref_logprobs is not None else None,
+                ref_logprobs=padded(batch.ref_logprobs, width)
+                if batch.ref_logprobs is not None
+                else None,
                 baseline_scores=batch.baseline_scores,
             ),
             kl_coef=self.kl_ctrl.value,
@@ -219,7 +232,9 @@ class PPOStep:
         if batch.values is not None:
             values = padded(batch.values, width)
             metrics.update(masked_stats(values, mask, "critic/values"))
-            metrics["critic/vf_explained_var"] = float(explained_variance(values, out.returns, mask))
+            metrics["critic/vf_explained_var"] = float(
+                explained_variance(values, out.returns, mask)
+            )
         if self.cfg.algorithm.use_kl_in_reward:
             metrics["actor/reward_kl_penalty"] = out.kl_mean
             metrics["actor/reward_kl_penalty_coeff"] = self.kl_ctrl.value
@@ -232,27 +247,38 @@ class PPOStep:
 
     # --- step 4: updates --------------------------------------------------------------
     def update_critic(self, batch: RolloutBatch, returns: Ragged, step: int) -> dict[str, float]:
-        return self.roles.critic.update_value(batch.prompts, batch.responses, batch.values, returns, step)
+        return self.roles.critic.update_value(
+            batch.prompts, batch.responses, batch.values, returns, step
+        )
 
     def update_actor(self, batch: RolloutBatch, advantages: Ragged, step: int) -> dict[str, float]:
         use_kl_loss = self.cfg.actor_rollout_ref.actor.use_kl_loss
         return self.roles.actor.update_policy(
-            batch.prompts, batch.responses, batch.old_logprobs, advantages, step,
+            batch.prompts,
+            batch.responses,
+            batch.old_logprobs,
+            advantages,
+            step,
             ref_logprobs=batch.ref_logprobs if use_kl_loss else None,
             rollout_logprobs=batch.rollout_logprobs,
         )
 
-    def updates(self, batch: RolloutBatch, advantages: Ragged, returns: Ragged, step: int,
-                timer: PhaseTimer) -> dict[str, float]:
+    def updates(
+        self, batch: RolloutBatch, advantages: Ragged, returns: Ragged, step: int, timer: PhaseTimer
+    ) -> dict[str, float]:
         def timed(name, fn, *args):
             with timer(name):
                 return fn(*args)
 
         jobs = []
         if self.roles.critic is not None:
-            jobs.append(self.pool.submit(timed, "update_critic", self.update_critic, batch, returns, step))
+            jobs.append(
+                self.pool.submit(timed, "update_critic", self.update_critic, batch, returns, step)
+            )
         if step > self.cfg.critic.critic_warmup:
-            jobs.append(self.pool.submit(timed, "update_actor", self.update_actor, batch, advantages, step))
+            jobs.append(
+                self.pool.submit(timed, "update_actor", self.update_actor, batch, advantages, step)
+            )
         metrics: dict[str, float] = {}
         for f in jobs:
             metrics.update(f.result())

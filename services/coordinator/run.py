@@ -76,9 +76,14 @@ class RunState:
 def make_dataset(cfg: RunConfig, files: list[str], tokenizer) -> PromptDataset:
     d = cfg.data
     return PromptDataset(
-        files, tokenizer, prompt_key=d.prompt_key, max_prompt_length=d.max_prompt_length,
-        filter_overlong_prompts=d.filter_overlong_prompts, truncation=d.truncation,
-        apply_chat_template=d.apply_chat_template, max_samples=d.max_samples,
+        files,
+        tokenizer,
+        prompt_key=d.prompt_key,
+        max_prompt_length=d.max_prompt_length,
+        filter_overlong_prompts=d.filter_overlong_prompts,
+        truncation=d.truncation,
+        apply_chat_template=d.apply_chat_template,
+        max_samples=d.max_samples,
     )
 
 
@@ -96,9 +101,15 @@ def connect(cfg: RunConfig, endpoints: Endpoints) -> Roles:
 class PPORun:
     """Drives one run end to end; `stop()` from another thread ends it after the current step."""
 
-    def __init__(self, cfg: RunConfig, endpoints: Endpoints, run_dir: Path,
-                 sinks: list[MetricsSink] | None = None, on_step: Callable | None = None,
-                 restarter: Restarter | None = None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        endpoints: Endpoints,
+        run_dir: Path,
+        sinks: list[MetricsSink] | None = None,
+        on_step: Callable | None = None,
+        restarter: Restarter | None = None,
+    ):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.endpoints = endpoints
@@ -124,7 +135,9 @@ class PPORun:
         model = cfg.actor_rollout_ref.model
         self.tokenizer = load_tokenizer(model)  # ConfigError naming the key if absent
         self.train_set = make_dataset(cfg, cfg.data.train_files, self.tokenizer)
-        self.val_set = make_dataset(cfg, cfg.data.val_files, self.tokenizer) if cfg.data.val_files else None
+        self.val_set = (
+            make_dataset(cfg, cfg.data.val_files, self.tokenizer) if cfg.data.val_files else None
+        )
         self.loader = PromptLoader(
             self.train_set, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed
         )
@@ -159,7 +172,9 @@ class PPORun:
         """Launcher names (rollout0, actor, critic, ref, reward) -> clients."""
         named = {f"rollout{i}": c for i, c in enumerate(self.roles.rollouts)}
         named.update(actor=self.roles.actor, reward=self.roles.reward)
-        named.update({k: c for k, c in (("critic", self.roles.critic), ("ref", self.roles.ref)) if c})
+        named.update(
+            {k: c for k, c in (("critic", self.roles.critic), ("ref", self.roles.ref)) if c}
+        )
         return named
 
     def initialize_roles(self, names: list[str] | None = None) -> None:
@@ -182,9 +197,14 @@ class PPORun:
                 failures += 1
                 if self.restarter is None or failures > self.cfg.launcher.max_restarts:
                     raise failed.error from failed
-                log.warning("step %d: updated, but its weight sync failed (%s); recovering "
-                            "(attempt %d of %d)", self.state.step, failed.error, failures,
-                            self.cfg.launcher.max_restarts)
+                log.warning(
+                    "step %d: updated, but its weight sync failed (%s); recovering "
+                    "(attempt %d of %d)",
+                    self.state.step,
+                    failed.error,
+                    failures,
+                    self.cfg.launcher.max_restarts,
+                )
                 if self.recover(failed.error, updated=True):
                     return None
                 return failed.metrics  # rollout now serves this step's weights
@@ -192,8 +212,13 @@ class PPORun:
                 failures += 1
                 if self.restarter is None or failures > self.cfg.launcher.max_restarts:
                     raise
-                log.warning("step %d failed (%s); recovering (attempt %d of %d)", self.state.step,
-                            err, failures, self.cfg.launcher.max_restarts)
+                log.warning(
+                    "step %d failed (%s); recovering (attempt %d of %d)",
+                    self.state.step,
+                    err,
+                    failures,
+                    self.cfg.launcher.max_restarts,
+                )
                 if self.recover(err):
                     return None
 
@@ -226,7 +251,9 @@ class PPORun:
         if folder is None:
             log.warning("no checkpoint yet: restarting the run from step 0")
             self.initialize_roles([n for n in STATEFUL_ROLES if n in self.named_clients()])
-            self.loader.load_state_dict({"epoch": 0, "batch_in_epoch": 0, "seed": self.cfg.data.seed})
+            self.loader.load_state_dict(
+                {"epoch": 0, "batch_in_epoch": 0, "seed": self.cfg.data.seed}
+            )
             kl = self.cfg.algorithm.kl_ctrl
             self.kl_ctrl = make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
             self.state.step = 0
@@ -274,9 +301,11 @@ class PPORun:
                 copy_side_files(Path(model.path), tmp / "hf")
                 if model.tokenizer_path:
                     copy_side_files(Path(model.tokenizer_path), tmp / "hf")
-            jobs = [self.pool.submit(c.save_checkpoint, str(tmp / name))
-                    for name, c in (("actor", self.roles.actor), ("critic", self.roles.critic))
-                    if c is not None]
+            jobs = [
+                self.pool.submit(c.save_checkpoint, str(tmp / name))
+                for name, c in (("actor", self.roles.actor), ("critic", self.roles.critic))
+                if c is not None
+            ]
             for f in jobs:
                 f.result()
 
@@ -291,8 +320,13 @@ class PPORun:
         cfg = self.cfg.trainer
         if cfg.val_before_train and self.val_set is not None:
             self.log(self.state.step, self.validate())
-        bar = tqdm(total=self.total_steps, initial=self.state.step, desc="PPO", unit="step",
-                   dynamic_ncols=True)
+        bar = tqdm(
+            total=self.total_steps,
+            initial=self.state.step,
+            desc="PPO",
+            unit="step",
+            dynamic_ncols=True,
+        )
         try:
             while self.state.step < self.total_steps and not self._stop.is_set():
                 epoch, records = self.loader.next_batch()
@@ -306,8 +340,10 @@ class PPORun:
                 metrics["training/global_step"] = float(self.state.step)
                 metrics["training/epoch"] = float(epoch)
                 last = self.state.step == self.total_steps
-                if self.val_set is not None and cfg.test_freq > 0 and (
-                    self.state.step % cfg.test_freq == 0 or last
+                if (
+                    self.val_set is not None
+                    and cfg.test_freq > 0
+                    and (self.state.step % cfg.test_freq == 0 or last)
                 ):
                     metrics.update(self.validate())
                 if self.should_save(last):
@@ -328,8 +364,14 @@ class PPORun:
     def validate(self) -> dict[str, float]:
         start = time.perf_counter()
         self.step_runner.memory.wake()  # validation generates: the caches come back first
-        metrics = validate(self.cfg, [self.val_set[i] for i in range(len(self.val_set))],
-                           self.roles.rollouts, self.roles.reward, self.tokenizer, self.pool)
+        metrics = validate(
+            self.cfg,
+            [self.val_set[i] for i in range(len(self.val_set))],
+            self.roles.rollouts,
+            self.roles.reward,
+            self.tokenizer,
+            self.pool,
+        )
         return {**metrics, "timing_s/testing": time.perf_counter() - start}
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

@@ -22,13 +22,22 @@ def validation_sampling(cfg: RunConfig) -> rollout_pb2.SamplingParams:
     v = cfg.actor_rollout_ref.rollout.val_kwargs
     return rollout_pb2.SamplingParams(
         temperature=v.temperature if v.do_sample else 0.0,
-        top_p=v.top_p, top_k=v.top_k, n=v.n,
-        max_tokens=cfg.data.max_response_length, seed=cfg.trainer.seed,
+        top_p=v.top_p,
+        top_k=v.top_k,
+        n=v.n,
+        max_tokens=cfg.data.max_response_length,
+        seed=cfg.trainer.seed,
     )
 
 
-def validate(cfg: RunConfig, records: list, rollouts: list[RolloutClient],
-             reward: RewardRoleClient, tokenizer, pool) -> dict[str, float]:
+def validate(
+    cfg: RunConfig,
+    records: list,
+    rollouts: list[RolloutClient],
+    reward: RewardRoleClient,
+    tokenizer,
+    pool,
+) -> dict[str, float]:
     sampling = validation_sampling(cfg)
     n = sampling.n
     size = cfg.data.val_batch_size or len(records)
@@ -40,11 +49,15 @@ def validate(cfg: RunConfig, records: list, rollouts: list[RolloutClient],
         out = generate_split(rollouts, prompts, sampling, pool)
         repeat = [i for i in range(len(chunk)) for _ in range(n)]
         batch = RolloutBatch(
-            prompts=prompts.select(repeat), responses=out.responses,
-            rollout_logprobs=out.logprobs, finish_reasons=out.finish_reasons,
-            group_ids=torch.tensor(repeat), data_sources=[chunk[i].data_source for i in repeat],
+            prompts=prompts.select(repeat),
+            responses=out.responses,
+            rollout_logprobs=out.logprobs,
+            finish_reasons=out.finish_reasons,
+            group_ids=torch.tensor(repeat),
+            data_sources=[chunk[i].data_source for i in repeat],
             ground_truths=[chunk[i].ground_truth for i in repeat],
-            extra_infos=[chunk[i].extra_info for i in repeat], weight_version=out.weight_version,
+            extra_infos=[chunk[i].extra_info for i in repeat],
+            weight_version=out.weight_version,
         )
         results = reward.score(batch.reward_items(tokenizer))
         if summary := reward_failure_summary(results, batch.data_sources):
@@ -54,6 +67,8 @@ def validate(cfg: RunConfig, records: list, rollouts: list[RolloutClient],
             acc_by_source[ds].append(result.extra.get("acc", float(result.score >= 1.0)))
     metrics = {}
     for ds in sorted(scores_by_source):
-        metrics[f"val-core/{ds}/reward/mean@{n}"] = sum(scores_by_source[ds]) / len(scores_by_source[ds])
+        metrics[f"val-core/{ds}/reward/mean@{n}"] = sum(scores_by_source[ds]) / len(
+            scores_by_source[ds]
+        )
         metrics[f"val-core/{ds}/acc/mean@{n}"] = sum(acc_by_source[ds]) / len(acc_by_source[ds])
     return metrics

@@ -12,18 +12,23 @@ def test_defaults_follow_verl_names():
 
 
 def test_dotted_overrides_parse_yaml_values():
-    cfg = build_config({}, [
-        "actor_rollout_ref.actor.optim.lr=1e-5",
-        "data.train_files=[a.parquet,b.parquet]",
-        "algorithm.use_kl_in_reward=true",
-    ])
+    cfg = build_config(
+        {},
+        [
+            "actor_rollout_ref.actor.optim.lr=1e-5",
+            "data.train_files=[a.parquet,b.parquet]",
+            "algorithm.use_kl_in_reward=true",
+        ],
+    )
     assert cfg.actor_rollout_ref.actor.optim.lr == 1e-5
     assert cfg.data.train_files == ["a.parquet", "b.parquet"]
     assert cfg.use_ref
 
 
 def test_unknown_key_is_named():
-    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.actor\.clip_ration: unknown config key"):
+    with pytest.raises(
+        ConfigError, match=r"actor_rollout_ref\.actor\.clip_ration: unknown config key"
+    ):
         build_config({}, ["actor_rollout_ref.actor.clip_ration=0.3"])
 
 
@@ -44,7 +49,9 @@ def test_override_without_equals():
 
 def test_mini_batch_larger_than_batch_fails():
     with pytest.raises(ConfigError, match="ppo_mini_batch_size"):
-        build_config({}, ["data.train_batch_size=32", "actor_rollout_ref.actor.ppo_mini_batch_size=64"])
+        build_config(
+            {}, ["data.train_batch_size=32", "actor_rollout_ref.actor.ppo_mini_batch_size=64"]
+        )
 
 
 def test_interpolation_and_yaml_round_trip(tmp_path):

@@ -10,8 +10,9 @@ from meshrl.testing.tiny_model import make_tiny_model_dir
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("model") / "tiny", seed=0, hidden=32,
-                               intermediate=64)
+    return make_tiny_model_dir(
+        tmp_path_factory.mktemp("model") / "tiny", seed=0, hidden=32, intermediate=64
+    )
 
 
 @pytest.fixture(scope="session")

@@ -34,15 +34,21 @@ def test_example_runs(name, tiny_model, arithmetic_data, tmp_path):
     tree = yaml.safe_load((EXAMPLES / file).read_text())
     if variant:
         tree["algorithm"]["adv_estimator"] = variant
-    cfg = build_config(tree, [
-        f"data.train_files=[{arithmetic_data['train']}]",
-        "data.train_batch_size=8", "data.max_response_length=10",
-        f"actor_rollout_ref.model.path={tiny_model}",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "critic.ppo_mini_batch_size=4",
-        "trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.plot=false",
-        f"trainer.default_local_dir={tmp_path}",
-    ])
+    cfg = build_config(
+        tree,
+        [
+            f"data.train_files=[{arithmetic_data['train']}]",
+            "data.train_batch_size=8",
+            "data.max_response_length=10",
+            f"actor_rollout_ref.model.path={tiny_model}",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "critic.ppo_mini_batch_size=4",
+            "trainer.total_training_steps=2",
+            "trainer.test_freq=-1",
+            "trainer.plot=false",
+            f"trainer.default_local_dir={tmp_path}",
+        ],
+    )
     run_local(cfg)
     rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "critic/score/mean" in r]
     assert [r["step"] for r in rows] == [1, 2]

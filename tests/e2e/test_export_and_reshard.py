@@ -24,14 +24,23 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 def _overrides(tiny_model, data, run_dir, steps, world_size):
     return [
         f"data.train_files=[{data['train']}]",
-        "data.train_batch_size=8", "data.max_prompt_length=16", "data.max_response_length=10",
+        "data.train_batch_size=8",
+        "data.max_prompt_length=16",
+        "data.max_response_length=10",
         f"actor_rollout_ref.model.path={tiny_model}",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.optim.lr=1e-3",
-        f"actor_rollout_ref.actor.world_size={world_size}", f"critic.world_size={world_size}",
-        "critic.ppo_mini_batch_size=4", "algorithm.lam=0.95", "critic.optim.lr=1e-2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        f"actor_rollout_ref.actor.world_size={world_size}",
+        f"critic.world_size={world_size}",
+        "critic.ppo_mini_batch_size=4",
+        "algorithm.lam=0.95",
+        "critic.optim.lr=1e-2",
         # a random model scores 0: the KL penalty gives the critic non-zero returns to learn
-        "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.kl_coef=0.5",
-        f"trainer.total_training_steps={steps}", "trainer.save_freq=1", "trainer.plot=false",
+        "algorithm.use_kl_in_reward=true",
+        "algorithm.kl_ctrl.kl_coef=0.5",
+        f"trainer.total_training_steps={steps}",
+        "trainer.save_freq=1",
+        "trainer.plot=false",
         f"trainer.default_local_dir={run_dir}",
     ]
 
@@ -57,12 +66,30 @@ def test_resume_on_other_rank_counts_then_export(tiny_model, arithmetic_data, tm
 
     actor_dir, critic_dir = tmp_path / "hf_actor", tmp_path / "hf_critic"
     for role, dest in (("actor", actor_dir), ("critic", critic_dir)):
-        out = subprocess.run([sys.executable, "-m", "meshrl.cli", "export", str(ckpt), "--role", role,
-                              "--to", str(dest)], capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "meshrl.cli",
+                "export",
+                str(ckpt),
+                "--role",
+                role,
+                "--to",
+                str(dest),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert out.returncode == 0, out.stderr
-    assert (actor_dir / "tokenizer.json").is_file() and (actor_dir / "generation_config.json").is_file()
+    assert (actor_dir / "tokenizer.json").is_file() and (
+        actor_dir / "generation_config.json"
+    ).is_file()
 
-    prompts = Ragged.from_lists([[1, 20, 21, 19, 6, 7, 14, 9, 12, 17], [1, 20, 21, 19, 5, 5, 14, 5, 17]])
+    prompts = Ragged.from_lists(
+        [[1, 20, 21, 19, 6, 7, 14, 9, 12, 17], [1, 20, 21, 19, 5, 5, 14, 5, 17]]
+    )
     responses = Ragged.from_lists([[6, 9, 14, 9, 12, 17, 8, 5], [5, 5, 14, 2]])
     cfg = build_config({}, _overrides(tiny_model, arithmetic_data, tmp_path / "check", 1, 1))
     with LocalLauncher(cfg, tmp_path / "check") as launcher:
@@ -78,13 +105,17 @@ def test_resume_on_other_rank_counts_then_export(tiny_model, arithmetic_data, tm
     exported = AutoModelForCausalLM.from_pretrained(actor_dir)
     with torch.no_grad():
         hf_lp = _hf_logprobs(exported, prompts, responses)
-    assert torch.allclose(hf_lp, trainer_lp.values, atol=1e-5), (hf_lp - trainer_lp.values).abs().max()
+    assert torch.allclose(hf_lp, trainer_lp.values, atol=1e-5), (
+        (hf_lp - trainer_lp.values).abs().max()
+    )
 
     value_model = AutoModelForTokenClassification.from_pretrained(critic_dir)
     with torch.no_grad():
-        hf_values = torch.cat([
-            value_model(input_ids=torch.tensor([p + r])).logits[0, len(p) - 1 : -1, 0]
-            for p, r in zip(prompts.tolist(), responses.tolist(), strict=True)
-        ])
+        hf_values = torch.cat(
+            [
+                value_model(input_ids=torch.tensor([p + r])).logits[0, len(p) - 1 : -1, 0]
+                for p, r in zip(prompts.tolist(), responses.tolist(), strict=True)
+            ]
+        )
     assert torch.allclose(hf_values, trainer_values.values, atol=1e-5)
     assert trainer_values.values.abs().max() > 0, "the critic trained: values are not all zero"

@@ -127,7 +127,11 @@ def test_role_server_killed_inside_its_call(
     recoveries = [r.getMessage() for r in caplog.records if "recovering" in r.getMessage()]
     assert len(recoveries) == 1, recoveries
     in_sync = method == "ReceiveWeights"
-    said = f"step {KILL_STEP}: updated, but its weight sync failed (" if in_sync else f"step {KILL_STEP} failed ("
+    said = (
+        f"step {KILL_STEP}: updated, but its weight sync failed ("
+        if in_sync
+        else f"step {KILL_STEP} failed ("
+    )
     assert recoveries[0].startswith(said), recoveries[0]
     # in the sync, whichever end notices first names its call: the actor's send or the receive
     calls = ("SendWeights", "ReceiveWeights") if in_sync else (method,)

@@ -22,12 +22,23 @@ def test_sigterm_checkpoints_and_stops_everything(tiny_model, arithmetic_data, t
     run_dir = tmp_path / "run"
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({}))
-    cmd = [sys.executable, "-m", "meshrl.cli", "run", str(config),
-           f"data.train_files=[{arithmetic_data['train']}]", "data.train_batch_size=8",
-           "data.max_response_length=10", f"actor_rollout_ref.model.path={tiny_model}",
-           "actor_rollout_ref.actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4",
-           "trainer.total_training_steps=500", "trainer.plot=false", "trainer.logger=[jsonl]",
-           f"trainer.default_local_dir={run_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "meshrl.cli",
+        "run",
+        str(config),
+        f"data.train_files=[{arithmetic_data['train']}]",
+        "data.train_batch_size=8",
+        "data.max_response_length=10",
+        f"actor_rollout_ref.model.path={tiny_model}",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "critic.ppo_mini_batch_size=4",
+        "trainer.total_training_steps=500",
+        "trainer.plot=false",
+        "trainer.logger=[jsonl]",
+        f"trainer.default_local_dir={run_dir}",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 180
@@ -40,7 +51,9 @@ def test_sigterm_checkpoints_and_stops_everything(tiny_model, arithmetic_data, t
     assert proc.returncode == 0, err[-2000:]
     steps = [r["step"] for r in read_jsonl(metrics)]
     final = CheckpointManager(run_dir).latest_valid()
-    assert final is not None and final.name == f"global_step_{steps[-1]}", "checkpoint of the last step"
+    assert final is not None and final.name == f"global_step_{steps[-1]}", (
+        "checkpoint of the last step"
+    )
     verify(final)
     assert steps[-1] < 500
     _, alive = psutil.wait_procs(servers, timeout=30)

@@ -21,14 +21,20 @@ def _overrides(tiny_model, data, run_dir):
     return [
         f"data.train_files=[{data['train']}]",
         f"data.val_files=[{data['test']}]",
-        "data.train_batch_size=16", "data.max_prompt_length=16", "data.max_response_length=12",
+        "data.train_batch_size=16",
+        "data.max_prompt_length=16",
+        "data.max_response_length=12",
         f"actor_rollout_ref.model.path={tiny_model}",
         "actor_rollout_ref.actor.ppo_mini_batch_size=8",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.actor.optim.lr=1e-3",
-        "critic.ppo_mini_batch_size=8", "critic.ppo_micro_batch_size_per_gpu=8",
-        "algorithm.adv_estimator=gae", "algorithm.lam=0.95", "algorithm.use_kl_in_reward=true",
-        "trainer.total_training_steps=3", "trainer.test_freq=2",
+        "critic.ppo_mini_batch_size=8",
+        "critic.ppo_micro_batch_size_per_gpu=8",
+        "algorithm.adv_estimator=gae",
+        "algorithm.lam=0.95",
+        "algorithm.use_kl_in_reward=true",
+        "trainer.total_training_steps=3",
+        "trainer.test_freq=2",
         f"trainer.default_local_dir={run_dir}",
     ]
 
@@ -44,11 +50,24 @@ def test_ppo_run_end_to_end(tiny_model, arithmetic_data, tmp_path):
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     steps = [r for r in rows if "critic/score/mean" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]
-    for key in ["critic/score/mean", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl",
-                "critic/vf_explained_var", "training/rollout_probs_diff_mean", "actor/grad_norm",
-                "actor/entropy", "critic/vf_loss", "response_length/mean", "timing_s/gen",
-                "timing_s/update_actor", "timing_s/sync_weights", "perf/throughput",
-                "actor/reward_kl_penalty", "critic/advantages/mean"]:
+    for key in [
+        "critic/score/mean",
+        "actor/pg_loss",
+        "actor/pg_clipfrac",
+        "actor/ppo_kl",
+        "critic/vf_explained_var",
+        "training/rollout_probs_diff_mean",
+        "actor/grad_norm",
+        "actor/entropy",
+        "critic/vf_loss",
+        "response_length/mean",
+        "timing_s/gen",
+        "timing_s/update_actor",
+        "timing_s/sync_weights",
+        "perf/throughput",
+        "actor/reward_kl_penalty",
+        "critic/advantages/mean",
+    ]:
         assert key in steps[-1], key
     assert 0.0 <= last["critic/score/mean"] <= 1.0
     assert last["rollout/weight_version"] == 2  # step 3 was generated with the weights of step 2
@@ -61,7 +80,11 @@ def test_ppo_run_end_to_end(tiny_model, arithmetic_data, tmp_path):
 def test_cli_rejects_bad_key_before_starting_anything(tmp_path):
     cfg = tmp_path / "run.yaml"
     cfg.write_text("trainer:\n  total_training_step: 3\n")
-    out = subprocess.run([sys.executable, "-m", "meshrl.cli", "run", str(cfg)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "meshrl.cli", "run", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert "trainer.total_training_step: unknown config key" in out.stderr

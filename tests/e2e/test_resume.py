@@ -14,19 +14,29 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def _cfg(tiny_model, data, run_dir, steps, extra=()):
-    return build_config({}, [
-        f"data.train_files=[{data['train']}]",
-        "data.train_batch_size=8", "data.max_prompt_length=16", "data.max_response_length=10",
-        f"actor_rollout_ref.model.path={tiny_model}",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.optim.lr=1e-3",
-        "critic.ppo_mini_batch_size=4",
-        "algorithm.lam=0.95", "algorithm.use_kl_in_reward=true",
-        "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.kl_coef=0.05",
-        f"trainer.total_training_steps={steps}", "trainer.save_freq=1",
-        "trainer.max_ckpt_to_keep=2", "trainer.plot=false",
-        f"trainer.default_local_dir={run_dir}", *extra,
-    ])
+    return build_config(
+        {},
+        [
+            f"data.train_files=[{data['train']}]",
+            "data.train_batch_size=8",
+            "data.max_prompt_length=16",
+            "data.max_response_length=10",
+            f"actor_rollout_ref.model.path={tiny_model}",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "actor_rollout_ref.actor.optim.lr=1e-3",
+            "critic.ppo_mini_batch_size=4",
+            "algorithm.lam=0.95",
+            "algorithm.use_kl_in_reward=true",
+            "algorithm.kl_ctrl.type=adaptive",
+            "algorithm.kl_ctrl.kl_coef=0.05",
+            f"trainer.total_training_steps={steps}",
+            "trainer.save_freq=1",
+            "trainer.max_ckpt_to_keep=2",
+            "trainer.plot=false",
+            f"trainer.default_local_dir={run_dir}",
+            *extra,
+        ],
+    )
 
 
 def _steps(run_dir):
@@ -38,11 +48,20 @@ def test_resume_continues_exactly(tiny_model, arithmetic_data, tmp_path):
     run_local(_cfg(tiny_model, arithmetic_data, straight, 3))
     run_local(_cfg(tiny_model, arithmetic_data, resumed, 2))
     # only the 2 newest checkpoints are kept, each complete and verified
-    assert [p.name for p in CheckpointManager(straight).complete()] == ["global_step_2", "global_step_3"]
+    assert [p.name for p in CheckpointManager(straight).complete()] == [
+        "global_step_2",
+        "global_step_3",
+    ]
     run_local(_cfg(tiny_model, arithmetic_data, resumed, 3))
 
     a, b = _steps(straight), _steps(resumed)
     assert sorted(b) == [1, 2, 3], "the resumed run logs step 3 after steps 1-2, nothing repeated"
-    for key in ["critic/score/mean", "response_length/mean", "prompt_length/mean",
-                "actor/pg_loss", "critic/vf_loss", "actor/reward_kl_penalty_coeff"]:
+    for key in [
+        "critic/score/mean",
+        "response_length/mean",
+        "prompt_length/mean",
+        "actor/pg_loss",
+        "critic/vf_loss",
+        "actor/reward_kl_penalty_coeff",
+    ]:
         assert b[3][key] == pytest.approx(a[3][key], rel=1e-5, abs=1e-6), key

@@ -16,17 +16,24 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def _config(tiny_model, tmp_path, replicas=1):
-    return build_config({}, [
-        f"actor_rollout_ref.model.path={tiny_model}",
-        f"trainer.default_local_dir={tmp_path}",
-        f"actor_rollout_ref.rollout.replicas={replicas}",
-        "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-        "actor_rollout_ref.actor.optim.lr=0.05", "critic.enable=false",
-    ])
+    return build_config(
+        {},
+        [
+            f"actor_rollout_ref.model.path={tiny_model}",
+            f"trainer.default_local_dir={tmp_path}",
+            f"actor_rollout_ref.rollout.replicas={replicas}",
+            "data.train_batch_size=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+            "actor_rollout_ref.actor.optim.lr=0.05",
+            "critic.enable=false",
+        ],
+    )
 
 
 def _fixed_sequences():
-    prompts = Ragged.from_lists([[1, 20, 21, 19, 6, 7, 14, 9, 12, 17], [1, 20, 21, 19, 5, 5, 14, 5, 5, 17]])
+    prompts = Ragged.from_lists(
+        [[1, 20, 21, 19, 6, 7, 14, 9, 12, 17], [1, 20, 21, 19, 5, 5, 14, 5, 5, 17]]
+    )
     responses = Ragged.from_lists([[6, 9, 14, 9, 12, 17, 8, 5], [5, 5, 14, 2]])
     return prompts, responses
 
@@ -56,6 +63,8 @@ def test_rollout_matches_actor_after_sync(tiny_model, tmp_path, replicas):
         assert metrics["weight_sync/bytes"] > 0
         for rollout in rollouts:
             after = rollout.compute_log_probs(prompts, responses, 1.0)
-            assert torch.allclose(after.values, new.values, atol=1e-4), (after.values - new.values).abs().max()
+            assert torch.allclose(after.values, new.values, atol=1e-4), (
+                (after.values - new.values).abs().max()
+            )
             assert rollout.info().weight_version == 1
         syncer.close()

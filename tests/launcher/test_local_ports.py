@@ -21,7 +21,9 @@ def test_server_that_lost_its_port_starts_on_another(tmp_path, monkeypatch):
     picks = iter([busy])
     real_free_port = local.free_port
     # The first port handed out is the taken one; every later one is really free.
-    monkeypatch.setattr(local, "free_port", lambda host="127.0.0.1": next(picks, None) or real_free_port(host))
+    monkeypatch.setattr(
+        local, "free_port", lambda host="127.0.0.1": next(picks, None) or real_free_port(host)
+    )
     launcher = LocalLauncher(build_config({}, []), tmp_path)
     server = launcher.plan()[0]  # a real role server (rollout0), planned on the taken port
     assert server.address == f"127.0.0.1:{busy}"

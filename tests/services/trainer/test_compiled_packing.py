@@ -18,8 +18,10 @@ from services.trainer.actor import ActorRole
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(600),
-    pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
-                       reason="torch.compile on CPU needs a C compiler"),
+    pytest.mark.skipif(
+        shutil.which("cc") is None and shutil.which("gcc") is None,
+        reason="torch.compile on CPU needs a C compiler",
+    ),
 ]
 
 

@@ -111,7 +111,7 @@ def test_fused_adamw_on_local_shards_equals_its_step():
         x = torch.randn(5, 8, generator=torch.Generator().manual_seed(seed))
         model(x).square().sum().backward()
 
-    for model, opt in pairs:
+    for model, _opt in pairs:
         backward(model, 1)
     assert not fused_adamw_on_local_shards(pairs[0][1])  # no moments yet: declined
     for model, opt in pairs:

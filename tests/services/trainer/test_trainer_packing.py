@@ -143,8 +143,15 @@ def test_flatten_sequences_by_hand():
 def gqa_model_dir(tmp_path_factory):
     """A tiny Qwen2 with grouped-query attention (4 query heads over 2 kv heads)."""
     path = tmp_path_factory.mktemp("tiny_qwen2")
-    return make_tiny_qwen2_dir(path, tokenizer=False, vocab_size=32, hidden=32, intermediate=64,
-                               max_positions=128, tie_word_embeddings=False)
+    return make_tiny_qwen2_dir(
+        path,
+        tokenizer=False,
+        vocab_size=32,
+        hidden=32,
+        intermediate=64,
+        max_positions=128,
+        tie_word_embeddings=False,
+    )
 
 
 def _ragged_batch(seed: int, rows: int = 7) -> SequenceBatch:
