@@ -72,7 +72,10 @@ class StaticDecoder:
             self.fused = [fuse_layer(layer) for layer in self.layers]
         self.triton_mlp = kernels.available(self.device)
         """SiLU-times-up of the fused gate/up projection as a Triton kernel."""
-        self.attention = "triton" if kernels.available(self.device) else "matmul"
+        triton_attention = kernels.available(self.device) and kernels.supports_head_dim(
+            self.head_dim
+        )
+        self.attention = "triton" if triton_attention else "matmul"
         """Decode attention: "triton" (one kernel: rope, cache write, grouped-query
         flash-decoding over the slot; CUDA), "matmul" (grouped heads as rows of one
         batched matmul) or "sdpa" (the same, through scaled_dot_product_attention)."""

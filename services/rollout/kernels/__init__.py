@@ -22,7 +22,7 @@ from services.rollout.kernels.attention import (
     split_count,
 )
 from services.rollout.kernels.rope_store import rope_store, rope_store_reference
-from services.rollout.kernels.runtime import available
+from services.rollout.kernels.runtime import available, supports_head_dim
 from services.rollout.kernels.sampling import sample_gumbel
 from services.rollout.kernels.silu import silu_mul_halves
 
@@ -37,4 +37,5 @@ __all__ = [
     "sample_gumbel",
     "silu_mul_halves",
     "split_count",
+    "supports_head_dim",
 ]

@@ -56,5 +56,11 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def supports_head_dim(d: int) -> bool:
+    """The attention and rope kernels tile a head as ``tl.arange(0, d)``: a power of two,
+    and ``tl.dot`` needs at least 16 (Phi-3's 96, say, takes the torch path)."""
+    return d >= 16 and d & (d - 1) == 0
+
+
 def check_head_dim(d: int) -> None:
-    assert d >= 16 and d & (d - 1) == 0, f"head_dim must be a power of two >= 16, got {d}"
+    assert supports_head_dim(d), f"head_dim must be a power of two >= 16, got {d}"
