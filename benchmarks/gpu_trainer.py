@@ -408,3 +408,24 @@ def trainer_bench(
         print(f"[trainer/{name}] {out[name]}", flush=True)
     out["mfu"] = max((v.get("mfu", 0) for v in out.values() if isinstance(v, dict)), default=0)
     return out
+
+
+def main() -> None:
+    """``python3 -m benchmarks.gpu_trainer --out DIR``: the update layouts with profiles and
+    gap reports (``update_variants``) on the Qwen2.5-0.5B shape, into DIR."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    parser.add_argument("--workdir", default="/tmp/meshrl_gpu")
+    parser.add_argument("--updates", type=int, default=4)
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    path = make_model_dir(f"{args.workdir}/qwen05_fp32", dtype=torch.float32)
+    out = update_variants(path, args.out, args.updates)
+    with open(f"{args.out}/update_variants.json", "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
