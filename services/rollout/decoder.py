@@ -72,9 +72,7 @@ class StaticDecoder:
             self.fused = [fuse_layer(layer) for layer in self.layers]
         self.triton_mlp = kernels.available(self.device)
         """SiLU-times-up of the fused gate/up projection as a Triton kernel."""
-        triton_attention = kernels.available(self.device) and kernels.supports_head_dim(
-            self.head_dim
-        )
+        triton_attention = self.triton_mlp and kernels.supports_head_dim(self.head_dim)
         self.attention = "triton" if triton_attention else "matmul"
         """Decode attention: "triton" (one kernel: rope, cache write, grouped-query
         flash-decoding over the slot; CUDA), "matmul" (grouped heads as rows of one

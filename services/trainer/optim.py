@@ -162,19 +162,17 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def global_grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    """The 2-norm of all gradients over all ranks, a float32 scalar on their device.
+def global_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm of ``grads`` over all ranks, a float32 scalar on their device.
 
     Computed on the local shards (a few foreach kernels) plus one all-reduce of the sum of
     squares: ``clip_grad_norm_`` on DTensors dispatches each op through DTensor, which
     took ~10 ms of host time per step on the H200 while the GPU waited. FSDP2 shards
     every gradient along dim 0 (no replicas), so the shards' squares sum to the total.
     """
-    grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(())
-    local = [_local(g) for g in grads]
-    norms = torch._foreach_norm(local, 2.0)
+    norms = torch._foreach_norm([_local(g) for g in grads], 2.0)
     total = torch.stack([n.float() for n in norms]).square().sum()
     mesh = next((g.device_mesh for g in grads if isinstance(g, DTensor)), None)
     if mesh is not None and mesh.size() > 1:
@@ -187,9 +185,10 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.T
     """Scales the gradients in place so their global norm is at most ``max_norm`` (as
     ``torch.nn.utils.clip_grad_norm_``: factor ``max_norm / (norm + 1e-6)``, capped at 1);
     returns the norm before clipping, on the device (no host sync)."""
-    norm = global_grad_norm(params)
-    local = [_local(p.grad) for p in params if p.grad is not None]
-    if local:
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = global_grad_norm(grads)
+    if grads:
         coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        local = [_local(g) for g in grads]
         torch._foreach_mul_(local, coef.to(local[0].device))
     return norm

@@ -40,9 +40,9 @@ def silu_mul_halves(gate_up: torch.Tensor) -> torch.Tensor:
     """(rows, 2 * I) fused gate/up projection -> (rows, I) ``silu(gate) * up``, in float32
     and rounded once to the input dtype (as the compiled ``fused_ops.silu_mul_halves``).
 
-    A plain 2-D grid of (row, column block): the ``torch.compile`` kernel of the same
-    function, compiled for dynamic shapes, took 40 us a decode step at 256 rows on the
-    H200 (it indexes the halves with divisions by a symbolic size), this one ~3 us.
+    A plain 2-D grid of (row, column block). In the same engine profile on the H200 (decode
+    at 256 rows plus prefill, 840 calls), the ``torch.compile`` kernel of the same function,
+    compiled for dynamic shapes, averaged 39.6 us a call and this one 15.2 us.
     """
     rows, width = gate_up.shape
     assert width % 2 == 0 and gate_up.stride(-1) == 1
