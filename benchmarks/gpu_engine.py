@@ -6,6 +6,7 @@ Called by ``gpu_suite.py``; each function returns a dict of JSON-able figures.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 
@@ -96,6 +97,12 @@ def check_bf16(engine: FastEngine) -> dict:
     engine.decoder.attention = attention
     engine.graphs.clear()
     paths_same, paths_prefix = _prefix_agreement(graphs.responses, torch_path.responses)
+    engine.decoder.pack_prompts = False  # right-padded prompts through SDPA
+    padded = engine.generate(prompts, greedy)
+    engine.decoder.pack_prompts = True
+    padded_same, padded_prefix = _prefix_agreement(graphs.responses, padded.responses)
+    first = torch.tensor([r[0] for r in graphs.responses.tolist()])
+    first_padded = torch.tensor([r[0] for r in padded.responses.tolist()])
     sampled_params = SamplingParams(temperature=1.0, max_tokens=128, n=2, seed=5)
     sampled = engine.generate(prompts, sampled_params)
     repeated = prompts.select([i for i in range(len(prompts)) for _ in range(2)])
@@ -111,6 +118,11 @@ def check_bf16(engine: FastEngine) -> dict:
         "attention": attention,
         "vs_torch_attention_rows_identical": paths_same,
         "vs_torch_attention_mean_prefix": paths_prefix,
+        "packed_vs_padded_prefill_rows_identical": padded_same,
+        "packed_vs_padded_prefill_mean_prefix": padded_prefix,
+        "packed_vs_padded_prefill_first_tokens_equal": float(
+            (first == first_padded).float().mean()
+        ),
         "graphs_vs_hf_greedy_rows_identical": rows_same,
         "graphs_vs_hf_greedy_mean_prefix": prefix,
         "engine_vs_hf_forward_logprob_mean_abs": float(diff.mean()),
@@ -188,41 +200,78 @@ def bandwidth_floor_tok_s(
     return batch * new / (total_bytes / (copy_gbs * 1e9))
 
 
+DECODE_VARIANTS = (
+    # name: element-wise ops compiled, decode attention, sampling ("kernel": the Triton
+    # kernel, its vocabulary split over programs; "one_program": one program a row, as in
+    # the third session; "torch": the Exp(1) race), prompts packed, check_every
+    ("default", True, "triton", "kernel", True, 8),
+    ("padded_prefill", True, "triton", "kernel", False, 8),
+    ("sampling_one_program", True, "triton", "one_program", True, 8),
+    ("torch_sampling", True, "triton", "torch", True, 8),
+    ("check_every_16", True, "triton", "kernel", True, 16),
+    ("matmul_attention", True, "matmul", "kernel", True, 8),
+)
+
+
 def decode_variants(engine: FastEngine, batch: int = 256) -> dict:
-    """The same timed run with the decode attention as the Triton kernels (rope + cache
-    write, flash-decoding), a batched matmul or SDPA; the decoder's element-wise ops
-    compiled or not; and sampling by the one-pass Gumbel kernel or the torch race (a
-    float32 noise tensor, then two compiled passes). Leaves the fastest set."""
-    from services.rollout import gpu_sampler
+    """The same timed run under each of ``DECODE_VARIANTS``, one after another on the same
+    engine; leaves the default set."""
+    from services.rollout import gpu_sampler, kernels
 
-    out = {}
-    variants = (
-        ("compiled_triton", True, "triton", True),
-        ("compiled_triton_torch_sampling", True, "triton", False),
-        ("compiled_matmul", True, "matmul", True),
-        ("compiled_sdpa", True, "sdpa", True),
-        ("plain_ops_triton", False, "triton", True),
-    )
+    kernel = kernels.sample_gumbel
 
-    def configure(compiled: bool, attention: str, kernel_sampling: bool) -> None:
+    def configure(compiled: bool, attention: str, sampling: str, pack: bool, check: int):
         engine.decoder.use_compiled_ops(compiled)
         engine.decoder.attention = attention
-        if kernel_sampling:
-            gpu_sampler._compiled.pop("no_kernel", None)
-        else:
+        engine.decoder.pack_prompts = pack
+        engine.check_every = check
+        gpu_sampler._compiled.pop("no_kernel", None)
+        kernels.sample_gumbel = kernel
+        if sampling == "torch":
             gpu_sampler._compiled["no_kernel"] = True
+        elif sampling == "one_program":
+            kernels.sample_gumbel = functools.partial(kernel, splits=1)
         engine.graphs.clear()
 
-    for name, *setting in variants:
-        configure(*setting)
-        try:
-            out[name] = engine_speed(engine, batch, 256, 256, False)
-            out[name]["ops_compiled"] = engine.decoder.ops.compiled
-        except Exception as e:  # noqa: BLE001
-            out[name] = {"error": f"{type(e).__name__}: {e}"}
-    best = max((k for k in out if "tok_s" in out[k]), key=lambda k: out[k]["tok_s"])
-    configure(*next(v[1:] for v in variants if v[0] == best))
-    out["best"] = best
+    out = {}
+    try:
+        for name, *setting in DECODE_VARIANTS:
+            configure(*setting)
+            try:
+                out[name] = engine_speed(engine, batch, 256, 256, False)
+            except Exception as e:  # noqa: BLE001
+                out[name] = {"error": f"{type(e).__name__}: {e}"}
+    finally:
+        configure(*DECODE_VARIANTS[0][1:])
+    return out
+
+
+def sampling_kernel_us(rows: int = 256, vocab: int = 151936, calls: int = 50) -> dict:
+    """The sampling kernel alone on random bf16 logits, microseconds a call (CUDA events):
+    its vocabulary split automatically with blocks of 2048, 1024 and 512 columns, and one
+    program a row (the third session's layout). All draw the same tokens (same noise,
+    checked)."""
+    from services.rollout import kernels
+
+    logits = torch.randn(rows, vocab, device="cuda").bfloat16()
+    out = {}
+    tokens = {}
+    for name, splits, block in (
+        ("auto_b2048", None, 2048),
+        ("auto_b1024", None, 1024),
+        ("auto_b512", None, 512),
+        ("one_program_b2048", 1, 2048),
+    ):
+        run = functools.partial(kernels.sample_gumbel, splits=splits, block=block)
+        tokens[name] = run(logits, 1.0, 7, 0)[0]
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for i in range(calls):
+            run(logits, 1.0, 7, 4 * i)
+        end.record()
+        torch.cuda.synchronize()
+        out[f"{name}_us"] = start.elapsed_time(end) * 1e3 / calls
+    out["same_tokens"] = all(torch.equal(t, tokens["auto_b2048"]) for t in tokens.values())
     return out
 
 

@@ -74,6 +74,7 @@ def engine_section(workdir: str, out: Path, quick: bool = False):
     }
     _run("engine_check_bf16", lambda: ge.check_bf16(engine), out)
     if not quick:
+        _run("sampling_kernel", ge.sampling_kernel_us, out)
         _run("engine_variants_b256", lambda: ge.decode_variants(engine, 256), out)
     for batch in (64, 256):
         _run(f"engine_b{batch}", lambda b=batch: ge.engine_speed(engine, b, 256, 256, False), out)
@@ -96,12 +97,14 @@ def engine_section(workdir: str, out: Path, quick: bool = False):
     return engine
 
 
-def hf_section(engine, out: Path, deadline: float) -> None:
+def hf_section(engine, out: Path, deadline: float, eager_only: bool = False) -> None:
     from benchmarks import gpu_engine as ge
 
     model = engine.runner.model
     for batch in (64, 256):
         _run(f"hf_eager_b{batch}", lambda b=batch: ge.hf_speed(model, b, 256, 256, False), out)
+    if eager_only:
+        return
     _run("hf_static_b256", lambda: ge.hf_speed(model, 256, 256, 256, True), out)
     if time.monotonic() < deadline - 90:
         _run("hf_static_b64", lambda: ge.hf_speed(model, 64, 256, 256, True), out)
@@ -159,6 +162,11 @@ def main() -> None:
         action="store_true",
         help="skip the engine variants/eager/profile and trainer checkpointing",
     )
+    parser.add_argument(
+        "--hf-eager-only",
+        action="store_true",
+        help="time only eager generate (static-cache generate compiles for 25 to 50 s)",
+    )
     args = parser.parse_args()
     deadline = time.monotonic() + args.budget_s
     out = Path(args.out)
@@ -193,7 +201,7 @@ def main() -> None:
             out,
         )
     if "hf" in sections and engine is not None:
-        hf_section(engine, out, deadline)
+        hf_section(engine, out, deadline, args.hf_eager_only)
     _save(out)
     print("\n" + _table(), flush=True)
 

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from meshrl.packed_attention import packed_causal_attention
 from services.rollout import kernels
 from services.rollout.fused_ops import FusedOps
 from services.rollout.fused_weights import FusedLayer, can_fuse, fuse_layer
@@ -77,6 +78,9 @@ class StaticDecoder:
         """Decode attention: "triton" (one kernel: rope, cache write, grouped-query
         flash-decoding over the slot; CUDA), "matmul" (grouped heads as rows of one
         batched matmul) or "sdpa" (the same, through scaled_dot_product_attention)."""
+        self.pack_prompts = True
+        """With the Triton attention, prefill prompts packed back to back
+        (:meth:`prefill_packed`); False: right-padded through SDPA (:meth:`prefill`)."""
         self._cos = self._sin = torch.empty(0)
 
     def use_compiled_ops(self, on: bool) -> bool:
@@ -181,6 +185,51 @@ class StaticDecoder:
                 h = ops.rms_norm(x, self.layers[i + 1].input_layernorm.weight, self.eps)
         last = x[torch.arange(u, device=x.device), lengths - 1]  # (u, hidden)
         return self.lm_head(ops.rms_norm(last, self.norm.weight, self.eps))
+
+    @property
+    def packed_prefill(self) -> bool:
+        """Whether prompts are prefilled packed back to back (:meth:`prefill_packed`): it
+        needs the Triton rope/cache kernel, which stores each token in its slot(s)."""
+        return self.attention == "triton" and self.pack_prompts
+
+    @torch.inference_mode()
+    def prefill_packed(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        cu_seq_lens: torch.Tensor,
+        max_len: int,
+        slots: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        """Runs prompts packed back to back and stores their keys/values; returns each
+        prompt's last-token logits (u, V).
+
+        ids (T,) int64, the u prompts one after another; positions (T,) int64, each token's
+        index in its prompt; cu_seq_lens (u + 1,) int32 offsets of the prompts; max_len the
+        longest; slots (T, C) int64, the cache slots each token's key/value go to (-1:
+        none; a prompt sampled n times goes to n slots). No padding is computed, and the
+        rope, the rotated keys and the cache writes are one kernel per layer.
+        """
+        ops = self.ops
+        cos_t, sin_t = self.rope_table(max_len)
+        x = self.embed(ids)  # (T, hidden)
+        h = ops.rms_norm(x, self.layers[0].input_layernorm.weight, self.eps)
+        rows = ids.shape[0]
+        k_rot = torch.empty(rows, self.kv_heads, self.head_dim, dtype=x.dtype, device=x.device)
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(i, h, (rows,))  # (T, h, d)
+            q = kernels.rope_store(
+                q, k, v, cos_t, sin_t, positions, k_cache[i], v_cache[i], slots=slots, k_out=k_rot
+            )
+            o = packed_causal_attention(
+                q, k_rot, v.contiguous(), cu_seq_lens, max_len, self.scaling
+            )  # (T, H, d)
+            o = layer.self_attn.o_proj(o.reshape(rows, -1))
+            x, h = ops.add_rms_norm(x, o, layer.post_attention_layernorm.weight, self.eps)
+            x, h = ops.add_rms_norm(x, self._mlp(i, h), self._next_norm_weight(i), self.eps)
+        return self.lm_head(h[cu_seq_lens[1:].long() - 1])  # h: the final norm's output
 
     @torch.inference_mode()
     def decode(

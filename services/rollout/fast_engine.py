@@ -174,16 +174,20 @@ class FastEngine(NativeEngine):
         n = sampling.params.n
         device = self.runner.device
         distinct = sorted({seq // n for seq, _ in admitted})
+        packed = self.decoder.packed_prefill
         logits_parts, slots_parts, lengths_parts = [], [], []
-        for chunk in _chunks_by_tokens(distinct, prompts.lengths, self.max_prefill_tokens):
+        for chunk in _chunks_by_tokens(distinct, prompts.lengths, self.max_prefill_tokens, packed):
             index = {p: i for i, p in enumerate(chunk)}
             pairs = [(seq, slot) for seq, slot in admitted if seq // n in index]
             src = torch.tensor([index[seq // n] for seq, _ in pairs], device=device)
             dest = torch.tensor([slot for _, slot in pairs], device=device)
             rows = prompts.select(chunk)
-            ids, _ = rows.to_padded(pad_value=0)  # (u, P) right-padded
             lengths = rows.lengths.to(device)
-            logits = self.decoder.prefill(ids.long().to(device), lengths, kv.k, kv.v, dest, src)
+            if packed:
+                logits = self._prefill_packed(rows, pairs, index, n, kv)
+            else:
+                ids, _ = rows.to_padded(pad_value=0)  # (u, P) right-padded
+                logits = self.decoder.prefill(ids.long().to(device), lengths, kv.k, kv.v, dest, src)
             logits_parts.append(logits[src])
             slots_parts.append(dest)
             lengths_parts.append(lengths[src])
@@ -191,6 +195,29 @@ class FastEngine(NativeEngine):
         tokens, logprobs = sample_rows(logits, sampling.params, sampling.generator)
         state.admit(
             torch.cat(slots_parts), torch.cat(lengths_parts), tokens, logprobs, sampling.stop_ids
+        )
+
+    def _prefill_packed(self, rows: Ragged, pairs, index: dict, n: int, kv: KVView):
+        """Logits (u, V) of the prompts ``rows``, run packed; pairs (sequence, slot) say
+        where each prompt's keys/values go (prompt ``index[sequence // n]``)."""
+        device = self.runner.device
+        lengths = rows.lengths
+        copies = [[] for _ in range(len(rows))]
+        for seq, slot in pairs:
+            copies[index[seq // n]].append(slot)
+        table = torch.full((len(rows), max(map(len, copies))), -1, dtype=torch.int64)
+        for i, slots in enumerate(copies):
+            table[i, : len(slots)] = torch.tensor(slots, dtype=torch.int64)
+        starts = rows.offsets[:-1].repeat_interleave(lengths)
+        positions = torch.arange(rows.values.numel(), dtype=torch.int64) - starts
+        return self.decoder.prefill_packed(
+            rows.values.to(device=device, dtype=torch.int64),
+            positions.to(device),
+            rows.offsets.to(device=device, dtype=torch.int32),
+            int(lengths.max()),
+            table.repeat_interleave(lengths, dim=0).to(device),  # (T, C): a row per token
+            kv.k,
+            kv.v,
         )
 
     def _decode_step(self, kv: KVView, state: SlotState, sched: Scheduler, sampling) -> None:
@@ -238,18 +265,23 @@ class FastEngine(NativeEngine):
         sched.move(src, dst[: len(src)])
 
 
-def _chunks_by_tokens(rows: list[int], lengths: torch.Tensor, budget: int) -> list[list[int]]:
-    """Splits prompt rows into groups whose padded size (count x longest) fits ``budget``."""
+def _chunks_by_tokens(
+    rows: list[int], lengths: torch.Tensor, budget: int, packed: bool = False
+) -> list[list[int]]:
+    """Splits prompt rows into groups whose size fits ``budget`` tokens: their total length
+    when ``packed``, else their padded size (count x longest)."""
     chunks: list[list[int]] = []
     current: list[int] = []
-    longest = 0
+    longest = total = 0
     for r in rows:
         length = int(lengths[r])
-        if current and (len(current) + 1) * max(longest, length) > budget:
+        size = total + length if packed else (len(current) + 1) * max(longest, length)
+        if current and size > budget:
             chunks.append(current)
-            current, longest = [], 0
+            current, longest, total = [], 0, 0
         current.append(r)
         longest = max(longest, length)
+        total += length
     if current:
         chunks.append(current)
     return chunks

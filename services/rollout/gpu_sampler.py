@@ -7,8 +7,9 @@ takes the argmax of the logits as they come (bf16 to float32 is exact, so the sa
 index). Log-probs are ``logits / T - logsumexp`` at the drawn token, as before. With
 top-k/top-p the plain sampler runs.
 
-On CUDA (or under the Triton interpreter) the draw and its log-prob are one Triton kernel,
-:func:`kernels.sample_gumbel`, that reads the logits once: Gumbel-max,
+On CUDA (or under the Triton interpreter) the draw and its log-prob come from
+:func:`kernels.sample_gumbel`, which reads the logits once (each row's vocabulary split over
+several programs, then a small kernel combines their partial results): Gumbel-max,
 ``argmax(logits / T + G)``, the same distribution as the race (``-log E`` is a Gumbel
 draw), with its own Philox stream keyed on the host, so a step makes no (rows, vocabulary)
 noise tensor and never syncs. Its seed and counter come from the request's generator:

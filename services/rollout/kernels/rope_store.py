@@ -2,6 +2,10 @@
 (Triton, CUDA): replaces rope (five kernels per tensor in eager torch) and the two
 ``index_put`` scatters of the torch decode path.
 
+The prefill uses it too, with a row per prompt token (prompts packed back to back): each
+row then names the slot(s) it is stored in (a prompt sampled n times is stored in n slots)
+and the rotated keys also come back for the prefill's own attention.
+
 Rope is computed in float32 without fused multiply-adds and rounded once to the model dtype
 (as the ``torch.compile``-fused ``fused_ops.rope`` computes it; the eager one rounds each
 product too, which can move bf16 results by an ulp or so of the inputs).
@@ -36,6 +40,13 @@ def _rope_store_kernel(
     table_stride_dim,
     table_len,
     positions_ptr,
+    slots_ptr,
+    slots_stride_row,
+    slots_stride_copy,
+    copies,
+    k_out_ptr,
+    k_out_stride_row,
+    k_out_stride_head,
     k_cache_ptr,
     k_cache_stride_slot,
     k_cache_stride_head,
@@ -52,9 +63,13 @@ def _rope_store_kernel(
     cache_len,
     Q_HEADS: tl.constexpr,
     HALF_DIM: tl.constexpr,
+    SLOT_TABLE: tl.constexpr,
+    K_OUT: tl.constexpr,
 ):
     """One (row, head): heads [0, Q_HEADS) are query heads (rotated into q_out), the rest
-    kv heads (key rotated, key and value stored at the row's position of slot `row`)."""
+    kv heads (key rotated, key and value stored at the row's position of slot `row`, or,
+    with SLOT_TABLE, of each slot `slots[row, c]` >= 0 for c < copies; with K_OUT the
+    rotated key also goes to k_out[row, head])."""
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     position = tl.load(positions_ptr + row)
@@ -90,29 +105,40 @@ def _rope_store_kernel(
         src = k_ptr + row * k_stride_row + kv_head * k_stride_head
         x_low = tl.load(src + low * k_stride_dim).to(tl.float32)
         x_high = tl.load(src + high * k_stride_dim).to(tl.float32)
-        dst = (
-            k_cache_ptr
-            + row * k_cache_stride_slot
-            + kv_head * k_cache_stride_head
-            + position * k_cache_stride_pos
-        )
         cache_dtype = k_cache_ptr.dtype.element_ty
         rotated_low = (x_low * cos_low - x_high * sin_low).to(cache_dtype)
         rotated_high = (x_high * cos_high + x_low * sin_high).to(cache_dtype)
-        tl.store(dst + low * k_cache_stride_dim, rotated_low, mask=in_slot)
-        tl.store(dst + high * k_cache_stride_dim, rotated_high, mask=in_slot)
-
         src = v_ptr + row * v_stride_row + kv_head * v_stride_head
         value_low = tl.load(src + low * v_stride_dim)
         value_high = tl.load(src + high * v_stride_dim)
-        dst = (
-            v_cache_ptr
-            + row * v_cache_stride_slot
-            + kv_head * v_cache_stride_head
-            + position * v_cache_stride_pos
-        )
-        tl.store(dst + low * v_cache_stride_dim, value_low, mask=in_slot)
-        tl.store(dst + high * v_cache_stride_dim, value_high, mask=in_slot)
+        if K_OUT:
+            dst = k_out_ptr + row * k_out_stride_row + kv_head * k_out_stride_head
+            tl.store(dst + low, rotated_low)
+            tl.store(dst + high, rotated_high)
+        for c in range(copies):
+            if SLOT_TABLE:
+                slot = tl.load(slots_ptr + row * slots_stride_row + c * slots_stride_copy)
+            else:
+                slot = row
+            slot_lanes = slot + tl.zeros([HALF_DIM], tl.int64)
+            keep = in_slot & (slot_lanes >= 0)  # -1: no slot in this column of the table
+            slot = tl.maximum(slot, 0)
+            dst = (
+                k_cache_ptr
+                + slot * k_cache_stride_slot
+                + kv_head * k_cache_stride_head
+                + position * k_cache_stride_pos
+            )
+            tl.store(dst + low * k_cache_stride_dim, rotated_low, mask=keep)
+            tl.store(dst + high * k_cache_stride_dim, rotated_high, mask=keep)
+            dst = (
+                v_cache_ptr
+                + slot * v_cache_stride_slot
+                + kv_head * v_cache_stride_head
+                + position * v_cache_stride_pos
+            )
+            tl.store(dst + low * v_cache_stride_dim, value_low, mask=keep)
+            tl.store(dst + high * v_cache_stride_dim, value_high, mask=keep)
 
 
 @functools.cache
@@ -129,6 +155,9 @@ def rope_store(
     positions: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
+    *,
+    slots: torch.Tensor | None = None,
+    k_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rotary embedding of the new token of each row, and its key/value into the cache.
 
@@ -139,6 +168,11 @@ def rope_store(
     ``v_cache[s, :, positions[s]]``. A position outside [0, L) writes nothing (and one past
     the table reads no table: that row's q is zeros), never out of bounds. Rope is computed
     in float32 and rounded once. Returns rotated q, a new contiguous (bs, H, d) tensor.
+
+    ``slots`` (bs, C) int64 (prefill: a row per prompt token): row s is stored in slots
+    ``slots[s, c]`` for every c with ``slots[s, c] >= 0`` instead of in slot s (the cache
+    may then have fewer slots than rows). ``k_out`` (bs, kvh, d), last dim contiguous, also
+    receives the rotated keys.
     """
     bs, num_heads, d = q.shape
     kv_heads = k.shape[1]
@@ -146,10 +180,16 @@ def rope_store(
     assert k.shape == v.shape == (bs, kv_heads, d)
     assert q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype
     assert cos.shape == sin.shape and cos.shape[-1] == d and cos.stride() == sin.stride()
-    assert k_cache.shape == v_cache.shape and k_cache.shape[0] >= bs
+    assert k_cache.shape == v_cache.shape and (slots is not None or k_cache.shape[0] >= bs)
     assert k_cache.shape[1] == kv_heads and k_cache.shape[-1] == d
     assert positions.shape == (bs,) and not positions.dtype.is_floating_point
+    if slots is not None:
+        assert slots.dim() == 2 and slots.shape[0] == bs and slots.dtype == torch.int64
+    if k_out is not None:
+        assert k_out.shape == k.shape and k_out.dtype == k.dtype and k_out.stride(-1) == 1
     q_out = torch.empty((bs, num_heads, d), dtype=q.dtype, device=q.device)
+    slot_table = slots if slots is not None else positions  # any pointer: not read
+    keys_out = k_out if k_out is not None else q_out  # any pointer: not written
     _kernel()[(bs, num_heads + kv_heads)](
         q,
         *q.stride(),
@@ -162,6 +202,13 @@ def rope_store(
         *cos.stride(),
         cos.shape[0],
         positions,
+        slot_table,
+        slots.stride(0) if slots is not None else 0,
+        slots.stride(1) if slots is not None else 0,
+        slots.shape[1] if slots is not None else 1,
+        keys_out,
+        k_out.stride(0) if k_out is not None else 0,
+        k_out.stride(1) if k_out is not None else 0,
         k_cache,
         *k_cache.stride(),
         v_cache,
@@ -172,6 +219,8 @@ def rope_store(
         k_cache.shape[2],
         Q_HEADS=num_heads,
         HALF_DIM=d // 2,
+        SLOT_TABLE=slots is not None,
+        K_OUT=k_out is not None,
         # A (row, head) is d elements: one warp covers it.
         num_warps=1,
         # No fused multiply-adds: x_low * cos - x_high * sin rounds each product as torch's

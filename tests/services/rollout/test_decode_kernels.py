@@ -239,7 +239,8 @@ def check_silu_mul_halves(case: dict) -> None:
 
 
 # sample_gumbel cases (see check_sampling): the draw's distribution, its log-probs in each
-# dtype (masked tails, -inf logits, a wide row stride), seeds, and gpu_sampler on top.
+# dtype (masked tails, -inf logits, a wide row stride), seeds, gpu_sampler on top, and the
+# vocabulary split over several programs drawing what one program per row draws.
 SAMPLE_CASES = {
     "distribution-v12-block16": dict(kind="distribution"),
     "logprobs-fp32-v300-block64": dict(kind="logprobs", dtype="float32", vocab=300, block=64),
@@ -249,6 +250,13 @@ SAMPLE_CASES = {
     ),
     "seeds": dict(kind="seeds"),
     "gpu_sampler": dict(kind="sampler"),
+    # (rows, vocab, block, split counts to compare with splits=1): 300 columns are not whole
+    # blocks of 64; 3 splits of 128 leave 44 for the last, 4 asked give 3 (no empty split);
+    # 100 columns in blocks of 16 split 4 (32, 32, 32, 4) and 7 (auto) ways.
+    "splits-same-token": dict(
+        kind="splits",
+        combos=[(4, 300, 64, "float32", (3, 4, None)), (4, 100, 16, "bfloat16", (4, None))],
+    ),
 }
 SAMPLE_T = 0.7
 
@@ -298,6 +306,26 @@ def check_sampling(case: dict) -> None:
         for seed, offset in ((6, 0), (5, 4), (5 + 2**40, 0), (2**64 - 1, 2**40)):
             other = td.sample_gumbel(logits, 1.0, seed, offset, block=32)[0]
             assert not torch.equal(first[0], other), f"seed {seed}, offset {offset}"
+    elif kind == "splits":
+        for rows, vocab, block, dtype, counts in case["combos"]:
+            logits = (torch.randn(rows, vocab, generator=gen) * 3).to(DTYPES[dtype])
+            logits[1, ::3] = float("-inf")  # masked tokens: never drawn
+            logits[1, : vocab // 2] = float("-inf")  # whole splits with nothing finite
+            logits[2, :-1] = float("-inf")  # only the last column: drawn, log-prob 0
+            expected = torch.log_softmax(logits.float() / SAMPLE_T, dim=-1)
+            one = td.sample_gumbel(logits, SAMPLE_T, 77, 5, block=block, splits=1)
+            for splits in (1, *counts):
+                what = f"rows {rows}, vocab {vocab}, block {block}, splits {splits}"
+                tokens, logprobs = (
+                    one
+                    if splits == 1
+                    else td.sample_gumbel(logits, SAMPLE_T, 77, 5, block=block, splits=splits)
+                )
+                assert torch.equal(tokens, one[0]), f"{what}: {tokens} vs {one[0]}"
+                at = expected.gather(1, tokens[:, None])[:, 0]
+                _close(logprobs, at, 1e-5, 1e-5, f"log-probs, {what}")
+                assert int(tokens[1]) % 3 != 0 and int(tokens[1]) >= vocab // 2, what
+                assert int(tokens[2]) == vocab - 1 and float(logprobs[2]) == 0.0, what
     else:
         assert kind == "sampler"
         from services.rollout.engine import SamplingParams
@@ -447,6 +475,40 @@ def test_split_count_only_splits_few_long_rows():
     splits = td.split_count(programs=64, width=8192, sms=132)
     assert 1 < splits <= td.MAX_SPLITS and splits * 64 >= 2 * 132
     assert td.split_count(programs=8, width=3 * td.KEYS_PER_SPLIT_MIN, sms=132) == 3
+
+
+def test_sample_splits_fill_the_gpu_with_whole_blocks():
+    from services.rollout.kernels.runtime import cdiv
+    from services.rollout.kernels.sampling import SAMPLE_BLOCK, sample_splits
+
+    def check(rows, vocab, block, sms=132, asked=None):
+        splits, chunk = sample_splits(rows, vocab, block, sms, asked)
+        assert 1 <= splits <= cdiv(vocab, block), (rows, vocab, block, splits)
+        assert chunk % block == 0 and chunk > 0, chunk
+        assert (splits - 1) * chunk < vocab <= splits * chunk, "an empty split or a lost column"
+        return splits, chunk
+
+    # A decode batch of 256 rows over Qwen's vocabulary: more than one program per row, and
+    # about 8 per SM in all.
+    splits, chunk = check(256, 151936, SAMPLE_BLOCK)
+    assert splits > 1 and 6 * 132 <= 256 * splits <= 12 * 132, splits
+    # One row: a program per block (more would have less than a block each).
+    assert check(1, 151936, SAMPLE_BLOCK) == (cdiv(151936, SAMPLE_BLOCK), SAMPLE_BLOCK)
+    assert check(1, 151936, 16)[0] == 8 * 132  # capped by the programs wanted, not the blocks
+    # Rows enough to fill the GPU alone: one program per row.
+    assert check(4096, 151936, SAMPLE_BLOCK) == (1, cdiv(151936, SAMPLE_BLOCK) * SAMPLE_BLOCK)
+    assert check(3, 12, 16) == (1, 16)  # less than a block
+    # Asked: at least a block each, none empty (4 asked: 75 columns each round up to 128,
+    # which 3 splits cover).
+    assert check(4, 300, 64, asked=3) == (3, 128)
+    assert check(4, 300, 64, asked=4) == (3, 128)
+    assert check(4, 300, 64, asked=100) == (5, 64)
+    assert check(4, 300, 64, asked=1) == (1, 320)
+    for rows in (1, 2, 7, 64, 255, 1000):
+        for vocab in (1, 15, 16, 17, 2047, 2048, 2049, 32000, 151936):
+            for block in (16, 64, SAMPLE_BLOCK):
+                check(rows, vocab, block)
+                check(rows, vocab, block, asked=5)
 
 
 def test_available(monkeypatch):

@@ -62,6 +62,24 @@ def test_silu_mul_halves_matches_torch():
     torch.testing.assert_close(td.silu_mul_halves(gate_up), want, atol=1e-2, rtol=1e-2)
 
 
+def test_sample_gumbel_splits_draw_what_one_program_draws():
+    from services.rollout.kernels.sampling import SAMPLE_BLOCK, sample_splits
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    rows, vocab, t = 256, 151936, 0.8
+    logits = (torch.randn(rows, vocab, device="cuda", generator=g) * 3).bfloat16()
+    logits[1, ::3] = float("-inf")
+    logits[2, :-1] = float("-inf")  # only the last column is finite
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert sample_splits(rows, vocab, SAMPLE_BLOCK, sms)[0] > 1  # auto does split here
+    for seed, offset in ((1234, 0), (2**61 + 9, 2**40 + 4)):
+        one_tokens, one_logprobs = td.sample_gumbel(logits, t, seed, offset, splits=1)
+        tokens, logprobs = td.sample_gumbel(logits, t, seed, offset)
+        assert torch.equal(tokens, one_tokens)
+        torch.testing.assert_close(logprobs, one_logprobs, atol=1e-5, rtol=1e-5)
+    assert int(tokens[2]) == vocab - 1 and float(logprobs[2]) == 0.0
+
+
 def test_sample_gumbel_logprobs_and_frequencies():
     from services.rollout.engine import SamplingParams
     from services.rollout.gpu_sampler import sample_rows

@@ -1,6 +1,6 @@
-"""The fast engine end to end on its Triton path (rope + cache write, flash-decoding, SiLU,
-one-pass sampling), run on CPU by Triton's interpreter: greedy tokens and log-probs equal
-the plain engine's, seeded sampling repeats and its log-probs match scoring, and a model
+"""The fast engine end to end on its Triton path (packed prefill, rope + cache write,
+flash-decoding, SiLU, one-pass sampling), run on CPU by Triton's interpreter: greedy tokens
+and log-probs equal the plain engine's and the right-padded prefill's, seeded sampling repeats and its log-probs match scoring, and a model
 whose head size the kernels cannot tile takes the torch attention path.
 
 The interpreter must be on before triton first launches a kernel, so the engine runs in a
@@ -41,6 +41,21 @@ want = NativeEngine(str(path)).generate(prompts, greedy)
 got = fast.generate(prompts, greedy)
 assert got.responses.tolist() == want.responses.tolist(), "greedy tokens differ"
 torch.testing.assert_close(got.logprobs.values, want.logprobs.values, atol=1e-5, rtol=0)
+
+# Prompts prefilled packed (above: the kernel stores each prompt in its n slots) = right-
+# padded through SDPA; packed again in chunks of at most 16 tokens. Two tokens each: the
+# prefill is what differs.
+assert fast.decoder.packed_prefill
+short = SamplingParams(temperature=0, max_tokens=2, n=2)
+packed = fast.generate(prompts, short)
+fast.decoder.pack_prompts = False
+padded = fast.generate(prompts, short)
+fast.decoder.pack_prompts, fast.max_prefill_tokens = True, 16
+chunked = fast.generate(prompts, short)
+assert packed.responses.tolist() == [r[:2] for r in got.responses.tolist()]
+for other in (padded, chunked):
+    assert other.responses.tolist() == packed.responses.tolist()
+    torch.testing.assert_close(other.logprobs.values, packed.logprobs.values, atol=1e-5, rtol=0)
 
 sampled = SamplingParams(temperature=0.8, max_tokens=8, n=2, seed=3)
 first, again = fast.generate(prompts, sampled), fast.generate(prompts, sampled)
