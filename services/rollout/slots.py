@@ -10,7 +10,55 @@ writes go to column ``gen_len``, past its tokens, and ``gen_len`` stops growing)
 
 from __future__ import annotations
 
+import logging
+
 import torch
+
+log = logging.getLogger(__name__)
+
+
+def record_step(
+    out_tokens: torch.Tensor,
+    out_logprobs: torch.Tensor,
+    gen_len: torch.Tensor,
+    done: torch.Tensor,
+    stopped: torch.Tensor,
+    last_tokens: torch.Tensor,
+    positions: torch.Tensor,
+    tokens: torch.Tensor,
+    logprobs: torch.Tensor,
+    stop_ids: torch.Tensor,
+    max_tokens: int,
+    last_position: int,
+) -> None:
+    """One sampled token for each of the first bs slots, in place: tokens, logprobs (bs,)
+    into column ``gen_len`` of out_tokens/out_logprobs (S, max_tokens + 1); the lengths,
+    stop flags, next inputs and positions (S,) advance for slots not yet done."""
+    bs = tokens.shape[0]
+    alive = ~done[:bs]
+    rows = torch.arange(bs, device=tokens.device)
+    gen = gen_len[:bs]
+    out_tokens[rows, gen] = tokens
+    out_logprobs[rows, gen] = logprobs
+    gen += alive
+    hit = alive & torch.isin(tokens, stop_ids)
+    stopped[:bs] |= hit
+    done[:bs] |= hit | (gen >= max_tokens)
+    last_tokens[:bs] = tokens
+    positions[:bs] = (positions[:bs] + alive).clamp_(max=last_position)
+
+
+_compiled: dict[str, object] = {}
+
+
+def _record_fn(device: torch.device):
+    """On CUDA, :func:`record_step` compiled into a few kernels instead of about fifteen
+    (each a launch of its own every decode step); eager elsewhere or if compiling failed."""
+    if device.type != "cuda" or _compiled.get("failed"):
+        return record_step
+    if "record" not in _compiled:
+        _compiled["record"] = torch.compile(record_step, dynamic=True)
+    return _compiled["record"]
 
 
 class SlotState:
@@ -53,18 +101,30 @@ class SlotState:
 
     def record(self, tokens: torch.Tensor, logprobs: torch.Tensor, stop_ids: torch.Tensor) -> None:
         """Takes one sampled token for each of the first bs slots: tokens, logprobs (bs,)."""
-        bs = tokens.shape[0]
-        alive = ~self.done[:bs]
-        rows = torch.arange(bs, device=tokens.device)
-        gen = self.gen_len[:bs]
-        self.tokens[rows, gen] = tokens
-        self.logprobs[rows, gen] = logprobs
-        gen += alive
-        hit = alive & torch.isin(tokens, stop_ids)
-        self.stopped[:bs] |= hit
-        self.done[:bs] |= hit | (gen >= self.max_tokens)
-        self.last_tokens[:bs] = tokens
-        self.positions[:bs] = (self.positions[:bs] + alive).clamp_(max=self.slot_len - 1)
+        args = (
+            self.tokens,
+            self.logprobs,
+            self.gen_len,
+            self.done,
+            self.stopped,
+            self.last_tokens,
+            self.positions,
+            tokens,
+            logprobs,
+            stop_ids,
+            self.max_tokens,
+            self.slot_len - 1,
+        )
+        fn = _record_fn(tokens.device)
+        if fn is record_step:
+            return record_step(*args)
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001 - a compiler problem shows at the first call
+            # A compiler failure shows before the compiled code runs: nothing was written yet.
+            log.warning("compiled slot bookkeeping failed (%s); running it eagerly", e)
+            _compiled["failed"] = True
+            record_step(*args)
 
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Moves the state of slots ``src`` to ``dst`` (m,) (compaction); src left done."""
