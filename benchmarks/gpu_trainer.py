@@ -161,32 +161,64 @@ def actor_update(
     return out
 
 
+UPDATE_LAYOUTS = {
+    # name: (config overrides, environment, skip dynamo's guard checks)
+    "layers_compiled": ((), {"MESHRL_FSDP_UNITS": "layer"}, False),
+    "model_unit": ((), {"MESHRL_FSDP_UNITS": "model"}, False),
+    # A diagnostic, not a setting to run with: how much of the host time is guard checks.
+    "model_unit_no_guards": ((), {"MESHRL_FSDP_UNITS": "model"}, True),
+    "padding_free": (
+        (
+            "actor_rollout_ref.actor.use_dynamic_bsz=true",
+            "actor_rollout_ref.model.use_remove_padding=true",
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
+        ),
+        {"MESHRL_FSDP_UNITS": "layer"},
+        False,
+    ),
+}
+
+
 def update_variants(
-    model_dir: str, out_dir: str = "", updates: int = 4, device: str = "cuda"
+    model_dir: str,
+    out_dir: str = "",
+    updates: int = 4,
+    device: str = "cuda",
+    layouts: tuple[str, ...] = ("layers_compiled", "padding_free"),
 ) -> dict:
-    """Where the actor update's time goes: compiled decoder layers over right-padded rows
-    and over one padding-free row. Each: the median MFU of updates 2.., and a profile of
-    one more: its kernels, and the GPU's idle gaps with what the host was doing then
-    (``trace_gaps``), in ``out_dir``.
+    """Where the actor update's time goes, for each named layout of ``UPDATE_LAYOUTS``
+    (all with compiled decoder layers): a shard unit per decoder layer or one for the whole
+    model, right-padded rows or one padding-free row. Each: the median MFU of updates 2..,
+    and a profile of one more: its kernels, and the GPU's idle gaps with what the host was
+    doing then (``trace_gaps``), in ``out_dir``.
 
     (Tried on the H200 and dropped: the whole model as one FSDP unit with the decoder
     stack compiled as one graph, 30.8% MFU against 35.3% for a unit and a graph per layer;
     keeping the gathered weights from forward to backward; keeping the LM head's chunks
     instead of recomputing them, or larger chunks: each within noise.)"""
-    padding_free = (
-        "actor_rollout_ref.actor.use_dynamic_bsz=true",
-        "actor_rollout_ref.model.use_remove_padding=true",
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
-    )
     out = {}
-    for tag, overrides in (("layers_compiled", ()), ("padding_free", padding_free)):
+    for tag in layouts:
+        overrides, env, no_guards = UPDATE_LAYOUTS[tag]
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         try:
             actor, batch, old, adv = _built_actor(
                 model_dir, True, overrides=overrides, device=device
             )
+            if no_guards:
+                # Compile (and check guards) once more with them on, then stop checking.
+                actor.update_policy(batch, old, adv, None, None, global_step=0)
+                torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
             out[tag] = _measure_updates(actor, batch, old, adv, updates, out_dir, tag)
         except Exception as e:  # noqa: BLE001
             out[tag] = {"error": f"{type(e).__name__}: {e}"[:2000]}
+        finally:
+            torch.compiler.set_stance("default", skip_guard_eval_unsafe=False)
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         print(f"[update_variants/{tag}] {out[tag]}", flush=True)
         actor = None
         if device == "cuda":
@@ -419,10 +451,15 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     parser.add_argument("--workdir", default="/tmp/meshrl_gpu")
     parser.add_argument("--updates", type=int, default=4)
+    parser.add_argument(
+        "--layouts",
+        default="layers_compiled,padding_free",
+        help=f"comma-separated, of: {', '.join(UPDATE_LAYOUTS)}",
+    )
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     path = make_model_dir(f"{args.workdir}/qwen05_fp32", dtype=torch.float32)
-    out = update_variants(path, args.out, args.updates)
+    out = update_variants(path, args.out, args.updates, layouts=tuple(args.layouts.split(",")))
     with open(f"{args.out}/update_variants.json", "w") as f:
         json.dump(out, f, indent=1)
 

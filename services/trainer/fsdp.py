@@ -32,18 +32,27 @@ def shard_model(
     mp_policy: MixedPrecisionPolicy | None = None,
     reshard_after_forward: bool = True,
     compile_layers: bool | None = None,
+    units: str | None = None,
 ) -> nn.Module:
     """Applies ``fully_shard`` to every decoder layer, then to the root; returns ``model``.
 
     ``compile_layers`` (None: the ``MESHRL_COMPILE_LAYERS=1`` environment variable)
-    torch.compiles each decoder layer first. Parameter names are unchanged (FSDP2 swaps parameters for DTensors in place), so
-    ``named_parameters()`` still gives Hugging Face names with full shapes.
+    torch.compiles each decoder layer first. ``units`` (None: ``MESHRL_FSDP_UNITS``, else
+    "layer"): "layer" shards each decoder layer as its own unit (gathered just before it
+    runs: the least memory), "model" the whole model as one unit (one gather per forward and
+    one reduce per backward instead of hooks around every layer: less host time, the whole
+    model's compute-dtype weights held at once). Parameter names are unchanged (FSDP2 swaps
+    parameters for DTensors in place), so ``named_parameters()`` still gives Hugging Face
+    names with full shapes.
     """
     kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
     if mp_policy is not None:
         kwargs["mp_policy"] = mp_policy
     if compile_layers is None:
         compile_layers = os.environ.get("MESHRL_COMPILE_LAYERS", "") == "1"
+    units = units or os.environ.get("MESHRL_FSDP_UNITS") or "layer"
+    if units not in ("layer", "model"):
+        raise ValueError(f"FSDP units {units!r}: expected 'layer' or 'model'")
     layer_types = _decoder_layer_types(model)
     for module in model.modules():
         if type(module).__name__ in layer_types:
@@ -51,7 +60,8 @@ def shard_model(
                 # Each block compiled on its own (one graph, reused by every block), then
                 # sharded: FSDP's gathers stay outside the compiled code.
                 module.compile()
-            fully_shard(module, **kwargs)
+            if units == "layer":
+                fully_shard(module, **kwargs)
     fully_shard(model, **kwargs)
     return model
 

@@ -219,3 +219,26 @@ def test_gradient_checkpointing_changes_memory_not_results(world, tiny_model_dir
 def _results(metrics: dict[str, float]) -> dict[str, float]:
     """The metrics that are results, not timings (perf/* differ from run to run)."""
     return {k: v for k, v in metrics.items() if not k.startswith("perf/")}
+
+
+def test_one_shard_unit_for_the_model_trains_like_one_per_layer(world, tiny_model_dir, monkeypatch):
+    # MESHRL_FSDP_UNITS=model drops the per-layer units: fewer hooks, the same update.
+    batch = make_batch(6, seed=4)
+    results = []
+    for units in ("layer", "model"):
+        monkeypatch.setenv("MESHRL_FSDP_UNITS", units)
+        actor = ActorRole.build(trainer_config(tiny_model_dir), world)
+        layers = actor.model.model.layers
+        assert (type(layers[0]).__name__.startswith("FSDP")) == (units == "layer")
+        old, _ = actor.compute_log_probs(batch)
+        adv = old.with_values(torch.linspace(-1, 1, old.values.numel()))
+        metrics = actor.update_policy(batch, old, adv, None, None, global_step=1)
+        results.append((old.values, metrics["actor/grad_norm"], _params(actor)))
+    (lp_layer, norm_layer, p_layer), (lp_model, norm_model, p_model) = results
+    torch.testing.assert_close(lp_model, lp_layer, atol=1e-6, rtol=0)
+    assert norm_model == pytest.approx(norm_layer, rel=1e-5)
+    for name in p_layer:
+        torch.testing.assert_close(p_model[name], p_layer[name], atol=1e-6, rtol=0)
+    monkeypatch.setenv("MESHRL_FSDP_UNITS", "blocks")
+    with pytest.raises(ValueError, match="FSDP units 'blocks'"):
+        ActorRole.build(trainer_config(tiny_model_dir), world)
