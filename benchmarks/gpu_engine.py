@@ -97,6 +97,12 @@ def check_bf16(engine: FastEngine) -> dict:
     engine.decoder.attention = attention
     engine.graphs.clear()
     paths_same, paths_prefix = _prefix_agreement(graphs.responses, torch_path.responses)
+    engine.decoder.rope_in_attention = True  # one launch a layer instead of two
+    engine.graphs.clear()
+    fused = engine.generate(prompts, greedy)
+    engine.decoder.rope_in_attention = False
+    engine.graphs.clear()
+    fused_same, fused_prefix = _prefix_agreement(graphs.responses, fused.responses)
     engine.decoder.pack_prompts = False  # right-padded prompts through SDPA
     padded = engine.generate(prompts, greedy)
     engine.decoder.pack_prompts = True
@@ -118,6 +124,8 @@ def check_bf16(engine: FastEngine) -> dict:
         "attention": attention,
         "vs_torch_attention_rows_identical": paths_same,
         "vs_torch_attention_mean_prefix": paths_prefix,
+        "rope_in_attention_rows_identical": fused_same,
+        "rope_in_attention_mean_prefix": fused_prefix,
         "packed_vs_padded_prefill_rows_identical": padded_same,
         "packed_vs_padded_prefill_mean_prefix": padded_prefix,
         "packed_vs_padded_prefill_first_tokens_equal": float(
@@ -203,13 +211,16 @@ def bandwidth_floor_tok_s(
 DECODE_VARIANTS = (
     # name: element-wise ops compiled, decode attention, sampling ("kernel": the Triton
     # kernel, its vocabulary split over programs; "one_program": one program a row, as in
-    # the third session; "torch": the Exp(1) race), prompts packed, check_every
-    ("default", True, "triton", "kernel", True, 8),
-    ("padded_prefill", True, "triton", "kernel", False, 8),
-    ("sampling_one_program", True, "triton", "one_program", True, 8),
-    ("torch_sampling", True, "triton", "torch", True, 8),
-    ("check_every_16", True, "triton", "kernel", True, 16),
-    ("matmul_attention", True, "matmul", "kernel", True, 8),
+    # the third session; "torch": the Exp(1) race), prompts packed, check_every, rope and
+    # the cache write inside the attention kernel
+    ("default", True, "triton", "kernel", True, 8, False),
+    ("rope_in_attention", True, "triton", "kernel", True, 8, True),
+    ("padded_prefill", True, "triton", "kernel", False, 8, False),
+    ("sampling_one_program", True, "triton", "one_program", True, 8, False),
+    ("torch_sampling", True, "triton", "torch", True, 8, False),
+    ("default_again", True, "triton", "kernel", True, 8, False),
+    ("rope_in_attention_again", True, "triton", "kernel", True, 8, True),
+    ("matmul_attention", True, "matmul", "kernel", True, 8, False),
 )
 
 
@@ -220,9 +231,12 @@ def decode_variants(engine: FastEngine, batch: int = 256) -> dict:
 
     kernel = kernels.sample_gumbel
 
-    def configure(compiled: bool, attention: str, sampling: str, pack: bool, check: int):
+    def configure(
+        compiled: bool, attention: str, sampling: str, pack: bool, check: int, fused: bool
+    ):
         engine.decoder.use_compiled_ops(compiled)
         engine.decoder.attention = attention
+        engine.decoder.rope_in_attention = fused
         engine.decoder.pack_prompts = pack
         engine.check_every = check
         gpu_sampler._compiled.pop("no_kernel", None)

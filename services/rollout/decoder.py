@@ -78,6 +78,10 @@ class StaticDecoder:
         """Decode attention: "triton" (one kernel: rope, cache write, grouped-query
         flash-decoding over the slot; CUDA), "matmul" (grouped heads as rows of one
         batched matmul) or "sdpa" (the same, through scaled_dot_product_attention)."""
+        self.rope_in_attention = False
+        """With the Triton attention, rope and the cache write inside the attention kernel
+        (:func:`kernels.decode_attention_rope`, one launch a layer) instead of a kernel of
+        their own before it."""
         self.pack_prompts = True
         """With the Triton attention, prefill prompts packed back to back
         (:meth:`prefill_packed`); False: right-padded through SDPA (:meth:`prefill`)."""
@@ -267,6 +271,14 @@ class StaticDecoder:
     def _triton_attention(self, positions, k_cache, v_cache, cos_t, sin_t, width):
         """Layer i's attention as two kernels: rope + cache write, then flash-decoding
         over each row's first ``positions + 1`` keys (nothing past them is read)."""
+        if self.rope_in_attention:
+
+            def attend_fused(i, q, k, v):
+                return kernels.decode_attention_rope(
+                    q, k, v, cos_t, sin_t, positions, k_cache[i], v_cache[i], self.scaling, width
+                )
+
+            return attend_fused
         # A finished slot keeps stepping until the host sees it; never read past `width`.
         lengths = (positions + 1).clamp(max=width)
 

@@ -7,6 +7,8 @@ replaces several torch kernels of :meth:`StaticDecoder.decode` or of the sampler
 - :func:`rope_store` (``rope_store.py``): rope at each row's position, the rotated key and the
   value into the row's cache slot; returns the rotated q.
 - :func:`decode_attention` (``attention.py``): grouped-query flash-decoding over the cache.
+- :func:`decode_attention_rope` (``attention.py``): both of the above in one launch (rope,
+  the cache write and the attention; the new key attended from registers).
 - :func:`silu_mul_halves` (``silu.py``): SiLU(gate) x up of the fused gate/up projection.
 - :func:`sample_gumbel` (``sampling.py``): a token and its log-prob per row, one pass.
 
@@ -19,6 +21,7 @@ from services.rollout.kernels.attention import (
     MAX_SPLITS,
     decode_attention,
     decode_attention_reference,
+    decode_attention_rope,
     split_count,
 )
 from services.rollout.kernels.rope_store import rope_store, rope_store_reference
@@ -32,6 +35,7 @@ __all__ = [
     "available",
     "decode_attention",
     "decode_attention_reference",
+    "decode_attention_rope",
     "rope_store",
     "rope_store_reference",
     "sample_gumbel",

@@ -53,9 +53,17 @@ padded = fast.generate(prompts, short)
 fast.decoder.pack_prompts, fast.max_prefill_tokens = True, 16
 chunked = fast.generate(prompts, short)
 assert packed.responses.tolist() == [r[:2] for r in got.responses.tolist()]
+fast.max_prefill_tokens = 16384
+# Rope and the cache write inside the attention kernel: the same tokens, 4 decode steps.
+fast.decoder.rope_in_attention = True
+fused = fast.generate(prompts, SamplingParams(temperature=0, max_tokens=5, n=2))
+fast.decoder.rope_in_attention = False
 for other in (padded, chunked):
     assert other.responses.tolist() == packed.responses.tolist()
     torch.testing.assert_close(other.logprobs.values, packed.logprobs.values, atol=1e-5, rtol=0)
+assert fused.responses.tolist() == [r[:5] for r in got.responses.tolist()]
+want_lp = [r[:5] for r in got.logprobs.tolist()]
+torch.testing.assert_close(fused.logprobs.values, torch.tensor(sum(want_lp, [])), atol=1e-5, rtol=0)
 
 sampled = SamplingParams(temperature=0.8, max_tokens=8, n=2, seed=3)
 first, again = fast.generate(prompts, sampled), fast.generate(prompts, sampled)
