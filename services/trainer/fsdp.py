@@ -37,11 +37,12 @@ def shard_model(
     """Applies ``fully_shard`` to every decoder layer, then to the root; returns ``model``.
 
     ``compile_layers`` (None: the ``MESHRL_COMPILE_LAYERS=1`` environment variable)
-    torch.compiles each decoder layer first. ``units`` (None: ``MESHRL_FSDP_UNITS``, else
-    "layer"): "layer" shards each decoder layer as its own unit (gathered just before it
-    runs: the least memory), "model" the whole model as one unit (one gather per forward and
-    one reduce per backward instead of hooks around every layer: less host time, the whole
-    model's compute-dtype weights held at once). Parameter names are unchanged (FSDP2 swaps
+    torch.compiles each decoder layer first. ``units``: "layer" shards each decoder layer as
+    its own unit (gathered just before it runs: the least memory), "model" the whole model
+    as one unit (one gather per forward and one reduce per backward instead of hooks around
+    every layer: less host time, the whole model's compute-dtype weights held at once).
+    None: ``MESHRL_FSDP_UNITS`` if set, else "model" on one rank (nothing is sharded there
+    anyway; on the H200 the actor update ran 1.25x faster) and "layer" on several. Parameter names are unchanged (FSDP2 swaps
     parameters for DTensors in place), so ``named_parameters()`` still gives Hugging Face
     names with full shapes.
     """
@@ -50,7 +51,9 @@ def shard_model(
         kwargs["mp_policy"] = mp_policy
     if compile_layers is None:
         compile_layers = os.environ.get("MESHRL_COMPILE_LAYERS", "") == "1"
-    units = units or os.environ.get("MESHRL_FSDP_UNITS") or "layer"
+    units = (
+        units or os.environ.get("MESHRL_FSDP_UNITS") or ("model" if mesh.size() == 1 else "layer")
+    )
     if units not in ("layer", "model"):
         raise ValueError(f"FSDP units {units!r}: expected 'layer' or 'model'")
     layer_types = _decoder_layer_types(model)
