@@ -18,7 +18,7 @@ import functools
 import torch
 
 from services.rollout.fused_ops import rope
-from services.rollout.kernels.runtime import check_head_dim, jit, tl
+from services.rollout.kernels.runtime import cdiv, check_head_dim, jit, tl
 
 
 def _rope_store_kernel(
@@ -61,84 +61,92 @@ def _rope_store_kernel(
     q_out_stride_row,
     q_out_stride_head,
     cache_len,
+    rows,
     Q_HEADS: tl.constexpr,
     HALF_DIM: tl.constexpr,
     SLOT_TABLE: tl.constexpr,
     K_OUT: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
-    """One (row, head): heads [0, Q_HEADS) are query heads (rotated into q_out), the rest
+    """ROWS rows of one head: heads [0, Q_HEADS) are query heads (rotated into q_out), the rest
     kv heads (key rotated, key and value stored at the row's position of slot `row`, or,
     with SLOT_TABLE, of each slot `slots[row, c]` >= 0 for c < copies; with K_OUT the
     rotated key also goes to k_out[row, head])."""
-    row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    position = tl.load(positions_ptr + row)
-    low = tl.arange(0, HALF_DIM)
-    high = low + HALF_DIM
+    for r in tl.static_range(ROWS):
+        # The last program's spare iterations redo the last row: the same values again.
+        row = tl.minimum(tl.program_id(0) * ROWS + r, rows - 1).to(tl.int64)
+        position = tl.load(positions_ptr + row)
+        low = tl.arange(0, HALF_DIM)
+        high = low + HALF_DIM
 
-    position_lanes = position + tl.zeros([HALF_DIM], tl.int64)
+        position_lanes = position + tl.zeros([HALF_DIM], tl.int64)
 
-    # x * cos + rotate_half(x) * sin, rotate_half(x) = (-x_high, x_low): in float32. A row
-    # whose position is past the table (a finished slot still stepping) reads zeros, not
-    # memory past the table: its output is garbage either way, its read stays in bounds.
-    in_table = (position_lanes >= 0) & (position_lanes < table_len)
-    cos_row = cos_ptr + position * table_stride_pos
-    sin_row = sin_ptr + position * table_stride_pos
-    cos_low = tl.load(cos_row + low * table_stride_dim, mask=in_table, other=0.0).to(tl.float32)
-    cos_high = tl.load(cos_row + high * table_stride_dim, mask=in_table, other=0.0).to(tl.float32)
-    sin_low = tl.load(sin_row + low * table_stride_dim, mask=in_table, other=0.0).to(tl.float32)
-    sin_high = tl.load(sin_row + high * table_stride_dim, mask=in_table, other=0.0).to(tl.float32)
+        # x * cos + rotate_half(x) * sin, rotate_half(x) = (-x_high, x_low): in float32. A row
+        # whose position is past the table (a finished slot still stepping) reads zeros, not
+        # memory past the table: its output is garbage either way, its read stays in bounds.
+        in_table = (position_lanes >= 0) & (position_lanes < table_len)
+        cos_row = cos_ptr + position * table_stride_pos
+        sin_row = sin_ptr + position * table_stride_pos
+        cos_low = tl.load(cos_row + low * table_stride_dim, mask=in_table, other=0.0).to(tl.float32)
+        cos_high = tl.load(cos_row + high * table_stride_dim, mask=in_table, other=0.0).to(
+            tl.float32
+        )
+        sin_low = tl.load(sin_row + low * table_stride_dim, mask=in_table, other=0.0).to(tl.float32)
+        sin_high = tl.load(sin_row + high * table_stride_dim, mask=in_table, other=0.0).to(
+            tl.float32
+        )
 
-    if head < Q_HEADS:
-        src = q_ptr + row * q_stride_row + head * q_stride_head
-        x_low = tl.load(src + low * q_stride_dim).to(tl.float32)
-        x_high = tl.load(src + high * q_stride_dim).to(tl.float32)
-        dst = q_out_ptr + row * q_out_stride_row + head * q_out_stride_head
-        out_dtype = q_out_ptr.dtype.element_ty
-        tl.store(dst + low, (x_low * cos_low - x_high * sin_low).to(out_dtype))
-        tl.store(dst + high, (x_high * cos_high + x_low * sin_high).to(out_dtype))
-    else:
-        kv_head = head - Q_HEADS
-        # A position outside the slot is not written (index_put would trip a device assert;
-        # an unmasked store would scribble over the next slot).
-        in_slot = (position_lanes >= 0) & (position_lanes < cache_len)
-        src = k_ptr + row * k_stride_row + kv_head * k_stride_head
-        x_low = tl.load(src + low * k_stride_dim).to(tl.float32)
-        x_high = tl.load(src + high * k_stride_dim).to(tl.float32)
-        cache_dtype = k_cache_ptr.dtype.element_ty
-        rotated_low = (x_low * cos_low - x_high * sin_low).to(cache_dtype)
-        rotated_high = (x_high * cos_high + x_low * sin_high).to(cache_dtype)
-        src = v_ptr + row * v_stride_row + kv_head * v_stride_head
-        value_low = tl.load(src + low * v_stride_dim)
-        value_high = tl.load(src + high * v_stride_dim)
-        if K_OUT:
-            dst = k_out_ptr + row * k_out_stride_row + kv_head * k_out_stride_head
-            tl.store(dst + low, rotated_low)
-            tl.store(dst + high, rotated_high)
-        for c in range(copies):
-            if SLOT_TABLE:
-                slot = tl.load(slots_ptr + row * slots_stride_row + c * slots_stride_copy)
-            else:
-                slot = row
-            slot_lanes = slot + tl.zeros([HALF_DIM], tl.int64)
-            keep = in_slot & (slot_lanes >= 0)  # -1: no slot in this column of the table
-            slot = tl.maximum(slot, 0)
-            dst = (
-                k_cache_ptr
-                + slot * k_cache_stride_slot
-                + kv_head * k_cache_stride_head
-                + position * k_cache_stride_pos
-            )
-            tl.store(dst + low * k_cache_stride_dim, rotated_low, mask=keep)
-            tl.store(dst + high * k_cache_stride_dim, rotated_high, mask=keep)
-            dst = (
-                v_cache_ptr
-                + slot * v_cache_stride_slot
-                + kv_head * v_cache_stride_head
-                + position * v_cache_stride_pos
-            )
-            tl.store(dst + low * v_cache_stride_dim, value_low, mask=keep)
-            tl.store(dst + high * v_cache_stride_dim, value_high, mask=keep)
+        if head < Q_HEADS:
+            src = q_ptr + row * q_stride_row + head * q_stride_head
+            x_low = tl.load(src + low * q_stride_dim).to(tl.float32)
+            x_high = tl.load(src + high * q_stride_dim).to(tl.float32)
+            dst = q_out_ptr + row * q_out_stride_row + head * q_out_stride_head
+            out_dtype = q_out_ptr.dtype.element_ty
+            tl.store(dst + low, (x_low * cos_low - x_high * sin_low).to(out_dtype))
+            tl.store(dst + high, (x_high * cos_high + x_low * sin_high).to(out_dtype))
+        else:
+            kv_head = head - Q_HEADS
+            # A position outside the slot is not written (index_put would trip a device assert;
+            # an unmasked store would scribble over the next slot).
+            in_slot = (position_lanes >= 0) & (position_lanes < cache_len)
+            src = k_ptr + row * k_stride_row + kv_head * k_stride_head
+            x_low = tl.load(src + low * k_stride_dim).to(tl.float32)
+            x_high = tl.load(src + high * k_stride_dim).to(tl.float32)
+            cache_dtype = k_cache_ptr.dtype.element_ty
+            rotated_low = (x_low * cos_low - x_high * sin_low).to(cache_dtype)
+            rotated_high = (x_high * cos_high + x_low * sin_high).to(cache_dtype)
+            src = v_ptr + row * v_stride_row + kv_head * v_stride_head
+            value_low = tl.load(src + low * v_stride_dim)
+            value_high = tl.load(src + high * v_stride_dim)
+            if K_OUT:
+                dst = k_out_ptr + row * k_out_stride_row + kv_head * k_out_stride_head
+                tl.store(dst + low, rotated_low)
+                tl.store(dst + high, rotated_high)
+            for c in range(copies):
+                if SLOT_TABLE:
+                    slot = tl.load(slots_ptr + row * slots_stride_row + c * slots_stride_copy)
+                else:
+                    slot = row
+                slot_lanes = slot + tl.zeros([HALF_DIM], tl.int64)
+                keep = in_slot & (slot_lanes >= 0)  # -1: no slot in this column of the table
+                slot = tl.maximum(slot, 0)
+                dst = (
+                    k_cache_ptr
+                    + slot * k_cache_stride_slot
+                    + kv_head * k_cache_stride_head
+                    + position * k_cache_stride_pos
+                )
+                tl.store(dst + low * k_cache_stride_dim, rotated_low, mask=keep)
+                tl.store(dst + high * k_cache_stride_dim, rotated_high, mask=keep)
+                dst = (
+                    v_cache_ptr
+                    + slot * v_cache_stride_slot
+                    + kv_head * v_cache_stride_head
+                    + position * v_cache_stride_pos
+                )
+                tl.store(dst + low * v_cache_stride_dim, value_low, mask=keep)
+                tl.store(dst + high * v_cache_stride_dim, value_high, mask=keep)
 
 
 @functools.cache
@@ -190,7 +198,10 @@ def rope_store(
     q_out = torch.empty((bs, num_heads, d), dtype=q.dtype, device=q.device)
     slot_table = slots if slots is not None else positions  # any pointer: not read
     keys_out = k_out if k_out is not None else q_out  # any pointer: not written
-    _kernel()[(bs, num_heads + kv_heads)](
+    # A prefill has a row per prompt token: many rows a program, not one program (one warp)
+    # for each of hundreds of thousands of (row, head) pairs.
+    rows_per_program = 1 if bs <= 1024 else 16
+    _kernel()[(cdiv(bs, rows_per_program), num_heads + kv_heads)](
         q,
         *q.stride(),
         k,
@@ -217,10 +228,12 @@ def rope_store(
         q_out.stride(0),
         q_out.stride(1),
         k_cache.shape[2],
+        bs,
         Q_HEADS=num_heads,
         HALF_DIM=d // 2,
         SLOT_TABLE=slots is not None,
         K_OUT=k_out is not None,
+        ROWS=rows_per_program,
         # A (row, head) is d elements: one warp covers it.
         num_warps=1,
         # No fused multiply-adds: x_low * cos - x_high * sin rounds each product as torch's

@@ -227,6 +227,51 @@ def check_rope_store(case: dict) -> None:
     assert torch.equal(v_buffer[~written], v_before[~written]), "a value was written elsewhere"
 
 
+# Prefill through rope_store: a row per prompt token, prompts back to back, each stored in
+# its slot(s) of a slot table (-1: none), rotated keys also returned. Over 1024 rows, so
+# the kernel takes many rows a program; lengths not a multiple of its 16.
+ROPE_PREFILL_CASES = {
+    "fp32-3-prompts-1100-rows": dict(lengths=[500, 351, 249], slots=[[0, 3], [1, -1], [2, -1]]),
+}
+
+
+def check_rope_store_prefill(case: dict) -> None:
+    gen = torch.Generator().manual_seed(2)
+    H, kvh, d, L = 2, 1, 16, 512
+    lengths = case["lengths"]
+    rows = sum(lengths)
+    cos, sin = _rope_tables(L, d, torch.float32)
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    table = torch.tensor(case["slots"]).repeat_interleave(torch.tensor(lengths), dim=0)
+    qkv = torch.randn(rows, (H + 2 * kvh) * d, generator=gen)
+    q = qkv[:, : H * d].view(rows, H, d)
+    k = qkv[:, H * d : (H + kvh) * d].view(rows, kvh, d)
+    v = qkv[:, (H + kvh) * d :].view(rows, kvh, d)
+    slots = int(table.max()) + 2
+    k_cache = torch.randn(slots, kvh, L, d, generator=gen)
+    v_cache = torch.randn(slots, kvh, L, d, generator=gen)
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+    k_out = torch.full((rows, kvh, d), float("nan"))
+
+    q_rot = td.rope_store(q, k, v, cos, sin, positions, k_cache, v_cache, slots=table, k_out=k_out)
+
+    cos_at, sin_at = cos[positions][:, None], sin[positions][:, None]
+    q_exact, k_exact = rope(q, k, cos_at, sin_at)
+    _close(q_rot, q_exact, 1e-6, 1e-6, "q")
+    _close(k_out, k_exact, 1e-6, 1e-6, "rotated keys")
+    written = torch.zeros(k_cache.shape[:3], dtype=torch.bool)
+    start = 0
+    for n, prompt_slots in zip(lengths, case["slots"], strict=True):
+        for slot in (s for s in prompt_slots if s >= 0):
+            written[slot, :, :n] = True
+            want = k_out[start : start + n].transpose(0, 1)  # (kvh, n, d)
+            assert torch.equal(k_cache[slot, :, :n], want), f"keys in slot {slot}"
+            assert torch.equal(v_cache[slot, :, :n], v[start : start + n].transpose(0, 1))
+        start += n
+    assert torch.equal(k_cache[~written], k_before[~written]), "a key was written elsewhere"
+    assert torch.equal(v_cache[~written], v_before[~written]), "a value was written elsewhere"
+
+
 def check_silu_mul_halves(case: dict) -> None:
     dtype = getattr(torch, case["dtype"])
     gen = torch.Generator().manual_seed(case["rows"])
@@ -355,6 +400,7 @@ def _run_all_cases(results_path: str) -> None:
     for group, cases, check in (
         ("attention", ATTENTION_CASES, check_attention),
         ("rope_store", ROPE_CASES, check_rope_store),
+        ("rope_store_prefill", ROPE_PREFILL_CASES, check_rope_store_prefill),
         ("silu_mul_halves", SILU_CASES, check_silu_mul_halves),
         ("sampling", SAMPLE_CASES, check_sampling),
     ):
@@ -407,6 +453,12 @@ def test_decode_attention_in_interpreter(interpreter_results, name):
 @pytest.mark.parametrize("name", list(ROPE_CASES))
 def test_rope_store_in_interpreter(interpreter_results, name):
     _report(interpreter_results, f"rope_store/{name}")
+
+
+@needs_triton
+@pytest.mark.parametrize("name", list(ROPE_PREFILL_CASES))
+def test_rope_store_prefill_in_interpreter(interpreter_results, name):
+    _report(interpreter_results, f"rope_store_prefill/{name}")
 
 
 @needs_triton
