@@ -76,6 +76,12 @@ def engine_section(workdir: str, out: Path, quick: bool = False):
     if not quick:
         _run("sampling_kernel", ge.sampling_kernel_us, out)
         _run("engine_variants_b256", lambda: ge.decode_variants(engine, 256), out)
+        # The timed runs below take rope inside the attention kernel if it won both pairs.
+        v = RESULTS["engine_variants_b256"]
+        pairs = (("rope_in_attention", "default"), ("rope_in_attention_again", "default_again"))
+        fused = all(v.get(a, {}).get("tok_s", 0) > v.get(b, {}).get("tok_s", 0) for a, b in pairs)
+        engine.decoder.rope_in_attention = fused
+        RESULTS["engine_settings"] = {"rope_in_attention": fused}
     for batch in (64, 256):
         _run(f"engine_b{batch}", lambda b=batch: ge.engine_speed(engine, b, 256, 256, False), out)
     if not quick:
