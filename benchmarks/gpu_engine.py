@@ -71,6 +71,29 @@ def check_fp32(workdir: str) -> dict:
     return out
 
 
+def check_packed_attention() -> dict:
+    """The prefill's packed attention, bf16, 14 query heads over 2 kv heads, three sequences:
+    the forward op with grouped heads as they are, against varlen_attn's path (keys
+    repeated where the torch release needs it) and a float32 SDPA per sequence."""
+    from meshrl import packed_attention as pa
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    lengths = [300, 1, 700]
+    cu = torch.tensor([0, 300, 301, 1001], dtype=torch.int32, device="cuda")
+    q = torch.randn(1001, 14, 64, device="cuda", generator=g).bfloat16()
+    k = torch.randn(1001, 2, 64, device="cuda", generator=g).bfloat16()
+    v = torch.randn(1001, 2, 64, device="cuda", generator=g).bfloat16()
+    with torch.no_grad():
+        native = pa._flash_forward(q, k, v, cu, max(lengths), 0.125)
+        repeated = pa._flash_varlen(q, k, v, cu, cu, max(lengths), max(lengths), 0.125)
+        exact = pa._per_sequence_sdpa(q.float(), k.float(), v.float(), cu, 0.125, True)
+    return {
+        "native_vs_varlen_max_abs": float((native.float() - repeated.float()).abs().max()),
+        "native_vs_float32_max_abs": float((native.float() - exact).abs().max()),
+        "varlen_vs_float32_max_abs": float((repeated.float() - exact).abs().max()),
+    }
+
+
 def _lp_diff(a, b, comparable: bool) -> float | None:
     if not comparable:
         return None

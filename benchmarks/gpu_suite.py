@@ -58,6 +58,7 @@ def engine_section(workdir: str, out: Path, quick: bool = False):
     from services.rollout.fast_engine import FastEngine
 
     _run("engine_check_fp32", lambda: ge.check_fp32(workdir), out)
+    _run("packed_attention_check", ge.check_packed_attention, out)
     path = make_model_dir(f"{workdir}/qwen05_bf16")
     start = time.monotonic()
     engine = FastEngine(

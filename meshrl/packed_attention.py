@@ -5,9 +5,11 @@
 it in its own sequence only. The trainer's padding-free micro-batches and the rollout
 engine's packed prefill both run through :func:`packed_causal_attention`:
 
-* CUDA, bf16/fp16: ``torch.nn.attention.varlen.varlen_attn`` (Flash Attention varlen;
-  causal is ``window_size=(-1, 0)``), one kernel for the whole row, grouped-query heads
-  without repeating keys where the torch release allows.
+* CUDA, bf16/fp16: Flash Attention varlen, one kernel for the whole row. With autograd,
+  through ``torch.nn.attention.varlen.varlen_attn`` (causal is ``window_size=(-1, 0)``);
+  it repeats grouped-query keys on torch releases without its ``enable_gqa``. Without
+  (a prefill, a log-prob pass), the forward op itself, which takes fewer key heads as they
+  are.
 * Otherwise (CPU tests, float32): SDPA run sequence by sequence, each causal: exact, slow.
 """
 
@@ -30,8 +32,34 @@ def packed_causal_attention(
 ) -> torch.Tensor:
     """(T, Hq, D), (T, Hkv, D), (T, Hkv, D) -> (T, Hq, D); Hq a multiple of Hkv."""
     if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        if not grad and not _FORWARD_ONLY.get("failed"):
+            try:
+                return _flash_forward(q, k, v, cu_seq_lens, max_len, scaling)
+            except RuntimeError:  # an op signature this torch release does not have
+                _FORWARD_ONLY["failed"] = True
         return _flash_varlen(q, k, v, cu_seq_lens, cu_seq_lens, max_len, max_len, scaling)
     return _per_sequence_sdpa(q, k, v, cu_seq_lens, scaling, q.shape[1] != k.shape[1])
+
+
+_FORWARD_ONLY: dict[str, bool] = {}
+
+
+def _flash_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seq_lens: torch.Tensor,
+    max_len: int,
+    scaling: float | None,
+) -> torch.Tensor:
+    """The Flash Attention varlen forward op (no autograd): grouped-query heads are native to
+    the kernel, so the keys are not repeated (``varlen_attn`` before torch 2.13 needs equal
+    head counts)."""
+    out = torch.ops.aten._flash_attention_forward(
+        q, k, v, cu_seq_lens, cu_seq_lens, max_len, max_len, 0.0, True, False, scale=scaling
+    )
+    return out[0]
 
 
 def _flash_varlen(
