@@ -78,8 +78,10 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 @dataclass(frozen=True)
 class StepResult:
-    grad_norm: float  # global norm before clipping (over all ranks' shards)
-    stepped: bool  # False when the norm was not finite and the step was skipped
+    """On the device, so a step needs no host sync; the caller reads them with its metrics."""
+
+    grad_norm: torch.Tensor  # () global norm before clipping (over all ranks' shards)
+    skipped: torch.Tensor  # () bool: the norm was inf/nan and the step was skipped
 
 
 def clipped_step(
@@ -88,24 +90,30 @@ def clipped_step(
     """Clips the global gradient norm to ``max_norm`` and steps, unless it is inf/nan.
 
     With FSDP2 the gradients are DTensor shards: every rank sees the same global norm
-    (:func:`global_grad_norm`) and takes the same decision.
+    (:func:`global_grad_norm`) and takes the same decision. The fused AdamW takes that
+    decision on the device (its ``found_inf``, as with a gradient scaler); another
+    optimizer needs it on the host (one sync).
     """
     norm = clip_grad_norm(params, max_norm)
-    grad_norm = float(norm)
-    stepped = math.isfinite(grad_norm)
-    if stepped and not fused_adamw_on_local_shards(optimizer):
+    skipped = ~torch.isfinite(norm)
+    if not fused_adamw_on_local_shards(optimizer, skip=skipped) and not bool(skipped):
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(grad_norm, stepped)
+    return StepResult(norm, skipped)
 
 
 @torch.no_grad()
-def fused_adamw_on_local_shards(optimizer: torch.optim.Optimizer) -> bool:
+def fused_adamw_on_local_shards(
+    optimizer: torch.optim.Optimizer, skip: torch.Tensor | None = None
+) -> bool:
     """``optimizer.step()`` of a fused AdamW, run on the local shards of its DTensor
     parameters, gradients and moments (the same kernel, ``torch._fused_adamw_``, on the
     same numbers: every shard's update depends only on its own elements). Returns False,
     having changed nothing, when it does not apply (another optimizer, amsgrad/maximize,
     moments not created yet: the first step), and the caller steps as usual.
+
+    ``skip`` (a () bool tensor on the parameters' device): when true the kernel changes
+    nothing (its ``found_inf``) and the step counts stay, decided on the device.
 
     Why: dispatching the fused kernel through DTensor, for ~300 parameters and their three
     states, took ~5 ms of host time a step on the H200 while the GPU waited.
@@ -138,6 +146,7 @@ def fused_adamw_on_local_shards(optimizer: torch.optim.Optimizer) -> bool:
     for group, (params, grads, exp_avgs, exp_avg_sqs, steps) in calls:
         if not params:
             continue
+        found_inf = None if skip is None else skip.to(params[0].device, torch.float32)
         beta1, beta2 = group["betas"]
         torch._foreach_add_(steps, 1)
         torch._fused_adamw_(
@@ -154,7 +163,10 @@ def fused_adamw_on_local_shards(optimizer: torch.optim.Optimizer) -> bool:
             eps=group["eps"],
             amsgrad=False,
             maximize=False,
+            found_inf=found_inf,
         )
+        if found_inf is not None:  # a skipped step is not counted (as torch's AdamW does)
+            torch._foreach_sub_(steps, [found_inf] * len(steps))
     return True
 
 

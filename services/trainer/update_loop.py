@@ -70,11 +70,20 @@ def run_update(
             sequence_lengths=sequence_lengths,
         )
         for mini in plan:
-            metrics = _accumulate_gradients(mini, micro_loss, world)
+            names, sums = _accumulate_gradients(mini, micro_loss, world)
             with record_function("meshrl/optimizer_step"):
                 step = clipped_step(params, optimizer, settings.grad_clip)
-            metrics[f"{prefix}/grad_norm"] = step.grad_norm
-            metrics[f"{prefix}/nonfinite_grad_steps"] = 0.0 if step.stepped else 1.0
+            # The one host read of a mini-batch, after its whole step is queued.
+            values = torch.cat(
+                [
+                    sums.to(step.grad_norm.device),
+                    step.grad_norm.float().view(1),
+                    step.skipped.float().view(1),
+                ]
+            ).tolist()
+            metrics = dict(zip(names, values, strict=False))
+            metrics[f"{prefix}/grad_norm"] = values[-2]
+            metrics[f"{prefix}/nonfinite_grad_steps"] = values[-1]
             per_step.append(metrics)
     out = _average(per_step)
     out[f"{prefix}/nonfinite_grad_steps"] *= len(per_step)  # a count, not a mean
@@ -82,7 +91,11 @@ def run_update(
     return out
 
 
-def _accumulate_gradients(mini: MiniBatch, micro_loss: MicroLoss, world: World) -> dict[str, float]:
+def _accumulate_gradients(
+    mini: MiniBatch, micro_loss: MicroLoss, world: World
+) -> tuple[list[str], torch.Tensor]:
+    """Forward and backward of every micro-batch; returns the metrics' names and their sums
+    over the ranks, (len(names),) float32 on the device."""
     sums: dict[str, torch.Tensor] = {}
     for micro in mini.micro_batches:
         with record_function("meshrl/micro_loss"):  # named ranges in profiler traces
@@ -93,14 +106,13 @@ def _accumulate_gradients(mini: MiniBatch, micro_loss: MicroLoss, world: World) 
         with record_function("meshrl/backward"):
             (loss * (micro.weight * world.world_size)).backward()
         # Summed where they are: a host copy per metric would stall the device queue
-        # between micro-batches. One transfer per mini-batch, below.
+        # between micro-batches. One transfer per mini-batch, after the optimizer step.
         for name, value in metrics.items():
             sums[name] = sums.get(name, 0.0) + value.detach().float() * micro.weight
     names = sorted(sums)
     if not names:
-        return {}
-    totals = world.all_reduce_sum(torch.stack([sums[n] for n in names])).tolist()
-    return dict(zip(names, totals, strict=True))
+        return [], torch.zeros(0)
+    return names, world.all_reduce_sum(torch.stack([sums[n] for n in names]))
 
 
 def _average(rows: list[dict[str, float]]) -> dict[str, float]:

@@ -49,14 +49,14 @@ def test_clipping_and_skipping_a_non_finite_step():
     layer.weight.grad = torch.tensor([[3.0, 4.0]])  # norm 5, clipped to 1
     before = layer.weight.detach().clone()
     result = clipped_step(list(layer.parameters()), opt, max_norm=1.0)
-    assert result.grad_norm == pytest.approx(5.0) and result.stepped
+    assert float(result.grad_norm) == pytest.approx(5.0) and not result.skipped
     torch.testing.assert_close(layer.weight.detach(), before - torch.tensor([[0.6, 0.8]]))
     assert layer.weight.grad is None  # zeroed for the next mini-batch
 
     layer.weight.grad = torch.tensor([[float("nan"), 1.0]])
     before = layer.weight.detach().clone()
     result = clipped_step(list(layer.parameters()), opt, max_norm=1.0)
-    assert not result.stepped and math.isnan(result.grad_norm)
+    assert result.skipped and math.isnan(float(result.grad_norm))
     assert torch.equal(layer.weight.detach(), before)
 
 
@@ -125,3 +125,33 @@ def test_fused_adamw_on_local_shards_equals_its_step():
         sa, sb = pairs[0][1].state[a], pairs[1][1].state[b]
         assert torch.equal(sa["exp_avg"].full_tensor(), sb["exp_avg"].full_tensor())
         assert torch.equal(sa["step"], sb["step"]) and float(sa["step"]) == 2
+
+
+def test_fused_adamw_skips_a_non_finite_step_on_the_device():
+    """A nan gradient: the fused step on local shards changes no parameter, moment or step
+    count, decided by the kernel (found_inf), not by the host."""
+    from torch.distributed.fsdp import fully_shard
+
+    from services.trainer.distributed import World, init_distributed
+
+    init_distributed()
+    torch.manual_seed(0)
+    model = fully_shard(torch.nn.Linear(4, 2), mesh=World.current("cpu").mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    params = list(model.parameters())
+    for _ in range(2):  # the first step creates the moments (torch's own step)
+        model(torch.randn(3, 4)).sum().backward()
+        result = clipped_step(params, opt, max_norm=1.0)
+        assert not result.skipped
+    before = {id(p): (p.full_tensor().clone(), opt.state[p]["exp_avg"].full_tensor().clone())
+              for p in params}  # fmt: skip
+    model(torch.randn(3, 4)).sum().backward()
+    params[0].grad.to_local()[0, 0] = float("nan")
+    result = clipped_step(params, opt, max_norm=1.0)
+    assert result.skipped and math.isnan(float(result.grad_norm))
+    for p in params:
+        weight, moment = before[id(p)]
+        assert torch.equal(p.full_tensor(), weight)
+        assert torch.equal(opt.state[p]["exp_avg"].full_tensor(), moment)
+        assert float(opt.state[p]["step"]) == 2
+        assert p.grad is None
