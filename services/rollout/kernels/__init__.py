@@ -11,6 +11,9 @@ replaces several torch kernels of :meth:`StaticDecoder.decode` or of the sampler
   the cache write and the attention; the new key attended from registers).
 - :func:`silu_mul_halves` (``silu.py``): SiLU(gate) x up of the fused gate/up projection.
 - :func:`sample_gumbel` (``sampling.py``): a token and its log-prob per row, one pass.
+- :func:`linear` (``matmul.py``): ``F.linear`` tiled for few rows (split-K for long K).
+- :func:`gate_up_silu` (``matmul.py``): the fused gate/up projection and SiLU(gate) x up in
+  one GEMM, the (rows, 2I) projection never written.
 
 The pure-torch ``*_reference`` functions compute what the torch paths compute; the tests
 check the kernels against them.
@@ -24,6 +27,12 @@ from services.rollout.kernels.attention import (
     decode_attention_rope,
     split_count,
 )
+from services.rollout.kernels.matmul import (
+    MatmulConfig,
+    default_config,
+    gate_up_silu,
+    linear,
+)
 from services.rollout.kernels.rope_store import rope_store, rope_store_reference
 from services.rollout.kernels.runtime import available, supports_head_dim
 from services.rollout.kernels.sampling import sample_gumbel
@@ -32,10 +41,14 @@ from services.rollout.kernels.silu import silu_mul_halves
 __all__ = [
     "KEYS_PER_SPLIT_MIN",
     "MAX_SPLITS",
+    "MatmulConfig",
     "available",
     "decode_attention",
     "decode_attention_reference",
     "decode_attention_rope",
+    "default_config",
+    "gate_up_silu",
+    "linear",
     "rope_store",
     "rope_store_reference",
     "sample_gumbel",
