@@ -14,6 +14,7 @@ import torch
 
 from benchmarks.gpu_models import make_model_dir
 from meshrl.ragged import Ragged
+from services.rollout import kernels
 from services.rollout.engine import SamplingParams
 from services.rollout.fast_engine import FastEngine
 from services.rollout.native_engine import NativeEngine
@@ -231,56 +232,101 @@ def bandwidth_floor_tok_s(
     return batch * new / (total_bytes / (copy_gbs * 1e9))
 
 
+BASE_SETTINGS = dict(
+    compiled=True,  # element-wise ops compiled
+    attention="triton",  # decode attention: "triton", "matmul" (batched matmul)
+    sampling="kernel",  # "kernel": split over programs; "one_program"; "torch": Exp(1) race
+    pack=True,  # prompts prefilled packed
+    rope=False,  # rope and the cache write inside the attention kernel
+    gemm=None,  # None: cuBLAS; "default": Triton GEMMs, default configs; "tuned": tuned ones
+)
 DECODE_VARIANTS = (
-    # name: element-wise ops compiled, decode attention, sampling ("kernel": the Triton
-    # kernel, its vocabulary split over programs; "one_program": one program a row, as in
-    # the third session; "torch": the Exp(1) race), prompts packed, check_every, rope and
-    # the cache write inside the attention kernel
-    ("default", True, "triton", "kernel", True, 8, False),
-    ("rope_in_attention", True, "triton", "kernel", True, 8, True),
-    ("padded_prefill", True, "triton", "kernel", False, 8, False),
-    ("sampling_one_program", True, "triton", "one_program", True, 8, False),
-    ("torch_sampling", True, "triton", "torch", True, 8, False),
-    ("default_again", True, "triton", "kernel", True, 8, False),
-    ("rope_in_attention_again", True, "triton", "kernel", True, 8, True),
-    ("matmul_attention", True, "matmul", "kernel", True, 8, False),
+    ("default", {}),
+    ("rope_in_attention", dict(rope=True)),
+    ("triton_gemm_tuned", dict(gemm="tuned")),
+    ("rope_and_triton_gemm_tuned", dict(rope=True, gemm="tuned")),
+    ("triton_gemm_default", dict(gemm="default")),
+    ("padded_prefill", dict(pack=False)),
+    ("sampling_one_program", dict(sampling="one_program")),
+    ("torch_sampling", dict(sampling="torch")),
+    ("default_again", {}),
+    ("rope_in_attention_again", dict(rope=True)),
+    ("triton_gemm_tuned_again", dict(gemm="tuned")),
+    ("rope_and_triton_gemm_tuned_again", dict(rope=True, gemm="tuned")),
+    ("matmul_attention", dict(attention="matmul")),
 )
 
 
-def decode_variants(engine: FastEngine, batch: int = 256) -> dict:
+def configure(engine: FastEngine, settings: dict, tuned: dict | None = None) -> None:
+    """Puts the engine in one of the variants' settings (``BASE_SETTINGS`` keys); ``tuned``:
+    the decoder's ``matmul_configs`` for gemm="tuned"."""
+    from services.rollout import gpu_sampler
+
+    s = {**BASE_SETTINGS, **settings}
+    engine.decoder.use_compiled_ops(s["compiled"])
+    engine.decoder.attention = s["attention"]
+    engine.decoder.rope_in_attention = s["rope"]
+    engine.decoder.pack_prompts = s["pack"]
+    engine.decoder.linear_kernels = s["gemm"] is not None
+    engine.decoder.matmul_configs = dict(tuned or {}) if s["gemm"] == "tuned" else {}
+    gpu_sampler._compiled.pop("no_kernel", None)
+    kernels.sample_gumbel = _SAMPLE_GUMBEL
+    if s["sampling"] == "torch":
+        gpu_sampler._compiled["no_kernel"] = True
+    elif s["sampling"] == "one_program":
+        kernels.sample_gumbel = functools.partial(_SAMPLE_GUMBEL, splits=1)
+    engine.graphs.clear()
+
+
+_SAMPLE_GUMBEL = kernels.sample_gumbel  # the kernel itself, whatever a variant swapped in
+
+
+def decode_variants(engine: FastEngine, batch: int = 256, tuned: dict | None = None) -> dict:
     """The same timed run under each of ``DECODE_VARIANTS``, one after another on the same
-    engine; leaves the default set."""
-    from services.rollout import gpu_sampler, kernels
-
-    kernel = kernels.sample_gumbel
-
-    def configure(
-        compiled: bool, attention: str, sampling: str, pack: bool, check: int, fused: bool
-    ):
-        engine.decoder.use_compiled_ops(compiled)
-        engine.decoder.attention = attention
-        engine.decoder.rope_in_attention = fused
-        engine.decoder.pack_prompts = pack
-        engine.check_every = check
-        gpu_sampler._compiled.pop("no_kernel", None)
-        kernels.sample_gumbel = kernel
-        if sampling == "torch":
-            gpu_sampler._compiled["no_kernel"] = True
-        elif sampling == "one_program":
-            kernels.sample_gumbel = functools.partial(kernel, splits=1)
-        engine.graphs.clear()
-
+    engine (the "tuned" GEMM ones only with ``tuned`` configs); leaves the default set."""
     out = {}
     try:
-        for name, *setting in DECODE_VARIANTS:
-            configure(*setting)
+        for name, settings in DECODE_VARIANTS:
+            if settings.get("gemm") == "tuned" and not tuned:
+                continue
+            configure(engine, settings, tuned)
             try:
                 out[name] = engine_speed(engine, batch, 256, 256, False)
             except Exception as e:  # noqa: BLE001
                 out[name] = {"error": f"{type(e).__name__}: {e}"}
     finally:
-        configure(*DECODE_VARIANTS[0][1:])
+        configure(engine, {})
     return out
+
+
+def best_settings(variants: dict) -> tuple[str, dict]:
+    """The variant (of those run twice) with the best mean of its two runs."""
+    means = {}
+    for name, _settings in DECODE_VARIANTS:
+        again = variants.get(f"{name}_again", {})
+        if "tok_s" in variants.get(name, {}) and "tok_s" in again:
+            means[name] = (variants[name]["tok_s"] + again["tok_s"]) / 2
+    best = max(means, key=means.get)
+    return best, dict(DECODE_VARIANTS)[best]
+
+
+def tuned_configs(tune: dict) -> dict:
+    """The decoder's ``matmul_configs`` from ``benchmarks.gpu_matmul.tune``'s results: each
+    shape's best config in a CUDA graph where it beat cuBLAS's graph, else "torch"."""
+    from benchmarks.gpu_matmul import SHAPES
+    from services.rollout.kernels.matmul import MatmulConfig
+
+    configs = {}
+    for name, shape in SHAPES.items():
+        kind = "gate_up" if shape["gate_up"] else "linear"
+        for m, found in tune.get("shapes", {}).get(name, {}).items():
+            best = found.get("best_graph")
+            key = (kind, shape["n"], shape["k"], int(m))
+            if best and best.get("graph_us", 1e9) < found.get("torch_graph_us", 0):
+                configs[key] = MatmulConfig(**best["config"])
+            else:
+                configs[key] = "torch"
+    return configs
 
 
 def sampling_kernel_us(rows: int = 256, vocab: int = 151936, calls: int = 50) -> dict:

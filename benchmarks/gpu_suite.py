@@ -51,7 +51,7 @@ def ceilings() -> dict:
     }
 
 
-def engine_section(workdir: str, out: Path, quick: bool = False):
+def engine_section(workdir: str, out: Path, quick: bool = False, tuned: dict | None = None):
     """Checks and times the fast engine; returns it (the HF section reuses its model)."""
     from benchmarks import gpu_engine as ge
     from benchmarks.gpu_models import make_model_dir
@@ -76,13 +76,14 @@ def engine_section(workdir: str, out: Path, quick: bool = False):
     _run("engine_check_bf16", lambda: ge.check_bf16(engine), out)
     if not quick:
         _run("sampling_kernel", ge.sampling_kernel_us, out)
-        _run("engine_variants_b256", lambda: ge.decode_variants(engine, 256), out)
-        # The timed runs below take rope inside the attention kernel if it won both pairs.
-        v = RESULTS["engine_variants_b256"]
-        pairs = (("rope_in_attention", "default"), ("rope_in_attention_again", "default_again"))
-        fused = all(v.get(a, {}).get("tok_s", 0) > v.get(b, {}).get("tok_s", 0) for a, b in pairs)
-        engine.decoder.rope_in_attention = fused
-        RESULTS["engine_settings"] = {"rope_in_attention": fused}
+        _run("engine_variants_b256", lambda: ge.decode_variants(engine, 256, tuned), out)
+        # The timed runs below take the settings with the best mean of their two runs.
+        try:
+            name, settings = ge.best_settings(RESULTS["engine_variants_b256"])
+            ge.configure(engine, settings, tuned)
+            RESULTS["engine_settings"] = {"variant": name, **settings}
+        except Exception as e:  # noqa: BLE001
+            RESULTS["engine_settings"] = {"error": f"{type(e).__name__}: {e}"}
     for batch in (64, 256):
         _run(f"engine_b{batch}", lambda b=batch: ge.engine_speed(engine, b, 256, 256, False), out)
     if not quick:
@@ -115,6 +116,20 @@ def hf_section(engine, out: Path, deadline: float, eager_only: bool = False) -> 
     _run("hf_static_b256", lambda: ge.hf_speed(model, 256, 256, 256, True), out)
     if time.monotonic() < deadline - 90:
         _run("hf_static_b64", lambda: ge.hf_speed(model, 64, 256, 256, True), out)
+
+
+def _matmul_summary(tune: dict) -> dict:
+    """What the decoder needs of the GEMM search (its full output is gpu_matmul.json)."""
+    keep = ("torch_us", "torch_graph_us", "best", "best_graph", "default")
+    shapes = {
+        name: {m: {k: found[k] for k in keep if k in found} for m, found in by_m.items()}
+        for name, by_m in tune.get("shapes", {}).items()
+    }
+    return {
+        "shapes": shapes,
+        "layer_graph": tune.get("layer_graph"),
+        "total_s": tune.get("total_s"),
+    }
 
 
 def _run(name: str, fn, out: Path) -> None:
@@ -186,10 +201,21 @@ def main() -> None:
     }
     if "ceilings" in sections:
         _run("ceilings", ceilings, out)
+    tuned = None
+    if "matmul" in sections:
+        from benchmarks import gpu_engine as ge
+        from benchmarks.gpu_matmul import tune
+
+        _run("matmul_tune", lambda: _matmul_summary(tune(m_values=(256, 64), out=out)), out)
+        try:
+            tuned = ge.tuned_configs(RESULTS["matmul_tune"])
+            RESULTS["matmul_configs"] = {str(k): str(v) for k, v in tuned.items()}
+        except Exception as e:  # noqa: BLE001
+            RESULTS["matmul_configs"] = {"error": f"{type(e).__name__}: {e}"}
     engine = None
     if sections & {"engine", "hf"}:
         try:
-            engine = engine_section(args.workdir, out, args.quick)
+            engine = engine_section(args.workdir, out, args.quick, tuned)
         except Exception as e:  # noqa: BLE001
             RESULTS["engine_setup"] = {
                 "error": f"{type(e).__name__}: {e}",

@@ -24,6 +24,8 @@ from services.rollout.fused_weights import FusedLayer, can_fuse, fuse_layer
 from services.rollout.kv_cache import KVShape
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+LINEAR_KERNEL_ROWS = 512
+"""Above this many rows (a prefill) cuBLAS's large tiles are the better GEMMs."""
 
 
 def unsupported_reason(cfg) -> str | None:
@@ -78,6 +80,12 @@ class StaticDecoder:
         """Decode attention: "triton" (one kernel: rope, cache write, grouped-query
         flash-decoding over the slot; CUDA), "matmul" (grouped heads as rows of one
         batched matmul) or "sdpa" (the same, through scaled_dot_product_attention)."""
+        self.linear_kernels = False
+        """Decode-step projections (up to ``LINEAR_KERNEL_ROWS`` rows) as the Triton GEMMs of
+        :mod:`kernels.matmul`, gate/up with SiLU x up fused, instead of cuBLAS."""
+        self.matmul_configs: dict[tuple[str, int, int, int], object] = {}
+        """(kind "linear" or "gate_up", n, k, rows) -> a tuned ``MatmulConfig``, or "torch"
+        where cuBLAS won for that shape; missing: the kernel's default config."""
         self.rope_in_attention = False
         """With the Triton attention, rope and the cache write inside the attention kernel
         (:func:`kernels.decode_attention_rope`, one launch a layer) instead of a kernel of
@@ -111,13 +119,21 @@ class StaticDecoder:
             self._cos, self._sin = cos[0].contiguous(), sin[0].contiguous()
         return self._cos, self._sin
 
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+        """``F.linear``, or the Triton GEMM for a decode step's few rows."""
+        if self.linear_kernels and x.dim() == 2 and x.shape[0] <= LINEAR_KERNEL_ROWS:
+            config = self.matmul_configs.get(("linear", weight.shape[0], x.shape[1], x.shape[0]))
+            if config != "torch":
+                return kernels.linear(x, weight, bias, config=config)
+        return F.linear(x, weight, bias)
+
     def _qkv(self, i: int, h: torch.Tensor, lead: tuple[int, ...]):
         """q (*lead, H, d), k and v (*lead, kvh, d) of layer i, from normed hidden states
         h (*lead, hidden); views of one fused projection's output when fused."""
         attn = self.layers[i].self_attn
         if self.fused is not None:
             w = self.fused[i]
-            qkv = F.linear(h, w.qkv_weight, w.qkv_bias)
+            qkv = self._linear(h, w.qkv_weight, w.qkv_bias)
             q, k, v = qkv.split([w.q_out, w.kv_out, w.kv_out], dim=-1)
         else:
             q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
@@ -133,11 +149,22 @@ class StaticDecoder:
         mlp = self.layers[i].mlp
         fused = self.fused[i] if self.fused is not None else None
         if self.silu and fused is not None and fused.gate_up_weight is not None:
+            if self.linear_kernels and h.dim() == 2 and h.shape[0] <= LINEAR_KERNEL_ROWS:
+                w = fused.gate_up_weight
+                config = self.matmul_configs.get(
+                    ("gate_up", w.shape[0] // 2, h.shape[1], h.shape[0])
+                )
+                if config != "torch":
+                    act = kernels.gate_up_silu(h, w, config=config)
+                    return self._linear(act, mlp.down_proj.weight, mlp.down_proj.bias)
             gate_up = F.linear(h, fused.gate_up_weight)
             if self.triton_mlp:
                 lead = gate_up.shape[:-1]
                 act = kernels.silu_mul_halves(gate_up.reshape(-1, gate_up.shape[-1]))
-                return mlp.down_proj(act.view(*lead, -1))
+                act = act.view(*lead, -1)
+                if act.dim() == 2:
+                    return self._linear(act, mlp.down_proj.weight, mlp.down_proj.bias)
+                return mlp.down_proj(act)
             return mlp.down_proj(self.ops.silu_mul_halves(gate_up))
         if self.silu:
             return mlp.down_proj(self.ops.silu_mul(mlp.gate_proj(h), mlp.up_proj(h)))
@@ -263,7 +290,8 @@ class StaticDecoder:
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(i, h, (bs,))  # (bs, h, d)
             o = attend(i, q, k, v)  # (bs, H, d)
-            o = layer.self_attn.o_proj(o.reshape(bs, -1))
+            o_proj = layer.self_attn.o_proj
+            o = self._linear(o.reshape(bs, -1), o_proj.weight, o_proj.bias)
             x, h = ops.add_rms_norm(x, o, layer.post_attention_layernorm.weight, self.eps)
             x, h = ops.add_rms_norm(x, self._mlp(i, h), self._next_norm_weight(i), self.eps)
         return self.lm_head(h)

@@ -58,12 +58,17 @@ fast.max_prefill_tokens = 16384
 fast.decoder.rope_in_attention = True
 fused = fast.generate(prompts, SamplingParams(temperature=0, max_tokens=5, n=2))
 fast.decoder.rope_in_attention = False
+# The decode step's projections as Triton GEMMs (gate/up with SiLU x up fused).
+fast.decoder.linear_kernels = True
+gemms = fast.generate(prompts, SamplingParams(temperature=0, max_tokens=5, n=2))
+fast.decoder.linear_kernels = False
 for other in (padded, chunked):
     assert other.responses.tolist() == packed.responses.tolist()
     torch.testing.assert_close(other.logprobs.values, packed.logprobs.values, atol=1e-5, rtol=0)
-assert fused.responses.tolist() == [r[:5] for r in got.responses.tolist()]
-want_lp = [r[:5] for r in got.logprobs.tolist()]
-torch.testing.assert_close(fused.logprobs.values, torch.tensor(sum(want_lp, [])), atol=1e-5, rtol=0)
+want_lp = torch.tensor(sum([r[:5] for r in got.logprobs.tolist()], []))
+for other in (fused, gemms):
+    assert other.responses.tolist() == [r[:5] for r in got.responses.tolist()]
+    torch.testing.assert_close(other.logprobs.values, want_lp, atol=1e-5, rtol=0)
 
 sampled = SamplingParams(temperature=0.8, max_tokens=8, n=2, seed=3)
 first, again = fast.generate(prompts, sampled), fast.generate(prompts, sampled)
