@@ -121,12 +121,13 @@ def check_bf16(engine: FastEngine) -> dict:
     engine.decoder.attention = attention
     engine.graphs.clear()
     paths_same, paths_prefix = _prefix_agreement(graphs.responses, torch_path.responses)
-    engine.decoder.rope_in_attention = True  # one launch a layer instead of two
+    rope_in_attention = engine.decoder.rope_in_attention
+    engine.decoder.rope_in_attention = not rope_in_attention  # one launch a layer, or two
     engine.graphs.clear()
-    fused = engine.generate(prompts, greedy)
-    engine.decoder.rope_in_attention = False
+    other = engine.generate(prompts, greedy)
+    engine.decoder.rope_in_attention = rope_in_attention
     engine.graphs.clear()
-    fused_same, fused_prefix = _prefix_agreement(graphs.responses, fused.responses)
+    rope_same, rope_prefix = _prefix_agreement(graphs.responses, other.responses)
     engine.decoder.pack_prompts = False  # right-padded prompts through SDPA
     padded = engine.generate(prompts, greedy)
     engine.decoder.pack_prompts = True
@@ -148,8 +149,9 @@ def check_bf16(engine: FastEngine) -> dict:
         "attention": attention,
         "vs_torch_attention_rows_identical": paths_same,
         "vs_torch_attention_mean_prefix": paths_prefix,
-        "rope_in_attention_rows_identical": fused_same,
-        "rope_in_attention_mean_prefix": fused_prefix,
+        "rope_in_attention": rope_in_attention,
+        "rope_inside_vs_own_kernel_rows_identical": rope_same,
+        "rope_inside_vs_own_kernel_mean_prefix": rope_prefix,
         "packed_vs_padded_prefill_rows_identical": padded_same,
         "packed_vs_padded_prefill_mean_prefix": padded_prefix,
         "packed_vs_padded_prefill_first_tokens_equal": float(
@@ -237,22 +239,22 @@ BASE_SETTINGS = dict(
     attention="triton",  # decode attention: "triton", "matmul" (batched matmul)
     sampling="kernel",  # "kernel": split over programs; "one_program"; "torch": Exp(1) race
     pack=True,  # prompts prefilled packed
-    rope=False,  # rope and the cache write inside the attention kernel
+    rope=True,  # rope and the cache write inside the attention kernel (else a kernel before)
     gemm=None,  # None: cuBLAS; "default": Triton GEMMs, default configs; "tuned": tuned ones
 )
 DECODE_VARIANTS = (
     ("default", {}),
-    ("rope_in_attention", dict(rope=True)),
+    ("rope_own_kernel", dict(rope=False)),
     ("triton_gemm_tuned", dict(gemm="tuned")),
-    ("rope_and_triton_gemm_tuned", dict(rope=True, gemm="tuned")),
+    ("rope_own_kernel_triton_gemm_tuned", dict(rope=False, gemm="tuned")),
     ("triton_gemm_default", dict(gemm="default")),
     ("padded_prefill", dict(pack=False)),
     ("sampling_one_program", dict(sampling="one_program")),
     ("torch_sampling", dict(sampling="torch")),
     ("default_again", {}),
-    ("rope_in_attention_again", dict(rope=True)),
+    ("rope_own_kernel_again", dict(rope=False)),
     ("triton_gemm_tuned_again", dict(gemm="tuned")),
-    ("rope_and_triton_gemm_tuned_again", dict(rope=True, gemm="tuned")),
+    ("rope_own_kernel_triton_gemm_tuned_again", dict(rope=False, gemm="tuned")),
     ("matmul_attention", dict(attention="matmul")),
 )
 

@@ -82,14 +82,16 @@ class StaticDecoder:
         batched matmul) or "sdpa" (the same, through scaled_dot_product_attention)."""
         self.linear_kernels = False
         """Decode-step projections (up to ``LINEAR_KERNEL_ROWS`` rows) as the Triton GEMMs of
-        :mod:`kernels.matmul`, gate/up with SiLU x up fused, instead of cuBLAS."""
+        :mod:`kernels.matmul`, gate/up with SiLU x up fused, instead of cuBLAS. Off: only
+        with configs tuned for the GPU and shape (``benchmarks/gpu_matmul.py``) did they
+        match cuBLAS on the H200 (within 1%), and their default configs lost by 4%."""
         self.matmul_configs: dict[tuple[str, int, int, int], object] = {}
         """(kind "linear" or "gate_up", n, k, rows) -> a tuned ``MatmulConfig``, or "torch"
         where cuBLAS won for that shape; missing: the kernel's default config."""
-        self.rope_in_attention = False
+        self.rope_in_attention = True
         """With the Triton attention, rope and the cache write inside the attention kernel
-        (:func:`kernels.decode_attention_rope`, one launch a layer) instead of a kernel of
-        their own before it."""
+        (:func:`kernels.decode_attention_rope`, one launch a layer; 2.6% more tokens/s on the
+        H200) instead of a kernel of their own before it."""
         self.pack_prompts = True
         """With the Triton attention, prefill prompts packed back to back
         (:meth:`prefill_packed`); False: right-padded through SDPA (:meth:`prefill`)."""
