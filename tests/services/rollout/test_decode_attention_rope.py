@@ -14,21 +14,14 @@ can move a bf16/fp16 output by an ulp. The caches must come out bit-identical.
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
 import sys
-import time
-import traceback
-from pathlib import Path
 
 import pytest
 import torch
+from interpreter_cases import needs_triton, report, run_cases, run_child
 
 from services.rollout import kernels as td
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 ONE_ULP = {torch.float32: 2e-6, torch.bfloat16: 2**-7, torch.float16: 2**-10}
@@ -163,52 +156,19 @@ def check_case(case: dict) -> None:
         torch.testing.assert_close(o[row].float(), value.float(), atol=0, rtol=ONE_ULP[dtype])
 
 
-def _run_all_cases(results_path: str) -> None:
-    """The child process: every case, its outcome (None or the traceback) into JSON."""
-    assert td.available("cpu"), "the child process must run with TRITON_INTERPRET=1"
-    results, seconds = {}, {}
-    for name, case in CASES.items():
-        began = time.perf_counter()
-        try:
-            check_case(case)
-            results[name] = None
-        except Exception:  # noqa: BLE001 - reported to the pytest item
-            results[name] = traceback.format_exc()
-        seconds[name] = round(time.perf_counter() - began, 2)
-    Path(results_path).write_text(json.dumps({"results": results, "seconds": seconds}))
-
-
-needs_triton = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None,
-    reason="triton is not installed (the kernel is checked in its interpreter)",
-)
+GROUPS = [("attention_rope", CASES, check_case)]
 
 
 @pytest.fixture(scope="module")
 def interpreter_results(tmp_path_factory) -> dict[str, str | None]:
-    results_path = tmp_path_factory.mktemp("decode_attention_rope") / "results.json"
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    child = subprocess.run(
-        [sys.executable, __file__, str(results_path)],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if child.returncode != 0 or not results_path.exists():
-        pytest.fail(f"the interpreter process failed ({child.returncode}):\n{child.stderr[-4000:]}")
-    return json.loads(results_path.read_text())["results"]
+    return run_child(__file__, tmp_path_factory.mktemp("decode_attention_rope"))
 
 
 @needs_triton
 @pytest.mark.parametrize("name", list(CASES))
 def test_decode_attention_rope_in_interpreter(interpreter_results, name):
-    assert name in interpreter_results, f"no result for {name}"
-    if interpreter_results[name] is not None:
-        pytest.fail(interpreter_results[name], pytrace=False)
+    report(interpreter_results, f"attention_rope/{name}")
 
 
 if __name__ == "__main__":
-    _run_all_cases(sys.argv[1])
+    run_cases(GROUPS, sys.argv[1])

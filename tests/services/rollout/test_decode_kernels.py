@@ -1,11 +1,9 @@
 """The Triton decode kernels against their torch references, in the Triton interpreter (CPU).
 
-The interpreter is chosen when the kernels are first jitted, from TRITON_INTERPRET, and
-anything in this pytest process may have imported triton or jitted them already; so the
-kernel checks run in one child process started with TRITON_INTERPRET=1. It runs every case
-in ATTENTION_CASES and ROPE_CASES and reports each one's outcome; each pytest item below
-reads its own. The references themselves, the split heuristic and ``available`` are
-checked in this process (no triton needed).
+The kernel checks run in one child process under the interpreter (``interpreter_cases.py``
+says why and how): every case of ``GROUPS``, each pytest item below reading its own
+outcome. The references themselves, the split heuristics and ``available`` are checked in
+this process (no triton needed).
 
 Tolerances: float32 is close to exact. In bfloat16 the interpreter rounds float32 -> bf16
 toward zero (a GPU rounds to nearest), so kernel outputs may differ from a round-to-nearest
@@ -16,20 +14,15 @@ computes today, rounding scores and rope products to the model dtype) are looser
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
 import sys
-import traceback
-from pathlib import Path
 
 import pytest
 import torch
+from interpreter_cases import needs_triton, report, run_cases, run_child
 
 from services.rollout import kernels as td
 from services.rollout.fused_ops import rope
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -393,84 +386,48 @@ def check_sampling(case: dict) -> None:
         assert torch.equal(greedy, logits.argmax(-1))
 
 
-def _run_all_cases(results_path: str) -> None:
-    """The child process: every case, its outcome (None or the traceback) into JSON."""
-    assert td.available("cpu"), "the child process must run with TRITON_INTERPRET=1"
-    results = {}
-    for group, cases, check in (
-        ("attention", ATTENTION_CASES, check_attention),
-        ("rope_store", ROPE_CASES, check_rope_store),
-        ("rope_store_prefill", ROPE_PREFILL_CASES, check_rope_store_prefill),
-        ("silu_mul_halves", SILU_CASES, check_silu_mul_halves),
-        ("sampling", SAMPLE_CASES, check_sampling),
-    ):
-        for name, case in cases.items():
-            try:
-                check(case)
-                results[f"{group}/{name}"] = None
-            except Exception:  # noqa: BLE001 - reported to the pytest item
-                results[f"{group}/{name}"] = traceback.format_exc()
-    Path(results_path).write_text(json.dumps(results))
-
-
-needs_triton = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None,
-    reason="triton is not installed (the kernels are checked in its interpreter)",
-)
+GROUPS = [
+    ("attention", ATTENTION_CASES, check_attention),
+    ("rope_store", ROPE_CASES, check_rope_store),
+    ("rope_store_prefill", ROPE_PREFILL_CASES, check_rope_store_prefill),
+    ("silu_mul_halves", SILU_CASES, check_silu_mul_halves),
+    ("sampling", SAMPLE_CASES, check_sampling),
+]
 
 
 @pytest.fixture(scope="module")
 def interpreter_results(tmp_path_factory) -> dict[str, str | None]:
-    results_path = tmp_path_factory.mktemp("decode_kernels") / "results.json"
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    child = subprocess.run(
-        [sys.executable, __file__, str(results_path)],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if child.returncode != 0 or not results_path.exists():
-        pytest.fail(f"the interpreter process failed ({child.returncode}):\n{child.stderr[-4000:]}")
-    return json.loads(results_path.read_text())
-
-
-def _report(results: dict[str, str | None], key: str) -> None:
-    assert key in results, f"no result for {key}"
-    if results[key] is not None:
-        pytest.fail(results[key], pytrace=False)
+    return run_child(__file__, tmp_path_factory.mktemp("decode_kernels"))
 
 
 @needs_triton
 @pytest.mark.parametrize("name", list(ATTENTION_CASES))
 def test_decode_attention_in_interpreter(interpreter_results, name):
-    _report(interpreter_results, f"attention/{name}")
+    report(interpreter_results, f"attention/{name}")
 
 
 @needs_triton
 @pytest.mark.parametrize("name", list(ROPE_CASES))
 def test_rope_store_in_interpreter(interpreter_results, name):
-    _report(interpreter_results, f"rope_store/{name}")
+    report(interpreter_results, f"rope_store/{name}")
 
 
 @needs_triton
 @pytest.mark.parametrize("name", list(ROPE_PREFILL_CASES))
 def test_rope_store_prefill_in_interpreter(interpreter_results, name):
-    _report(interpreter_results, f"rope_store_prefill/{name}")
+    report(interpreter_results, f"rope_store_prefill/{name}")
 
 
 @needs_triton
 @pytest.mark.parametrize("name", list(SILU_CASES))
 def test_silu_mul_halves_in_interpreter(interpreter_results, name):
-    _report(interpreter_results, f"silu_mul_halves/{name}")
+    report(interpreter_results, f"silu_mul_halves/{name}")
 
 
 @needs_triton
 @pytest.mark.parametrize("name", list(SAMPLE_CASES))
 def test_sample_gumbel_in_interpreter(interpreter_results, name):
-    _report(interpreter_results, f"sampling/{name}")
+    report(interpreter_results, f"sampling/{name}")
 
 
 # ---- in this process: the references, the split heuristic, availability ----------------
@@ -573,4 +530,4 @@ def test_available(monkeypatch):
 
 
 if __name__ == "__main__":
-    _run_all_cases(sys.argv[1])
+    run_cases(GROUPS, sys.argv[1])

@@ -14,23 +14,17 @@ effect on silu(gate) * up is bounded per element (``_silu_mul_bound``).
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
 import sys
-import traceback
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from interpreter_cases import needs_triton, report, run_cases, run_child
 
 from services.rollout import kernels as td
 from services.rollout.fused_ops import silu_mul_halves
 from services.rollout.kernels.matmul import MatmulConfig, default_config, split_plan
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 BF16_ULP = 2**-7
 """One bf16 ulp relative to the value (8 significant bits): ulp(v) <= 2**-7 |v|."""
@@ -235,70 +229,34 @@ def check_rounding(case: dict) -> None:
     _close(got, want, 0, BF16_ULP, "gate_up within an ulp where not equal")
 
 
-def _run_all_cases(results_path: str) -> None:
-    """The child process: every case, its outcome (None or the traceback) into JSON."""
-    assert td.available("cpu"), "the child process must run with TRITON_INTERPRET=1"
-    results = {}
-    for group, cases, check in (
-        ("linear", LINEAR_CASES, check_linear),
-        ("gate_up_silu", GATE_UP_CASES, check_gate_up),
-        ("rounding", ROUNDING_CASES, check_rounding),
-    ):
-        for name, case in cases.items():
-            try:
-                check(case)
-                results[f"{group}/{name}"] = None
-            except Exception:  # noqa: BLE001 - reported to the pytest item
-                results[f"{group}/{name}"] = traceback.format_exc()
-    Path(results_path).write_text(json.dumps(results))
-
-
-needs_triton = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None,
-    reason="triton is not installed (the kernels are checked in its interpreter)",
-)
+GROUPS = [
+    ("linear", LINEAR_CASES, check_linear),
+    ("gate_up_silu", GATE_UP_CASES, check_gate_up),
+    ("rounding", ROUNDING_CASES, check_rounding),
+]
 
 
 @pytest.fixture(scope="module")
 def interpreter_results(tmp_path_factory) -> dict[str, str | None]:
-    results_path = tmp_path_factory.mktemp("decode_matmul") / "results.json"
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    child = subprocess.run(
-        [sys.executable, __file__, str(results_path)],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if child.returncode != 0 or not results_path.exists():
-        pytest.fail(f"the interpreter process failed ({child.returncode}):\n{child.stderr[-4000:]}")
-    return json.loads(results_path.read_text())
-
-
-def _report(results: dict[str, str | None], key: str) -> None:
-    assert key in results, f"no result for {key}"
-    if results[key] is not None:
-        pytest.fail(results[key], pytrace=False)
+    return run_child(__file__, tmp_path_factory.mktemp("decode_matmul"))
 
 
 @needs_triton
 @pytest.mark.parametrize("name", list(LINEAR_CASES))
 def test_linear_in_interpreter(interpreter_results, name):
-    _report(interpreter_results, f"linear/{name}")
+    report(interpreter_results, f"linear/{name}")
 
 
 @needs_triton
 @pytest.mark.parametrize("name", list(GATE_UP_CASES))
 def test_gate_up_silu_in_interpreter(interpreter_results, name):
-    _report(interpreter_results, f"gate_up_silu/{name}")
+    report(interpreter_results, f"gate_up_silu/{name}")
 
 
 @needs_triton
 @pytest.mark.parametrize("name", list(ROUNDING_CASES))
 def test_rounding_in_interpreter(interpreter_results, name):
-    _report(interpreter_results, f"rounding/{name}")
+    report(interpreter_results, f"rounding/{name}")
 
 
 # ---- in this process: the config chooser and the split plan ------------------------------
@@ -363,4 +321,4 @@ def test_no_rows_launch_nothing():
 
 
 if __name__ == "__main__":
-    _run_all_cases(sys.argv[1])
+    run_cases(GROUPS, sys.argv[1])
