@@ -81,9 +81,10 @@ def run_update(
                     step.skipped.float().view(1),
                 ]
             ).tolist()
-            metrics = dict(zip(names, values, strict=False))
-            metrics[f"{prefix}/grad_norm"] = values[-2]
-            metrics[f"{prefix}/nonfinite_grad_steps"] = values[-1]
+            *sums_read, grad_norm, skipped = values
+            metrics = dict(zip(names, sums_read, strict=True))
+            metrics[f"{prefix}/grad_norm"] = grad_norm
+            metrics[f"{prefix}/nonfinite_grad_steps"] = skipped
             per_step.append(metrics)
     out = _average(per_step)
     out[f"{prefix}/nonfinite_grad_steps"] *= len(per_step)  # a count, not a mean
