@@ -7,6 +7,7 @@ Called by ``gpu_suite.py``; each function returns a dict of JSON-able figures.
 from __future__ import annotations
 
 import functools
+import json
 import statistics
 import time
 
@@ -360,11 +361,18 @@ def sampling_kernel_us(rows: int = 256, vocab: int = 151936, calls: int = 50) ->
     return out
 
 
-def profile_decode(engine: FastEngine, out_dir, batch: int = 256) -> dict:
-    """Top kernels of a short generate (graph replays included), to $OUT/profile.txt."""
+def profile_decode(engine: FastEngine, out_dir, batch: int = 256, new: int = 64) -> dict:
+    """One profiled generate (``batch`` x 256 prompt tokens, ``new`` new): its top ops to
+    $OUT/profile.txt; returned, the GPU's busy and idle time with the idle split by the host's
+    named range (``trace_gaps``: admit, decode, sample, record, collect) and the kernels'
+    time per decode step by name (prefill kernels included: they run once)."""
+    from collections import Counter
+
     from torch.profiler import ProfilerActivity, profile
 
-    params = SamplingParams(temperature=1.0, max_tokens=32, seed=2)
+    from benchmarks.trace_gaps import gaps
+
+    params = SamplingParams(temperature=1.0, max_tokens=new, seed=2)
     prompts = random_prompts(7, batch, 256, 256, engine.vocab_size)
     engine.generate(prompts, params)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -372,4 +380,21 @@ def profile_decode(engine: FastEngine, out_dir, batch: int = 256) -> dict:
         torch.cuda.synchronize()
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
     (out_dir / "profile.txt").write_text(table)
-    return {"lines": table.count("\n")}
+    trace_path = out_dir / "engine_trace.json"
+    prof.export_chrome_trace(str(trace_path))
+    trace = json.loads(trace_path.read_text())
+    trace_path.unlink()  # tens of MB; the report is what comes back
+    report = gaps(trace, top=8, min_us=20)
+    kernel_us: Counter = Counter()
+    launches = 0
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") == "X" and e.get("cat") == "kernel":
+            kernel_us[e["name"][:70]] += e.get("dur", 0)
+            launches += 1
+    steps = new - 1  # the first token comes from the prefill
+    return {
+        **report,
+        "decode_steps": steps,
+        "kernels_per_step": launches / steps,
+        "kernel_us_per_step": {k: round(v / steps, 2) for k, v in kernel_us.most_common(30)},
+    }

@@ -31,6 +31,29 @@ def _enclosing(host: list[dict], starts: list[float], t: float, tid, depth: int)
     return [e["name"][:90] for e in found][-depth:]
 
 
+def _named(host: list[dict], tid) -> list[dict]:
+    """The named ranges (``record_function``: "meshrl/backward", "FSDP::pre_forward", ...)
+    on thread ``tid``, by start time."""
+    return sorted(
+        (e for e in host if e["tid"] == tid and e.get("cat") == "user_annotation"),
+        key=lambda e: (e["ts"], -e.get("dur", 0)),
+    )
+
+
+def by_region(found: list, named: list[dict], levels: int = 2) -> dict[str, float]:
+    """Idle GPU time (ms) summed by the named ranges the host was in when each gap began,
+    as "outer > inner" up to ``levels`` deep ("(none)" outside all), largest first: which
+    phase of a step starves the GPU."""
+    starts = [e["ts"] for e in named]
+    idle: Counter = Counter()
+    for length, at, _before, _after in found:
+        i = bisect.bisect_right(starts, at)
+        inside = [e for e in named[max(0, i - 2000) : i] if at <= e["ts"] + e.get("dur", 0)]
+        path = " > ".join(e["name"][:50] for e in inside[:levels]) or "(none)"
+        idle[path] += length / 1e3
+    return {name: round(ms, 3) for name, ms in idle.most_common(25)}
+
+
 def gaps(trace: dict, top: int = 15, min_us: float = 100.0, depth: int = 8) -> dict:
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
     device = sorted((e for e in events if e.get("cat") in DEVICE_CATS), key=lambda e: e["ts"])
@@ -72,12 +95,18 @@ def gaps(trace: dict, top: int = 15, min_us: float = 100.0, depth: int = 8) -> d
             }
         )
     total_gaps = sum(g[0] for g in found)
+    named = _named(host, tid)
+    host_ms: Counter = Counter()
+    for e in named:
+        host_ms[e["name"][:50]] += e.get("dur", 0) / 1e3
     return {
         "span_ms": span / 1e3,
         "busy_ms": busy / 1e3,
         "idle_ms": total_gaps / 1e3,
         "gaps_over_min": sum(1 for g in found if g[0] >= min_us),
         "idle_in_gaps_over_min_ms": sum(g[0] for g in found if g[0] >= min_us) / 1e3,
+        "idle_ms_by_region": by_region(found, named),
+        "host_ms_by_region": {name: round(ms, 3) for name, ms in host_ms.most_common(25)},
         "largest": rows,
     }
 

@@ -22,6 +22,7 @@ import logging
 from typing import Any
 
 import torch
+from torch.profiler import record_function
 
 from meshrl.ragged import Ragged
 from services.rollout.cuda_graphs import DecodeGraphs, row_bucket, width_bucket
@@ -157,11 +158,14 @@ class FastEngine(NativeEngine):
         while not sched.finished:
             admitted = sched.admit()
             if admitted:
-                self._admit(prompts, admitted, kv, state, sampling)
-            for _ in range(sched.steps_until_check(self.check_every)):
-                self._decode_step(kv, state, sched, sampling)
-            self._collect(state, sched, out_tokens, out_logprobs, reasons)
-            self._compact(kv, state, sched)
+                with record_function("meshrl/admit"):  # named ranges in profiler traces
+                    self._admit(prompts, admitted, kv, state, sampling)
+            with record_function("meshrl/decode"):
+                for _ in range(sched.steps_until_check(self.check_every)):
+                    self._decode_step(kv, state, sched, sampling)
+            with record_function("meshrl/collect"):
+                self._collect(state, sched, out_tokens, out_logprobs, reasons)
+                self._compact(kv, state, sched)
         return GenerationResult(
             responses=_ragged(out_tokens, torch.int64),
             logprobs=_ragged(out_logprobs, torch.float32),
@@ -224,8 +228,10 @@ class FastEngine(NativeEngine):
         bs = row_bucket(sched.rows_needed(), min(kv.k.shape[1], self.max_num_seqs))
         width = width_bucket(sched.width_needed(), _WIDTH_STEP, kv.slot_len)
         logits = self.graphs.run(state.last_tokens[:bs], state.positions[:bs], kv, width)
-        tokens, logprobs = sample_rows(logits, sampling.params, sampling.generator)
-        state.record(tokens, logprobs, sampling.stop_ids)
+        with record_function("meshrl/sample"):
+            tokens, logprobs = sample_rows(logits, sampling.params, sampling.generator)
+        with record_function("meshrl/record"):
+            state.record(tokens, logprobs, sampling.stop_ids)
         sched.advance()
 
     def _collect(self, state: SlotState, sched: Scheduler, out_tokens, out_logprobs, reasons):

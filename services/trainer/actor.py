@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.distributed.tensor import DTensor
+from torch.profiler import record_function
 
 from meshrl.algorithms.aggregation import aggregate_loss
 from meshrl.algorithms.kl import kl_penalty
@@ -196,24 +197,26 @@ class ActorRole(TrainedRole):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg = self.loss
         width = targets.old_logprobs.shape[1]
-        packed = pack_micro_batch(batch.select(micro.rows), self.padding_free)
-        packed = packed.to(self.world.device)
+        with record_function("meshrl/pack"):
+            packed = pack_micro_batch(batch.select(micro.rows), self.padding_free)
+            packed = packed.to(self.world.device)
 
-        def rows(x: torch.Tensor | None) -> torch.Tensor | None:
-            return None if x is None else x[micro.rows].to(self.world.device)
+            def rows(x: torch.Tensor | None) -> torch.Tensor | None:
+                return None if x is None else x[micro.rows].to(self.world.device)
 
-        # Copied to the device before the forward is queued: a host-to-device copy from
-        # pageable memory waits for the stream, so after it would idle the GPU until the
-        # whole forward had run.
-        old_logprobs, advantages = rows(targets.old_logprobs), rows(targets.advantages)
-        is_weights, ref_logprobs = rows(targets.is_weights), rows(targets.ref_logprobs)
-        scores = response_logprobs(
-            self.model,
-            packed,
-            self.temperature,
-            with_entropy=True,
-            entropy_grad=cfg.entropy_coeff != 0,
-        )
+            # Copied to the device before the forward is queued: a host-to-device copy from
+            # pageable memory waits for the stream, so after it would idle the GPU until the
+            # whole forward had run.
+            old_logprobs, advantages = rows(targets.old_logprobs), rows(targets.advantages)
+            is_weights, ref_logprobs = rows(targets.is_weights), rows(targets.ref_logprobs)
+        with record_function("meshrl/forward"):
+            scores = response_logprobs(
+                self.model,
+                packed,
+                self.temperature,
+                with_entropy=True,
+                entropy_grad=cfg.entropy_coeff != 0,
+            )
         logprobs = widen(scores.logprobs, width)  # (m, width)
         entropy = widen(scores.entropy, width)
         mask = widen(packed.response_mask, width)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.distributed.tensor import DTensor
+from torch.profiler import record_function
 
 from meshrl.config.schema import OptimConfig
 
@@ -94,9 +95,12 @@ def clipped_step(
     decision on the device (its ``found_inf``, as with a gradient scaler); another
     optimizer needs it on the host (one sync).
     """
-    norm = clip_grad_norm(params, max_norm)
-    skipped = ~torch.isfinite(norm)
-    if not fused_adamw_on_local_shards(optimizer, skip=skipped) and not bool(skipped):
+    with record_function("meshrl/clip_grad_norm"):
+        norm = clip_grad_norm(params, max_norm)
+        skipped = ~torch.isfinite(norm)
+    with record_function("meshrl/adamw"):
+        stepped = fused_adamw_on_local_shards(optimizer, skip=skipped)
+    if not stepped and not bool(skipped):
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return StepResult(norm, skipped)
@@ -171,7 +175,9 @@ def fused_adamw_on_local_shards(
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
+    # The shard itself, as FSDP2 reads it: ``to_local()`` goes through an autograd function,
+    # ~1 us of host time each, over ~1,500 tensors a step in the optimizer alone.
+    return t._local_tensor if isinstance(t, DTensor) else t
 
 
 def global_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
