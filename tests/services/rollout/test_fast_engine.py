@@ -120,3 +120,22 @@ def test_loaded_weights_reach_the_fused_projections(model_dir):
     params = SamplingParams(temperature=0, max_tokens=12)
     want, got = plain.generate(prompts, params), fast.generate(prompts, params)
     assert got.responses.tolist() == want.responses.tolist()
+
+
+def test_prefill_plan_puts_each_prompt_in_its_admitted_slots():
+    from services.rollout.fast_engine import _prefill_plan
+
+    prompts = Ragged.from_lists([[5, 6], [7], [8, 9, 10]])
+    # n = 3 samples a prompt; sequences 3..8 sample prompts 1 and 2, admitted out of order.
+    admitted = [(7, 0), (3, 4), (8, 2), (5, 1), (6, 5)]
+    plan = _prefill_plan(prompts, [1, 2], admitted, n=3, packed=True)
+    assert plan["src"].tolist() == [1, 0, 1, 0, 1]  # the chunk's row of each pair
+    assert plan["dest"].tolist() == [0, 4, 2, 1, 5]
+    assert plan["ids"].tolist() == [7, 8, 9, 10]
+    assert plan["positions"].tolist() == [0, 0, 1, 2]
+    assert plan["offsets"].tolist() == [0, 1, 4] and plan["max_len"] == 3
+    # A token's row lists its prompt's slots in admission order, -1 where it has fewer.
+    assert plan["table"].tolist() == [[4, 1, -1], [0, 2, 5], [0, 2, 5], [0, 2, 5]]
+    padded = _prefill_plan(prompts, [1, 2], admitted, n=3, packed=False)
+    assert padded["ids"].tolist() == [[7, 0, 0], [8, 9, 10]]
+    assert padded["lengths"].tolist() == [1, 3]
