@@ -5,6 +5,7 @@ decoder layers. First, the chunked head is checked against full logits."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -165,6 +166,9 @@ UPDATE_LAYOUTS = {
     # name: (config overrides, environment, skip dynamo's guard checks)
     "layers_compiled": ((), {"MESHRL_FSDP_UNITS": "layer"}, False),
     "model_unit": ((), {"MESHRL_FSDP_UNITS": "model"}, False),
+    # As before the fifth session: the one unit resharded after forward, gathered again for
+    # the backward (see REGATHER).
+    "model_unit_regather": ((), {"MESHRL_FSDP_UNITS": "model"}, False),
     # A diagnostic, not a setting to run with: how much of the host time is guard checks.
     "model_unit_no_guards": ((), {"MESHRL_FSDP_UNITS": "model"}, True),
     "padding_free": (
@@ -177,6 +181,9 @@ UPDATE_LAYOUTS = {
         False,
     ),
 }
+
+
+REGATHER = {"model_unit_regather"}  # layouts built with reshard_after_forward=True
 
 
 def update_variants(
@@ -202,6 +209,13 @@ def update_variants(
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
+            if tag in REGATHER:
+                from services.trainer import actor as actor_module
+                from services.trainer import fsdp
+
+                actor_module.shard_model = functools.partial(
+                    fsdp.shard_model, reshard_after_forward=True
+                )
             actor, batch, old, adv = _built_actor(
                 model_dir, True, overrides=overrides, device=device
             )
@@ -213,6 +227,10 @@ def update_variants(
         except Exception as e:  # noqa: BLE001
             out[tag] = {"error": f"{type(e).__name__}: {e}"[:2000]}
         finally:
+            from services.trainer import actor as actor_module
+            from services.trainer import fsdp
+
+            actor_module.shard_model = fsdp.shard_model
             torch.compiler.set_stance("default", skip_guard_eval_unsafe=False)
             for k, v in saved.items():
                 if v is None:

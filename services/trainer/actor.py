@@ -21,7 +21,7 @@ from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
 from services.trainer.distributed import World
 from services.trainer.forward import response_logprobs, rollout_temperature
-from services.trainer.fsdp import mixed_precision, shard_model
+from services.trainer.fsdp import mixed_precision, reshard, shard_model
 from services.trainer.micro_batches import MicroBatch, MiniBatch
 from services.trainer.model_loading import load_policy_model
 from services.trainer.padding_free import pack_micro_batch
@@ -261,6 +261,7 @@ class ActorRole(TrainedRole):
         """(name, full tensor), one parameter at a time, so the whole model is never
         gathered at once. Each gather is a collective: every rank must drain this
         iterator in step."""
+        reshard(self.model)  # the float32 masters, whatever a forward left gathered
         for name, param in self.model.named_parameters():
             # no_grad per item: a `with` around the yields would leak into the caller.
             with torch.no_grad():

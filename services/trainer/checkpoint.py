@@ -21,6 +21,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from services.trainer.fsdp import reshard
+
 META_FILE = "meta.json"
 
 
@@ -32,6 +34,7 @@ def save_checkpoint(
 ) -> None:
     """Writes the model's (and optimizer's) state under ``path``; collective over ranks."""
     Path(path).mkdir(parents=True, exist_ok=True)
+    reshard(model)  # the float32 masters, whatever a forward left gathered
     if optimizer is None:
         state = {"model": get_model_state_dict(model)}
     else:
@@ -54,6 +57,7 @@ def load_checkpoint(
     meta = json.loads(meta_file.read_text())
     if optimizer is not None and not meta.get("with_optimizer"):
         raise ValueError(f"{path} was saved without optimizer state")
+    reshard(model)  # loads into the float32 masters; a gathered copy would go stale
     if optimizer is None:
         state = {"model": get_model_state_dict(model)}
         dcp.load(state, checkpoint_id=str(path))

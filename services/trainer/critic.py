@@ -12,7 +12,7 @@ from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
 from services.trainer.distributed import World
 from services.trainer.forward import response_values
-from services.trainer.fsdp import mixed_precision, shard_model
+from services.trainer.fsdp import mixed_precision, resharded, shard_model
 from services.trainer.micro_batches import MicroBatch, MiniBatch
 from services.trainer.model_loading import load_value_model
 from services.trainer.padding_free import pack_micro_batch
@@ -81,12 +81,13 @@ class CriticRole(TrainedRole):
         """The value of every response token, aligned with responses.ids."""
         self.model.eval()
         try:
-            (values,) = score_batch(
-                batch,
-                self.forward,
-                lambda packed: (response_values(self.model, packed),),
-                self.world,
-            )
+            with resharded(self.model):
+                (values,) = score_batch(
+                    batch,
+                    self.forward,
+                    lambda packed: (response_values(self.model, packed),),
+                    self.world,
+                )
         finally:
             self.model.train()
         return values

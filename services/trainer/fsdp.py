@@ -7,11 +7,13 @@ Works on one rank too (the "shards" are then whole), so one code path serves bot
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from transformers import PreTrainedModel
 
 
@@ -30,7 +32,7 @@ def shard_model(
     model: nn.Module,
     mesh: DeviceMesh,
     mp_policy: MixedPrecisionPolicy | None = None,
-    reshard_after_forward: bool = True,
+    reshard_after_forward: bool | None = None,
     compile_layers: bool | None = None,
     units: str | None = None,
 ) -> nn.Module:
@@ -41,14 +43,14 @@ def shard_model(
     its own unit (gathered just before it runs: the least memory), "model" the whole model
     as one unit (one gather per forward and one reduce per backward instead of hooks around
     every layer: less host time, the whole model's compute-dtype weights held at once).
+    ``reshard_after_forward`` None: False for one unit (its gathered weights are what the
+    backward needs next: gathering them again only repeats the work; forward-only passes
+    free them with :func:`resharded`), True for per-layer units.
     None: ``MESHRL_FSDP_UNITS`` if set, else "model" on one rank (nothing is sharded there
     anyway; on the H200 the actor update ran 1.25x faster) and "layer" on several. Parameter names are unchanged (FSDP2 swaps
     parameters for DTensors in place), so ``named_parameters()`` still gives Hugging Face
     names with full shapes.
     """
-    kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
-    if mp_policy is not None:
-        kwargs["mp_policy"] = mp_policy
     if compile_layers is None:
         compile_layers = os.environ.get("MESHRL_COMPILE_LAYERS", "") == "1"
     units = (
@@ -56,6 +58,11 @@ def shard_model(
     )
     if units not in ("layer", "model"):
         raise ValueError(f"FSDP units {units!r}: expected 'layer' or 'model'")
+    if reshard_after_forward is None:
+        reshard_after_forward = units == "layer"
+    kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+    if mp_policy is not None:
+        kwargs["mp_policy"] = mp_policy
     layer_types = _decoder_layer_types(model)
     for module in model.modules():
         if type(module).__name__ in layer_types:
@@ -67,6 +74,25 @@ def shard_model(
                 fully_shard(module, **kwargs)
     fully_shard(model, **kwargs)
     return model
+
+
+@contextmanager
+def resharded(model: nn.Module) -> Iterator[None]:
+    """Frees the gathered weights of ``model``'s FSDP units when the block ends: for
+    forward-only passes, where no backward reshards what a unit kept gathered after its
+    forward (``reshard_after_forward=False``). Until then, micro-batches reuse one gather;
+    after, ``named_parameters()`` are the sharded float32 masters again."""
+    try:
+        yield
+    finally:
+        reshard(model)
+
+
+def reshard(model: nn.Module) -> None:
+    """Frees every FSDP unit's gathered weights (none gathered: nothing happens)."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def _decoder_layer_types(model: nn.Module) -> set[str]:

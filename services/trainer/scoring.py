@@ -16,6 +16,7 @@ from meshrl.config.schema import RefConfig, RolloutConfig, RunConfig
 from meshrl.ragged import Ragged
 from services.trainer.distributed import World
 from services.trainer.forward import response_logprobs
+from services.trainer.fsdp import resharded
 from services.trainer.micro_batches import plan_epoch
 from services.trainer.padding_free import ModelBatch, pack_micro_batch
 from services.trainer.sequences import SequenceBatch
@@ -83,7 +84,8 @@ def policy_log_probs(
     was_training = model.training
     model.eval()  # no dropout: scores must be deterministic
     try:
-        outputs = score_batch(batch, settings, score, world)
+        with resharded(model):
+            outputs = score_batch(batch, settings, score, world)
     finally:
         model.train(was_training)
     return outputs[0], outputs[1] if with_entropy else None

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from torch.distributed.tensor import DTensor
 from trainer_helpers import make_batch, trainer_config
 from transformers import AutoModelForCausalLM
 
@@ -221,6 +222,12 @@ def _results(metrics: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if not k.startswith("perf/")}
 
 
+def _all_masters(actor) -> bool:
+    return all(
+        isinstance(p, DTensor) and p.dtype == torch.float32 for p in actor.model.parameters()
+    )
+
+
 def test_one_shard_unit_for_the_model_trains_like_one_per_layer(world, tiny_model_dir, monkeypatch):
     # MESHRL_FSDP_UNITS=model drops the per-layer units: fewer hooks, the same update.
     batch = make_batch(6, seed=4)
@@ -231,8 +238,12 @@ def test_one_shard_unit_for_the_model_trains_like_one_per_layer(world, tiny_mode
         layers = actor.model.model.layers
         assert (type(layers[0]).__name__.startswith("FSDP")) == (units == "layer")
         old, _ = actor.compute_log_probs(batch)
+        # One unit keeps its gathered bf16 weights from forward to backward; a forward-only
+        # pass frees them at its end: the parameters are the float32 master shards again.
+        assert _all_masters(actor)
         adv = old.with_values(torch.linspace(-1, 1, old.values.numel()))
         metrics = actor.update_policy(batch, old, adv, None, None, global_step=1)
+        assert _all_masters(actor)
         results.append((old.values, metrics["actor/grad_norm"], _params(actor)))
     (lp_layer, norm_layer, p_layer), (lp_model, norm_model, p_model) = results
     torch.testing.assert_close(lp_model, lp_layer, atol=1e-6, rtol=0)
