@@ -238,7 +238,8 @@ def bandwidth_floor_tok_s(
 BASE_SETTINGS = dict(
     compiled=True,  # element-wise ops compiled
     attention="triton",  # decode attention: "triton", "matmul" (batched matmul)
-    sampling="kernel",  # "kernel": split over programs; "one_program"; "torch": Exp(1) race
+    sampling="kernel",  # "kernel": split over programs; "one_program"; "torch": Exp(1) race;
+    # "inverse_cdf": one uniform a row (kernels.sample_inverse_cdf)
     pack=True,  # prompts prefilled packed
     rope=True,  # rope and the cache write inside the attention kernel (else a kernel before)
     gemm=None,  # None: cuBLAS; "default": Triton GEMMs, default configs; "tuned": tuned ones
@@ -274,6 +275,7 @@ def configure(engine: FastEngine, settings: dict, tuned: dict | None = None) -> 
     engine.decoder.matmul_configs = dict(tuned or {}) if s["gemm"] == "tuned" else {}
     gpu_sampler._compiled.pop("no_kernel", None)
     kernels.sample_gumbel = _SAMPLE_GUMBEL
+    gpu_sampler.SAMPLING_KERNEL = "inverse_cdf" if s["sampling"] == "inverse_cdf" else "gumbel"
     if s["sampling"] == "torch":
         gpu_sampler._compiled["no_kernel"] = True
     elif s["sampling"] == "one_program":
@@ -358,6 +360,36 @@ def sampling_kernel_us(rows: int = 256, vocab: int = 151936, calls: int = 50) ->
         torch.cuda.synchronize()
         out[f"{name}_us"] = start.elapsed_time(end) * 1e3 / calls
     out["same_tokens"] = all(torch.equal(t, tokens["auto_b2048"]) for t in tokens.values())
+    # Inverse CDF: another random stream (its tokens are not the Gumbel kernel's); its
+    # log-probs are checked against log_softmax at its tokens, and its draws against the
+    # softmax's probabilities (the mean probability of the drawn tokens over many calls
+    # against the expected sum of p^2 per row).
+    cdf = functools.partial(kernels.sample_inverse_cdf)
+    t, lp = cdf(logits, 1.0, 7, 0)
+    ref = torch.log_softmax(logits.float(), -1)
+    out["cdf_logprob_max_abs"] = float((lp - ref.gather(1, t[:, None])[:, 0]).abs().max())
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(calls):
+        cdf(logits, 1.0, 7, 4 * i)
+    end.record()
+    torch.cuda.synchronize()
+    out["inverse_cdf_us"] = start.elapsed_time(end) * 1e3 / calls
+    probs = ref.exp()
+    drawn_p = torch.stack(
+        [probs.gather(1, cdf(logits, 1.0, 9, 4 * i)[0][:, None])[:, 0] for i in range(64)]
+    )
+    gumbel_p = torch.stack(
+        [
+            probs.gather(1, kernels.sample_gumbel(logits, 1.0, 9, 4 * i)[0][:, None])[:, 0]
+            for i in range(64)
+        ]
+    )
+    out["mean_p_of_drawn"] = {
+        "inverse_cdf": float(drawn_p.mean()),
+        "gumbel": float(gumbel_p.mean()),
+        "expected_sum_p2": float((probs**2).sum(-1).mean()),
+    }
     return out
 
 

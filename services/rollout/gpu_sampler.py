@@ -75,6 +75,20 @@ def sample_rows(
         return _sample(logits, params, generator, t, logits.device)
 
 
+SAMPLING_KERNEL = "gumbel"
+"""Which kernel draws: "gumbel" (:func:`kernels.sample_gumbel`, a Philox draw per column) or
+"inverse_cdf" (:func:`kernels.sample_inverse_cdf`, one per row). Either draws from
+softmax(logits / T); each has its own random stream."""
+
+
+def sampling_kernel():
+    if SAMPLING_KERNEL == "inverse_cdf":
+        return kernels.sample_inverse_cdf
+    if SAMPLING_KERNEL != "gumbel":
+        raise ValueError(f"SAMPLING_KERNEL {SAMPLING_KERNEL!r}: expected gumbel or inverse_cdf")
+    return kernels.sample_gumbel
+
+
 def step_seed(generator: torch.Generator | None) -> tuple[int, int]:
     """(seed, offset) for one :func:`kernels.sample_gumbel` call, on the host.
 
@@ -95,7 +109,7 @@ def _sample(logits, params, generator, t, device):
         tokens = logits.argmax(dim=-1)
     elif logits.dim() == 2 and kernels.available(device) and not _compiled.get("no_kernel"):
         try:
-            return kernels.sample_gumbel(logits, t, *step_seed(generator))
+            return sampling_kernel()(logits, t, *step_seed(generator))
         except Exception as e:  # noqa: BLE001 - a compiler problem shows at the first call
             if device.type != "cuda":
                 raise

@@ -11,6 +11,8 @@ replaces several torch kernels of :meth:`StaticDecoder.decode` or of the sampler
   the cache write and the attention; the new key attended from registers).
 - :func:`silu_mul_halves` (``silu.py``): SiLU(gate) x up of the fused gate/up projection.
 - :func:`sample_gumbel` (``sampling.py``): a token and its log-prob per row, one pass.
+- :func:`sample_inverse_cdf` (``sampling_cdf.py``): the same from one uniform per row, in two
+  light passes (no random number and no log per column).
 - :func:`linear` (``matmul.py``): ``F.linear`` tiled for few rows (split-K for long K).
 - :func:`gate_up_silu` (``matmul.py``): the fused gate/up projection and SiLU(gate) x up in
   one GEMM, the (rows, 2I) projection never written.
@@ -36,6 +38,7 @@ from services.rollout.kernels.matmul import (
 from services.rollout.kernels.rope_store import rope_store, rope_store_reference
 from services.rollout.kernels.runtime import available, supports_head_dim
 from services.rollout.kernels.sampling import sample_gumbel
+from services.rollout.kernels.sampling_cdf import sample_inverse_cdf
 from services.rollout.kernels.silu import silu_mul_halves
 
 __all__ = [
@@ -52,6 +55,7 @@ __all__ = [
     "rope_store",
     "rope_store_reference",
     "sample_gumbel",
+    "sample_inverse_cdf",
     "silu_mul_halves",
     "split_count",
     "supports_head_dim",

@@ -297,6 +297,17 @@ SAMPLE_CASES = {
     ),
 }
 SAMPLE_T = 0.7
+# sample_inverse_cdf cases (see check_sampling_cdf): the draw's distribution over several
+# splits, log-probs with masked columns and splits with nothing finite, seeds, and the
+# split layout not moving the draws.
+CDF_CASES = {
+    "distribution-v32-two-splits": dict(kind="distribution"),
+    "logprobs-bf16-v300": dict(kind="logprobs", dtype="bfloat16", vocab=300),
+    "logprobs-fp32-v300": dict(kind="logprobs", dtype="float32", vocab=300),
+    "seeds": dict(kind="seeds"),
+    "split-layouts": dict(kind="splits"),
+    "gpu_sampler": dict(kind="sampler"),
+}
 
 
 def _chi_square(tokens: torch.Tensor, probs: torch.Tensor) -> float:
@@ -386,12 +397,87 @@ def check_sampling(case: dict) -> None:
         assert torch.equal(greedy, logits.argmax(-1))
 
 
+def check_sampling_cdf(case: dict) -> None:
+    from services.rollout.kernels.sampling_cdf import sample_inverse_cdf as draw
+
+    kind = case["kind"]
+    gen = torch.Generator().manual_seed(12)
+    if kind == "distribution":
+        # 320 draws from one row of 32 logits in two splits of 16 columns: a correct
+        # sampler gives chi-square ~ 31 +- 8 with 31 degrees of freedom; 70 has p ~ 1e-4.
+        base = torch.randn(32, generator=gen) * 0.4
+        rows = 320
+        tokens, logprobs = draw(base.expand(rows, -1), SAMPLE_T, 1234, 8, block=16, split_blocks=1)
+        assert tokens.dtype == torch.int64 and logprobs.dtype == torch.float32
+        assert 0 <= int(tokens.min()) and int(tokens.max()) < len(base)
+        log_probs = torch.log_softmax(base / SAMPLE_T, dim=-1)
+        chi2 = _chi_square(tokens, log_probs.exp().double())
+        assert chi2 < 70, f"chi-square {chi2:.1f} vs softmax(x / T)"
+        assert _chi_square(tokens, torch.softmax(base.double() / 0.2, -1)) > 150  # it can tell
+        _close(logprobs, log_probs[tokens], 1e-6, 1e-6, "log-probs")
+    elif kind == "logprobs":
+        dtype, vocab, rows = DTYPES[case["dtype"]], case["vocab"], 6
+        logits = (torch.randn(rows, vocab + 7, generator=gen) * 3).to(dtype)[:, :vocab]
+        logits[1, ::3] = float("-inf")  # masked tokens: never drawn
+        logits[2, :-8] = float("-inf")  # whole splits with nothing finite, then 8 columns
+        logits[3, :-1] = float("-inf")  # only the last column: drawn, log-prob 0
+        logits[4, 0] = 30.0  # one column with nearly all the mass, the first
+        tokens, logprobs = draw(logits, SAMPLE_T, 99, 0, block=16, split_blocks=2)
+        expected = torch.log_softmax(logits.float() / SAMPLE_T, dim=-1)
+        _close(logprobs, expected.gather(1, tokens[:, None])[:, 0], 1e-5, 1e-5, "log-probs")
+        assert torch.isfinite(logprobs).all() and int(tokens[1]) % 3 != 0
+        assert int(tokens[2]) >= vocab - 8
+        assert int(tokens[3]) == vocab - 1 and float(logprobs[3]) == 0.0
+        assert int(tokens[4]) == 0
+    elif kind == "seeds":
+        logits = torch.randn(8, 64, generator=gen) * 0.5
+        first = draw(logits, 1.0, 5, 0, block=16)
+        again = draw(logits, 1.0, 5, 0, block=16)
+        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+        for seed, offset in ((6, 0), (5, 4), (5 + 2**40, 0), (2**64 - 1, 2**40)):
+            other = draw(logits, 1.0, seed, offset, block=16)[0]
+            assert not torch.equal(first[0], other), f"seed {seed}, offset {offset}"
+    elif kind == "sampler":
+        from services.rollout import gpu_sampler
+        from services.rollout.engine import SamplingParams
+
+        logits = (torch.randn(5, 300, generator=gen) * 2).bfloat16()
+        params = SamplingParams(temperature=0.8, seed=3)
+        gpu_sampler.SAMPLING_KERNEL = "inverse_cdf"
+        try:
+            runs = [
+                gpu_sampler.sample_rows(logits, params, torch.Generator().manual_seed(3))
+                for _ in range(2)
+            ]
+        finally:
+            gpu_sampler.SAMPLING_KERNEL = "gumbel"
+        (t1, lp1), (t2, _) = runs
+        assert torch.equal(t1, t2), "same seed, same tokens"
+        want = draw(logits, 0.8, *gpu_sampler.step_seed(torch.Generator().manual_seed(3)))
+        assert torch.equal(t1, want[0]), "sample_rows draws with the chosen kernel"
+        expected = torch.log_softmax(logits.float() / 0.8, dim=-1)
+        _close(lp1, expected.gather(1, t1[:, None])[:, 0], 1e-5, 1e-5, "sample_rows log-probs")
+    else:
+        assert kind == "splits"
+        # 300 columns as 1, 3 (128, 128, 44) and 19 splits: the same tokens (the draws sit
+        # far from the boundaries that float32 rounding could move).
+        logits = (torch.randn(4, 300, generator=gen) * 2).bfloat16()
+        logits[1, :200] = float("-inf")
+        layouts = [dict(block=512, split_blocks=1), dict(block=64, split_blocks=2), dict(block=16)]
+        drawn = [draw(logits, SAMPLE_T, 77, 5, **kw) for kw in layouts]
+        for (tokens, logprobs), kw in zip(drawn[1:], layouts[1:], strict=True):
+            assert torch.equal(tokens, drawn[0][0]), f"{kw}: {tokens} vs {drawn[0][0]}"
+            _close(logprobs, drawn[0][1], 1e-6, 1e-6, f"log-probs, {kw}")
+        assert int(drawn[0][0][1]) >= 200
+
+
 GROUPS = [
     ("attention", ATTENTION_CASES, check_attention),
     ("rope_store", ROPE_CASES, check_rope_store),
     ("rope_store_prefill", ROPE_PREFILL_CASES, check_rope_store_prefill),
     ("silu_mul_halves", SILU_CASES, check_silu_mul_halves),
     ("sampling", SAMPLE_CASES, check_sampling),
+    ("sampling_cdf", CDF_CASES, check_sampling_cdf),
 ]
 
 
@@ -428,6 +514,12 @@ def test_silu_mul_halves_in_interpreter(interpreter_results, name):
 @pytest.mark.parametrize("name", list(SAMPLE_CASES))
 def test_sample_gumbel_in_interpreter(interpreter_results, name):
     report(interpreter_results, f"sampling/{name}")
+
+
+@needs_triton
+@pytest.mark.parametrize("name", list(CDF_CASES))
+def test_sample_inverse_cdf_in_interpreter(interpreter_results, name):
+    report(interpreter_results, f"sampling_cdf/{name}")
 
 
 # ---- in this process: the references, the split heuristic, availability ----------------
