@@ -27,8 +27,9 @@ from torch.profiler import record_function
 from meshrl.ragged import Ragged
 from services.rollout.cuda_graphs import DecodeGraphs, row_bucket, width_bucket
 from services.rollout.decoder import StaticDecoder, unsupported_reason
-from services.rollout.engine import FinishReason, GenerationResult, SamplingParams
+from services.rollout.engine import GenerationResult, SamplingParams
 from services.rollout.gpu_sampler import sample_rows
+from services.rollout.harvest import Check, Harvest, HarvestRings
 from services.rollout.kv_cache import KVView, StaticKVCache, cuda_capacity_tokens
 from services.rollout.native_engine import NativeEngine, _ragged
 from services.rollout.scheduler import Scheduler
@@ -58,6 +59,7 @@ class FastEngine(NativeEngine):
         enforce_eager: bool = False,
         max_model_len: int | None = None,
         check_every: int = 8,
+        read_late: bool = True,
         max_prefill_tokens: int = 16384,
         compile_ops: bool = True,
         **native: Any,
@@ -69,6 +71,8 @@ class FastEngine(NativeEngine):
         config = self.runner.model.config
         self.max_model_len = max_model_len or config.max_position_embeddings
         self.check_every = check_every
+        self.read_late = read_late
+        self._harvest_rings = HarvestRings(self.max_num_seqs, self.runner.device)
         self.max_prefill_tokens = max_prefill_tokens
         self.gpu_memory_utilization = gpu_memory_utilization
         self.decoder.rope_table(self.max_model_len)  # before any capture: graphs read it
@@ -152,43 +156,59 @@ class FastEngine(NativeEngine):
         kv = self.cache.view(slot_len, min(total, self.max_num_seqs))
         state = SlotState(kv.slots, params.max_tokens, slot_len, self.runner.device)
         sched = Scheduler(lengths, params.n, kv.slots, params.max_tokens)
-        out_tokens: list[torch.Tensor] = [torch.zeros(0)] * total
-        out_logprobs: list[torch.Tensor] = [torch.zeros(0)] * total
-        reasons: list[FinishReason] = ["length"] * total
+        harvest = Harvest(total, self._harvest_rings)
+        pending: Check | None = None  # the previous round's check, read during this round
         while not sched.finished:
             admitted = sched.admit()
             if admitted:
                 with record_function("meshrl/admit"):  # named ranges in profiler traces
                     self._admit(prompts, admitted, kv, state, sampling)
             with record_function("meshrl/decode"):
-                for _ in range(sched.steps_until_check(self.check_every)):
+                steps = sched.steps_until_check(self.check_every)
+                for _ in range(steps):
                     self._decode_step(kv, state, sched, sampling)
             with record_function("meshrl/collect"):
-                self._collect(state, sched, out_tokens, out_logprobs, reasons)
-                self._compact(kv, state, sched)
+                check = harvest.queue_check(state.done, sched.slot_seq)
+                if pending is not None and self.read_late:
+                    self._collect(pending, state, sched, harvest)
+                pending = check
+                # Read this round's check now (a sync) when waiting a round would cost
+                # more: a sequence reaches its length (the round was cut short for it),
+                # sequences wait for slots, or running slots can move down to fewer rows.
+                if (
+                    not self.read_late
+                    or steps < self.check_every
+                    or sched.waiting
+                    or self._compaction_due(sched)
+                ):
+                    self._collect(pending, state, sched, harvest)
+                    pending = None
+                    self._compact(kv, state, sched)
+        harvest.flush()
         return GenerationResult(
-            responses=_ragged(out_tokens, torch.int64),
-            logprobs=_ragged(out_logprobs, torch.float32),
-            finish_reasons=reasons,
+            responses=_ragged(harvest.tokens, torch.int64),
+            logprobs=_ragged(harvest.logprobs, torch.float32),
+            finish_reasons=harvest.reasons,
             weight_version=self.weight_version,
         )
 
     def _admit(self, prompts: Ragged, admitted, kv: KVView, state: SlotState, sampling) -> None:
         """Prefills the admitted (sequence, slot) pairs and samples their first tokens.
 
-        Every chunk's inputs are built on the host first and go to the device in one copy;
-        then the chunks' prefills are queued back to back. (A copy from pageable memory
-        blocks the host until the GPU has caught up: a copy per tensor between chunks left
-        the GPU idle while the host built each next chunk, and pinning each tensor cost
-        more, ~40 ms of a 256-prompt admit on the H200.)
+        A chunk's inputs go to the device in one copy, built while the previous chunk's
+        prefill runs. (That copy, from pageable memory, waits for the GPU to finish what is
+        queued, so it takes the place of a sync; a copy per tensor made the GPU wait on the
+        host between them, ~70 ms of a 256-prompt admit on the H200, and pinning each tensor
+        cost ~40 ms.)
         """
         n = sampling.params.n
         distinct = sorted({seq // n for seq, _ in admitted})
         packed = self.decoder.packed_prefill
         chunks = _chunks_by_tokens(distinct, prompts.lengths, self.max_prefill_tokens, packed)
-        plans = [_prefill_plan(prompts, chunk, admitted, n, packed) for chunk in chunks]
         logits_parts, slots_parts, lengths_parts = [], [], []
-        for plan, on in zip(plans, _to_device(plans, self.runner.device), strict=True):
+        for chunk in chunks:
+            plan = _prefill_plan(prompts, chunk, admitted, n, packed)
+            on = _to_device(plan, self.runner.device)
             if packed:
                 logits = self.decoder.prefill_packed(
                     on["ids"],
@@ -222,31 +242,21 @@ class FastEngine(NativeEngine):
             state.record(tokens, logprobs, sampling.stop_ids)
         sched.advance()
 
-    def _collect(self, state: SlotState, sched: Scheduler, out_tokens, out_logprobs, reasons):
-        """The one host sync of a check: frees finished slots and keeps their outputs."""
-        active = sched.active
-        if not active:
-            return
-        idx = torch.tensor(active, device=state.done.device)
-        done = state.done[idx].cpu()
-        finished = [s for s, d in zip(active, done.tolist(), strict=True) if d]
-        if not finished:
-            return
-        fidx = torch.tensor(finished, device=state.done.device)
-        lengths = state.gen_len[fidx].tolist()
-        stopped = state.stopped[fidx].tolist()
-        tokens = state.tokens[fidx].cpu()
-        logprobs = state.logprobs[fidx].cpu()
-        for i, slot in enumerate(finished):
-            seq = sched.release(slot)
-            out_tokens[seq] = tokens[i, : lengths[i]]
-            out_logprobs[seq] = logprobs[i, : lengths[i]]
-            reasons[seq] = "stop" if stopped[i] else "length"
+    def _collect(self, check: Check, state: SlotState, sched: Scheduler, harvest: Harvest):
+        """Frees the slots the check found finished, their outputs gathered first."""
+        finished = check.finished(sched.slot_seq)
+        harvest.take(finished, state)
+        for slot, _ in finished:
+            sched.release(slot)
+
+    @staticmethod
+    def _compaction_due(sched: Scheduler) -> bool:
+        rows = sched.rows_needed()
+        return bool(rows) and row_bucket(rows, 1 << 30) > row_bucket(len(sched.active), 1 << 30)
 
     def _compact(self, kv: KVView, state: SlotState, sched: Scheduler) -> None:
         """Once nothing waits, moves running slots down when that shrinks the step's rows."""
-        rows = sched.rows_needed()
-        if not rows or row_bucket(rows, 1 << 30) <= row_bucket(len(sched.active), 1 << 30):
+        if not self._compaction_due(sched):
             return
         src, dst = sched.compaction()
         if not src:
@@ -298,21 +308,13 @@ def _prefill_plan(
     return plan
 
 
-def _to_device(plans: list[dict], device: torch.device) -> list[dict[str, torch.Tensor]]:
-    """The plans' tensors on ``device`` (same names, shapes and dtypes; ints kept on the
+def _to_device(plan: dict, device: torch.device) -> dict[str, torch.Tensor]:
+    """The plan's tensors on ``device`` (same names, shapes and dtypes; ints stay on the
     host), moved in a single copy."""
-    tensors = [
-        (i, k, v)
-        for i, plan in enumerate(plans)
-        for k, v in plan.items()
-        if isinstance(v, torch.Tensor)
-    ]
-    flat = torch.cat([v.reshape(-1).to(torch.int64) for _, _, v in tensors])
-    parts = flat.to(device).split([v.numel() for _, _, v in tensors])
-    out: list[dict[str, torch.Tensor]] = [{} for _ in plans]
-    for (i, k, v), part in zip(tensors, parts, strict=True):
-        out[i][k] = part.view(v.shape).to(v.dtype)
-    return out
+    tensors = [(k, v) for k, v in plan.items() if isinstance(v, torch.Tensor)]
+    flat = torch.cat([v.reshape(-1).to(torch.int64) for _, v in tensors])
+    parts = flat.to(device).split([v.numel() for _, v in tensors])
+    return {k: part.view(v.shape).to(v.dtype) for (k, v), part in zip(tensors, parts, strict=True)}
 
 
 def _chunks_by_tokens(

@@ -50,6 +50,27 @@ def test_greedy_equals_plain_engine_with_refills_and_stops(model_dir, seed):
     assert "stop" in got.finish_reasons  # the stop tokens were hit at least once
 
 
+@pytest.mark.parametrize("read_late", [True, False])
+def test_checks_read_a_round_late_lose_nothing(model_dir, read_late):
+    # All 7 sequences fit the 8 slots: nothing waits, so with read_late each check is read
+    # after the next round is queued; stop tokens end some early (their slots step on,
+    # unseen, for a round) and the rest run to max_tokens; compaction moves the survivors.
+    plain = NativeEngine(model_dir)
+    fast = FastEngine(model_dir, max_num_seqs=8, check_every=2, read_late=read_late)
+    prompts = _random_prompts(5, 7)
+    free = plain.generate(prompts, SamplingParams(temperature=0, max_tokens=13))
+    # Stop tokens that some rows make early (the third tokens of two rows).
+    stops = tuple({row[2] for row in free.responses.tolist()[:2]})
+    for stop in [(), stops]:
+        params = SamplingParams(temperature=0, max_tokens=13, stop_token_ids=stop)
+        want = plain.generate(prompts, params)
+        got = fast.generate(prompts, params)
+        assert got.responses.tolist() == want.responses.tolist()
+        assert got.finish_reasons == want.finish_reasons
+        torch.testing.assert_close(got.logprobs.values, want.logprobs.values, atol=1e-5, rtol=0)
+    assert "stop" in got.finish_reasons and "length" in got.finish_reasons
+
+
 def test_seeded_sampling_repeats_and_logprobs_match_scoring(model_dir):
     fast = FastEngine(model_dir, max_num_seqs=4)
     prompts = _random_prompts(2, 5)

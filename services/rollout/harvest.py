@@ -1,0 +1,132 @@
+"""Collecting finished sequences without stopping the GPU.
+
+A check used to read ``done`` with a blocking copy: the host waited for the GPU to finish
+the round, then the GPU waited for the host to queue the next one (~8% of a 256-row
+generate on the H200). Here a check is read one round late and the outputs stay on the
+device until the end of the call:
+
+- :meth:`Harvest.queue_check` copies the first slots' ``done`` flags to pinned host memory
+  right after a round is queued; the check is read after the next round is queued, while
+  the GPU runs it.
+- :meth:`Harvest.take` gathers the finished slots' tokens, log-probs, lengths and stop flags
+  on the device (in stream order: before any refill overwrites the slots), and
+  :meth:`Harvest.flush` copies them to the host once, at the end (or when they grow past
+  ``flush_bytes``).
+
+A finished slot keeps stepping until read (``slots.py``: its outputs do not change), so
+reading late costs only that slot's extra steps. Host memory the GPU copies to or from
+asynchronously is pinned and reused (:class:`PinnedRing`): pinning per call cost more
+than the sync it saved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from services.rollout.engine import FinishReason
+from services.rollout.slots import SlotState
+
+
+class PinnedRing:
+    """A few host buffers for asynchronous copies, reused in turn: a buffer is handed out
+    again only once the copy recorded on it has run. Plain (unpinned) memory and blocking
+    copies off CUDA."""
+
+    def __init__(self, size: int, dtype: torch.dtype, device: torch.device, count: int = 4):
+        self.cuda = device.type == "cuda"
+        self._buffers = [torch.zeros(size, dtype=dtype, pin_memory=self.cuda) for _ in range(count)]
+        self._events: list[torch.cuda.Event | None] = [None] * count
+        self._next = 0
+
+    def take(self, n: int) -> tuple[torch.Tensor, int]:
+        """A free buffer's first ``n`` elements and its number (for :meth:`mark`)."""
+        i = self._next
+        self._next = (i + 1) % len(self._buffers)
+        if self._events[i] is not None:
+            self._events[i].synchronize()  # long done, unless the ring is too small
+        return self._buffers[i][:n], i
+
+    def mark(self, i: int) -> torch.cuda.Event | None:
+        """Records, after the copy just queued on buffer ``i``, when it will have run."""
+        if not self.cuda:
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        self._events[i] = event
+        return event
+
+
+class HarvestRings:
+    """The pinned buffers of an engine's harvests: ``done`` flags out, slot indices in."""
+
+    def __init__(self, slots: int, device: torch.device):
+        self.flags = PinnedRing(slots, torch.bool, device)
+        self.indices = PinnedRing(slots, torch.int64, device)
+
+
+@dataclass
+class Check:
+    """The ``done`` flags of the first slots after a round, on their way to the host."""
+
+    holders: list[int]  # the sequence in each of those slots when queued (-1: none)
+    flags: torch.Tensor  # (len(holders),) bool, host
+    ready: torch.cuda.Event | None  # recorded after the copy; None: copied already
+
+    def finished(self, slot_seq: list[int]) -> list[tuple[int, int]]:
+        """(slot, sequence) of the slots that were done and still hold that sequence (a
+        slot read done before, or refilled since, is left out)."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        return [
+            (slot, seq)
+            for slot, (seq, done) in enumerate(zip(self.holders, self.flags.tolist(), strict=True))
+            if done and seq >= 0 and slot_seq[slot] == seq
+        ]
+
+
+class Harvest:
+    """The outputs of one ``generate`` call's finished sequences."""
+
+    def __init__(self, total: int, rings: HarvestRings, flush_bytes: int = 256 << 20):
+        self.tokens: list[torch.Tensor] = [torch.zeros(0, dtype=torch.int64)] * total
+        self.logprobs: list[torch.Tensor] = [torch.zeros(0, dtype=torch.float32)] * total
+        self.reasons: list[FinishReason] = ["length"] * total
+        self.flush_bytes = flush_bytes
+        self._flags, self._indices = rings.flags, rings.indices
+        self._parts: list[tuple[list[int], tuple[torch.Tensor, ...]]] = []
+        self._bytes = 0
+
+    def queue_check(self, done: torch.Tensor, slot_seq: list[int]) -> Check:
+        """Starts copying ``done`` of the slots up to the last one holding a sequence."""
+        rows = max((s + 1 for s, q in enumerate(slot_seq) if q >= 0), default=0)
+        flags, i = self._flags.take(rows)
+        flags.copy_(done[:rows], non_blocking=self._flags.cuda)
+        return Check(slot_seq[:rows], flags, self._flags.mark(i))
+
+    def take(self, finished: list[tuple[int, int]], state: SlotState) -> None:
+        """Gathers the (slot, sequence) pairs' outputs on the device; the slots may be
+        refilled right after."""
+        if not finished:
+            return
+        staged, i = self._indices.take(len(finished))
+        staged.copy_(torch.tensor([slot for slot, _ in finished]))
+        idx = staged.to(state.done.device, non_blocking=self._indices.cuda)
+        self._indices.mark(i)
+        part = (state.gen_len[idx], state.stopped[idx], state.tokens[idx], state.logprobs[idx])
+        self._parts.append(([seq for _, seq in finished], part))
+        self._bytes += sum(t.numel() * t.element_size() for t in part)
+        if self._bytes > self.flush_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        """Copies what was gathered to the host (one sync) and files it by sequence."""
+        for seqs, part in self._parts:
+            lengths, stopped, tokens, logprobs = (t.cpu() for t in part)
+            for i, seq in enumerate(seqs):
+                n = int(lengths[i])
+                self.tokens[seq] = tokens[i, :n]
+                self.logprobs[seq] = logprobs[i, :n]
+                self.reasons[seq] = "stop" if bool(stopped[i]) else "length"
+        self._parts, self._bytes = [], 0
