@@ -120,3 +120,47 @@ def test_sample_gumbel_logprobs_and_frequencies():
     first, second = steps(), steps()
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
     assert not torch.equal(first[0], first[1])
+
+
+def test_sample_inverse_cdf_logprobs_and_frequencies():
+    g = torch.Generator(device="cuda").manual_seed(4)
+    rows, vocab, t = 256, 151936, 0.8
+    wide = torch.randn(rows, vocab + 64, device="cuda", generator=g) * 3
+    logits = wide.bfloat16()[:, :vocab]  # a row stride wider than the row
+    logits[1, ::3] = float("-inf")  # masked columns: never drawn
+    logits[2, :-1] = float("-inf")  # only the last column is finite
+    tokens, logprobs = td.sample_inverse_cdf(logits, t, 1234, 0)
+    assert tokens.dtype == torch.int64 and tokens.shape == (rows,)
+    want = torch.log_softmax(logits.float() / t, dim=-1)
+    torch.testing.assert_close(
+        logprobs, want.gather(1, tokens[:, None])[:, 0], atol=1e-4, rtol=1e-4
+    )
+    assert int(tokens[1]) % 3 != 0 and int(tokens[2]) == vocab - 1
+    again = td.sample_inverse_cdf(logits, t, 1234, 0)
+    assert torch.equal(again[0], tokens) and torch.equal(again[1], logprobs)
+    assert not torch.equal(td.sample_inverse_cdf(logits, t, 1234, 4)[0], tokens)
+
+    # Frequencies, 200k draws each: one row of 12 logits (one split), chi-square with 11
+    # degrees of freedom; a 4,000-column row in 4 splits of 1,024, its columns grouped in
+    # 16 bins of about equal mass, chi-square with 15.
+    base = torch.linspace(-1.5, 1.5, 12, device="cuda")[torch.randperm(12, device="cuda")]
+    draws = 200_000
+    tokens, _ = td.sample_inverse_cdf(base.expand(draws, -1).bfloat16(), t, 7, 0, block=16)
+    probs = torch.softmax(base.bfloat16().float().double() / t, -1)
+    observed = torch.bincount(tokens, minlength=12).double()
+    chi2 = float(((observed - probs * draws) ** 2 / (probs * draws)).sum())
+    assert chi2 < 45, chi2
+    row = torch.randn(4000, device="cuda", generator=g).bfloat16()
+    tokens, _ = td.sample_inverse_cdf(row.expand(draws, -1), 1.0, 8, 0, split_blocks=1)
+    probs = torch.softmax(row.float().double(), -1)
+    edges = torch.searchsorted(
+        probs.cumsum(0), torch.linspace(0, 1, 17, device="cuda")[1:-1].double()
+    )
+    bins = torch.bucketize(tokens, edges, right=True)
+    expected = (
+        torch.diff(torch.cat([probs.new_zeros(1), probs.cumsum(0)[edges - 1], probs.new_ones(1)]))
+        * draws
+    )
+    observed = torch.bincount(bins, minlength=16).double()
+    chi2 = float(((observed - expected) ** 2 / expected).sum())
+    assert chi2 < 55, chi2  # 15 degrees of freedom: ~15 +- 5.5
