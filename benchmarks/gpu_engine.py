@@ -238,8 +238,8 @@ def bandwidth_floor_tok_s(
 BASE_SETTINGS = dict(
     compiled=True,  # element-wise ops compiled
     attention="triton",  # decode attention: "triton", "matmul" (batched matmul)
-    sampling="kernel",  # "kernel": split over programs; "one_program"; "torch": Exp(1) race;
-    # "inverse_cdf": one uniform a row (kernels.sample_inverse_cdf)
+    sampling="inverse_cdf",  # "inverse_cdf": one uniform a row; "gumbel": Gumbel-max split
+    # over programs; "one_program": Gumbel-max, a program a row; "torch": Exp(1) race in torch
     pack=True,  # prompts prefilled packed
     rope=True,  # rope and the cache write inside the attention kernel (else a kernel before)
     gemm=None,  # None: cuBLAS; "default": Triton GEMMs, default configs; "tuned": tuned ones
@@ -251,6 +251,7 @@ DECODE_VARIANTS = (
     ("rope_own_kernel_triton_gemm_tuned", dict(rope=False, gemm="tuned")),
     ("triton_gemm_default", dict(gemm="default")),
     ("padded_prefill", dict(pack=False)),
+    ("gumbel_sampling", dict(sampling="gumbel")),
     ("sampling_one_program", dict(sampling="one_program")),
     ("torch_sampling", dict(sampling="torch")),
     ("default_again", {}),
@@ -276,6 +277,7 @@ def configure(engine: FastEngine, settings: dict, tuned: dict | None = None) -> 
     gpu_sampler._compiled.pop("no_kernel", None)
     kernels.sample_gumbel = _SAMPLE_GUMBEL
     gpu_sampler.SAMPLING_KERNEL = "inverse_cdf" if s["sampling"] == "inverse_cdf" else "gumbel"
+    # (one_program and torch go through the Gumbel kernel's switches below)
     if s["sampling"] == "torch":
         gpu_sampler._compiled["no_kernel"] = True
     elif s["sampling"] == "one_program":

@@ -377,8 +377,11 @@ def check_sampling(case: dict) -> None:
                 assert int(tokens[2]) == vocab - 1 and float(logprobs[2]) == 0.0, what
     else:
         assert kind == "sampler"
+        from services.rollout import gpu_sampler
         from services.rollout.engine import SamplingParams
         from services.rollout.gpu_sampler import sample_rows
+
+        gpu_sampler.SAMPLING_KERNEL = "gumbel"  # this group checks the Gumbel kernel
 
         logits = (torch.randn(5, 300, generator=gen) * 2).bfloat16()
         params = SamplingParams(temperature=0.8, seed=3)
@@ -395,6 +398,11 @@ def check_sampling(case: dict) -> None:
         _close(lp1, expected.gather(1, t1[:, None])[:, 0], 1e-5, 1e-5, "sample_rows log-probs")
         greedy, _ = sample_rows(logits, SamplingParams(temperature=0.0), None)
         assert torch.equal(greedy, logits.argmax(-1))
+        want = td.sample_gumbel(
+            logits, 0.8, *gpu_sampler.step_seed(torch.Generator().manual_seed(3))
+        )
+        assert torch.equal(t1, want[0]), "sample_rows draws with the chosen kernel"
+        gpu_sampler.SAMPLING_KERNEL = "inverse_cdf"
 
 
 def check_sampling_cdf(case: dict) -> None:
@@ -443,14 +451,11 @@ def check_sampling_cdf(case: dict) -> None:
 
         logits = (torch.randn(5, 300, generator=gen) * 2).bfloat16()
         params = SamplingParams(temperature=0.8, seed=3)
-        gpu_sampler.SAMPLING_KERNEL = "inverse_cdf"
-        try:
-            runs = [
-                gpu_sampler.sample_rows(logits, params, torch.Generator().manual_seed(3))
-                for _ in range(2)
-            ]
-        finally:
-            gpu_sampler.SAMPLING_KERNEL = "gumbel"
+        assert gpu_sampler.SAMPLING_KERNEL == "inverse_cdf"  # the default
+        runs = [
+            gpu_sampler.sample_rows(logits, params, torch.Generator().manual_seed(3))
+            for _ in range(2)
+        ]
         (t1, lp1), (t2, _) = runs
         assert torch.equal(t1, t2), "same seed, same tokens"
         want = draw(logits, 0.8, *gpu_sampler.step_seed(torch.Generator().manual_seed(3)))
