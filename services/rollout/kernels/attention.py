@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
@@ -55,6 +56,20 @@ MIN_GROUP_ROWS = 16
 MAX_SPLITS = 16
 KEYS_PER_SPLIT_MIN = 4 * BLOCK_KEYS
 """A split is worth its second kernel and partial writes only with a few blocks of keys."""
+
+
+@dataclass(frozen=True)
+class AttentionLaunch:
+    """How the attention kernel is launched: keys per loop iteration, warps, software
+    pipeline stages. ``benchmarks/gpu_attention.py`` times the choices on a GPU."""
+
+    block_keys: int = BLOCK_KEYS
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+LAUNCH = AttentionLaunch()
+"""The launch every call uses (a module setting, so captured graphs keep one)."""
 
 
 def _decode_attention_kernel(
@@ -459,16 +474,18 @@ def _launch(q, k_cache, v_cache, lengths, rope, scaling, width, out, num_splits)
     assert out.shape == q.shape and out.dtype == q.dtype, "out must be like q"
     kernels = _kernels()
     programs = bs * kv_heads
+    launch = LAUNCH
     splits = num_splits or split_count(programs, width, sm_count(q.device))
     # Whole blocks per split; drop splits that could never hold a key.
-    keys_per_split = cdiv(cdiv(width, splits), BLOCK_KEYS) * BLOCK_KEYS
+    block = launch.block_keys
+    keys_per_split = cdiv(cdiv(width, splits), block) * block
     splits = cdiv(width, keys_per_split)
     group_rows = max(MIN_GROUP_ROWS, triton.next_power_of_2(groups))
     constants = dict(
         GROUPS=groups,
         GROUP_ROWS=group_rows,
         HEAD_DIM=d,
-        BLOCK_N=BLOCK_KEYS,
+        BLOCK_N=block,
         SPLIT=splits > 1,
         ROPE=with_rope,
         # The interpreter's tl.dot multiplies bfloat16 as raw uint16 bits: give it float32
@@ -477,8 +494,8 @@ def _launch(q, k_cache, v_cache, lengths, rope, scaling, width, out, num_splits)
         DOT_IN_FP32=kernels.interpreted and q.dtype == torch.bfloat16,
         # float32 models: full-precision dots, as torch.matmul (TF32 off by default) does.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4,
-        num_stages=2,
+        num_warps=launch.num_warps,
+        num_stages=launch.num_stages,
     )
     if with_rope:
         # No fused multiply-adds in the rope (rope_store's rule, so both agree bit for bit);
