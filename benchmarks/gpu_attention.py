@@ -85,9 +85,8 @@ def _time_graph(x: dict, width: int, splits: int | None, replays: int = 20) -> f
 def sweep(
     blocks=(32, 64, 128),
     warps=(4, 8),
-    stages=(2, 3, 4),
-    splits=(None, 2),
-    by_row=(False, True),
+    stages=(1, 2, 3, 4),
+    splits=(None, 2, 4),
     widths=((256, 512, 512), (512, 1023, 1024)),
 ) -> dict:
     out: dict = {"rows": [], "shapes": [list(w) for w in widths]}
@@ -99,10 +98,10 @@ def sweep(
             want = _layer(x, 0, width, None).float()
             base_us = _time_graph(x, width, None)
             out[f"default_us_w{width}"] = base_us
-            for block, w, st, sp, rows in itertools.product(blocks, warps, stages, splits, by_row):
+            for block, w, st, sp in itertools.product(blocks, warps, stages, splits):
                 row = {"width": width, "block_keys": block, "warps": w, "stages": st}
-                row.update(splits=sp or 1, keys_by_row=rows)
-                attention.LAUNCH = attention.AttentionLaunch(block, w, st, rows)
+                row["splits"] = sp or 1
+                attention.LAUNCH = attention.AttentionLaunch(block, w, st)
                 try:
                     got = _layer(x, 0, width, sp).float()
                     row["max_diff"] = float((got - want).abs().max())

@@ -66,7 +66,6 @@ class AttentionLaunch:
     block_keys: int = BLOCK_KEYS
     num_warps: int = 4
     num_stages: int = 2
-    keys_by_row: bool = False  # keys loaded (keys, dims) as stored, then transposed
 
 
 LAUNCH = AttentionLaunch()
@@ -122,7 +121,6 @@ def _decode_attention_kernel(
     ROPE: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    KEYS_BY_ROW: tl.constexpr = False,
 ):
     """One (row, kv head, split): the kv head's GROUPS query heads against keys
     [split * keys_per_split, ...) of the row's slot, up to min(lengths[row], width).
@@ -232,23 +230,12 @@ def _decode_attention_kernel(
     for start in range(begin, end, BLOCK_N):
         key = start + key_in_block
         key_ok = key < cache_end
-        if KEYS_BY_ROW:
-            # Keys loaded as the cache lays them out, (BLOCK_N, HEAD_DIM), a key's
-            # dimensions contiguous, and transposed for the dot.
-            keys = tl.trans(
-                tl.load(
-                    k_base + key[:, None] * k_stride_pos + dim[None, :] * k_stride_dim,
-                    mask=key_ok[:, None],
-                    other=0.0,
-                )
-            )
-        else:
-            # Keys loaded transposed, (HEAD_DIM, BLOCK_N), so q @ keys needs no tl.trans.
-            keys = tl.load(
-                k_base + key[None, :] * k_stride_pos + dim[:, None] * k_stride_dim,
-                mask=key_ok[None, :],
-                other=0.0,
-            )
+        # Keys loaded transposed, (HEAD_DIM, BLOCK_N), so q @ keys needs no tl.trans.
+        keys = tl.load(
+            k_base + key[None, :] * k_stride_pos + dim[:, None] * k_stride_dim,
+            mask=key_ok[None, :],
+            other=0.0,
+        )
         values = tl.load(
             v_base + key[:, None] * v_stride_pos + dim[None, :] * v_stride_dim,
             mask=key_ok[:, None],
@@ -507,7 +494,6 @@ def _launch(q, k_cache, v_cache, lengths, rope, scaling, width, out, num_splits)
         DOT_IN_FP32=kernels.interpreted and q.dtype == torch.bfloat16,
         # float32 models: full-precision dots, as torch.matmul (TF32 off by default) does.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        KEYS_BY_ROW=launch.keys_by_row,
         num_warps=launch.num_warps,
         num_stages=launch.num_stages,
     )
