@@ -65,7 +65,10 @@ class AttentionLaunch:
 
     block_keys: int = BLOCK_KEYS
     num_warps: int = 4
-    num_stages: int = 2
+    # 3 stages: 1.08x and 1.13x over 2 at widths 512 and 1,024 (256 rows, H200). Other
+    # blocks, warps, stages, key splits, or keys loaded as stored then transposed: no
+    # better (benchmarks/results/gpu_attention.json).
+    num_stages: int = 3
 
 
 LAUNCH = AttentionLaunch()
