@@ -306,6 +306,31 @@ def decode_variants(engine: FastEngine, batch: int = 256, tuned: dict | None = N
     return out
 
 
+AB_SETTINGS = (
+    # name: (read checks a round late, BASE_SETTINGS changes)
+    ("default", True, {}),
+    ("sync_checks", False, {}),
+    ("gumbel", True, dict(sampling="gumbel")),
+)
+
+
+def ab_runs(engine: FastEngine, batch: int = 256, repeats: int = 2) -> dict:
+    """The fifth session's changes against what they replaced, interleaved ``repeats``
+    times at ``batch`` rows: checks read a round late vs each read at once (a sync), and
+    inverse-CDF sampling vs the Gumbel kernel. Leaves the defaults set."""
+    out = {}
+    try:
+        for rep in range(repeats):
+            for name, late, settings in AB_SETTINGS:
+                configure(engine, settings)
+                engine.read_late = late
+                out[f"{name}_{rep}"] = engine_speed(engine, batch, 256, 256, False)
+    finally:
+        configure(engine, {})
+        engine.read_late = True
+    return out
+
+
 def best_settings(variants: dict) -> tuple[str, dict]:
     """The variant (of those run twice) with the best mean of its two runs."""
     means = {}

@@ -105,6 +105,43 @@ def engine_section(workdir: str, out: Path, quick: bool = False, tuned: dict | N
     return engine
 
 
+def ab_section(workdir: str, out: Path) -> None:
+    """The engine's latest changes A/B (``gpu_engine.ab_runs``), then the engine and eager
+    ``generate`` side by side at batches 64 and 256, with the CUDA test files' result first.
+    (The fifth session's call 4, as a section.)"""
+    import subprocess
+    import sys
+
+    from benchmarks import gpu_engine as ge
+    from benchmarks.gpu_models import make_model_dir
+    from services.rollout.fast_engine import FastEngine
+
+    def cuda_tests() -> dict:
+        files = ("test_decode_kernels_cuda.py", "test_fast_engine_cuda.py")
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+            + [f"tests/services/rollout/{f}" for f in files],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        return {"rc": run.returncode, "summary": run.stdout.strip().splitlines()[-1:]}
+
+    _run("cuda_tests", cuda_tests, out)
+    engine = FastEngine(
+        make_model_dir(f"{workdir}/qwen05_bf16"),
+        dtype="bfloat16",
+        device="cuda",
+        max_num_seqs=256,
+        gpu_memory_utilization=0.3,
+        max_model_len=1024,
+    )
+    _run("ab_b256", lambda: ge.ab_runs(engine, 256), out)
+    for batch in (64, 256):
+        _run(f"engine_b{batch}", lambda b=batch: ge.engine_speed(engine, b, 256, 256, False), out)
+    hf_section(engine, out, 0.0, eager_only=True)
+
+
 def hf_section(engine, out: Path, deadline: float, eager_only: bool = False) -> None:
     from benchmarks import gpu_engine as ge
 
@@ -221,6 +258,8 @@ def main() -> None:
                 "error": f"{type(e).__name__}: {e}",
                 "trace": traceback.format_exc(),
             }
+    if "engine_ab" in sections:
+        ab_section(args.workdir, out)
     if "ipc" in sections:
         from benchmarks.gpu_ipc import ipc_bench
 
