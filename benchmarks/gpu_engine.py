@@ -361,6 +361,17 @@ def tuned_configs(tune: dict) -> dict:
     return configs
 
 
+def _us_per_call(call, calls: int) -> float:
+    """Microseconds a call of ``call(i)``, i = 0..calls-1, between CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(calls):
+        call(i)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls
+
+
 def sampling_kernel_us(rows: int = 256, vocab: int = 151936, calls: int = 50) -> dict:
     """The sampling kernel alone on random bf16 logits, microseconds a call (CUDA events):
     its vocabulary split automatically with blocks of 2048, 1024 and 512 columns, and one
@@ -379,29 +390,17 @@ def sampling_kernel_us(rows: int = 256, vocab: int = 151936, calls: int = 50) ->
     ):
         run = functools.partial(kernels.sample_gumbel, splits=splits, block=block)
         tokens[name] = run(logits, 1.0, 7, 0)[0]
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for i in range(calls):
-            run(logits, 1.0, 7, 4 * i)
-        end.record()
-        torch.cuda.synchronize()
-        out[f"{name}_us"] = start.elapsed_time(end) * 1e3 / calls
+        out[f"{name}_us"] = _us_per_call(lambda i, run=run: run(logits, 1.0, 7, 4 * i), calls)
     out["same_tokens"] = all(torch.equal(t, tokens["auto_b2048"]) for t in tokens.values())
     # Inverse CDF: another random stream (its tokens are not the Gumbel kernel's); its
     # log-probs are checked against log_softmax at its tokens, and its draws against the
     # softmax's probabilities (the mean probability of the drawn tokens over many calls
     # against the expected sum of p^2 per row).
-    cdf = functools.partial(kernels.sample_inverse_cdf)
+    cdf = kernels.sample_inverse_cdf
     t, lp = cdf(logits, 1.0, 7, 0)
     ref = torch.log_softmax(logits.float(), -1)
     out["cdf_logprob_max_abs"] = float((lp - ref.gather(1, t[:, None])[:, 0]).abs().max())
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for i in range(calls):
-        cdf(logits, 1.0, 7, 4 * i)
-    end.record()
-    torch.cuda.synchronize()
-    out["inverse_cdf_us"] = start.elapsed_time(end) * 1e3 / calls
+    out["inverse_cdf_us"] = _us_per_call(lambda i: cdf(logits, 1.0, 7, 4 * i), calls)
     probs = ref.exp()
     drawn_p = torch.stack(
         [probs.gather(1, cdf(logits, 1.0, 9, 4 * i)[0][:, None])[:, 0] for i in range(64)]
