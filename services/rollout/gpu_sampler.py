@@ -91,7 +91,7 @@ def sampling_kernel():
 
 
 def step_seed(generator: torch.Generator | None) -> tuple[int, int]:
-    """(seed, offset) for one :func:`kernels.sample_gumbel` call, on the host.
+    """(seed, offset) for one call of the sampling kernel (:func:`sampling_kernel`), on the host.
 
     A CUDA generator gives its seed and current Philox offset and moves the offset on (host
     state, no sync; not allowed while capturing a CUDA graph), so each call gets a new
