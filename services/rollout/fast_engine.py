@@ -9,8 +9,10 @@ inherited); only ``generate`` differs. One call:
     decode    every running slot advances one token per step (a graph replay + sampling
               on the device); finished slots keep running, unseen, until the next check
     check     every ``check_every`` steps (or when some sequence must have hit its length),
-              one read of ``done``: finished sequences are collected, their slots freed,
-              and the next admit refills them
+              a read of ``done``: finished sequences are collected, their slots freed,
+              and the next admit refills them. The read is queued after the round and
+              taken during the next one (``harvest.py``: no sync), unless sequences wait
+              for slots, one reaches its length or compaction is due
 
 Runs eagerly (same code, no graphs) on CPU or with ``enforce_eager``, which is how the
 tests check it against the plain engine.
