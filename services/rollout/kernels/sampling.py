@@ -168,6 +168,23 @@ long at the end (256 rows -> 5 splits -> 1280 programs on 132 SMs)."""
 _WORD = (1 << 31) - 1  # seed and step travel as 31-bit words: always int32 arguments
 
 
+def check_logits(logits: torch.Tensor, temperature: float, block: int, columns: int) -> None:
+    """What both sampling kernels need of their arguments (``columns``: the most a program
+    reads past a column it is given)."""
+    vocab = logits.shape[-1]
+    assert logits.dtype in (torch.bfloat16, torch.float16, torch.float32), logits.dtype
+    assert logits.stride(-1) == 1 or vocab == 1, "the vocabulary dim must be contiguous"
+    assert temperature > 0, "greedy decoding takes the argmax"
+    assert block >= 16 and block & (block - 1) == 0, f"block must be a power of two >= 16: {block}"
+    assert 0 < vocab < 2**31 - columns, vocab
+
+
+def philox_words(seed: int, offset: int) -> tuple[int, int, int, int]:
+    """(key_lo, key_hi, step_lo, step_hi): the 62-bit seed and offset as 31-bit words."""
+    key, step = seed % 2**62, offset % 2**62
+    return key & _WORD, key >> 31, step & _WORD, step >> 31
+
+
 def sample_splits(
     rows: int, vocab: int, block: int, sms: int, splits: int | None = None
 ) -> tuple[int, int]:
@@ -212,11 +229,7 @@ def sample_gumbel(
     ~6e-8 is cut). Nothing syncs with the host.
     """
     rows, vocab = logits.shape
-    assert logits.dtype in (torch.bfloat16, torch.float16, torch.float32), logits.dtype
-    assert logits.stride(-1) == 1 or vocab == 1, "the vocabulary dim must be contiguous"
-    assert temperature > 0, "greedy decoding takes the argmax"
-    assert block >= 16 and block & (block - 1) == 0, f"block must be a power of two >= 16: {block}"
-    assert 0 < vocab < 2**31 - block, vocab
+    check_logits(logits, temperature, block, block)
     assert splits is None or splits >= 1, splits
     device = logits.device
     tokens = torch.empty(rows, dtype=torch.int64, device=device)
@@ -227,7 +240,6 @@ def sample_gumbel(
     stats = torch.empty((3, rows, splits), dtype=torch.float32, device=device)
     row_max, row_sum, best = stats  # each (rows, splits), contiguous
     best_col = torch.empty((rows, splits), dtype=torch.int32, device=device)
-    key, step = seed % 2**62, offset % 2**62
     _partial_kernel()[(rows, splits)](
         logits,
         logits.stride(0),
@@ -238,10 +250,7 @@ def sample_gumbel(
         vocab,
         chunk,
         float(temperature),
-        key & _WORD,
-        key >> 31,
-        step & _WORD,
-        step >> 31,
+        *philox_words(seed, offset),
         QUARTER=block // 4,
         num_warps=SAMPLE_WARPS,
     )

@@ -29,6 +29,7 @@ import functools
 import torch
 
 from services.rollout.kernels.runtime import cdiv, jit, tl, triton
+from services.rollout.kernels.sampling import check_logits, philox_words
 
 
 def _cdf_partial_kernel(
@@ -159,7 +160,6 @@ CDF_BLOCK = 1024
 """Columns per iteration of both passes (8 per thread of 4 warps)."""
 CDF_SPLIT_BLOCKS = 4
 """Blocks per split: the walk of the second pass reads at most this many blocks per row."""
-_WORD = (1 << 31) - 1  # seed and step travel as 31-bit words: always int32 arguments
 
 
 def cdf_splits(vocab: int, block: int, split_blocks: int) -> tuple[int, int]:
@@ -187,12 +187,8 @@ def sample_inverse_cdf(
     host sync.
     """
     rows, vocab = logits.shape
-    assert logits.dtype in (torch.bfloat16, torch.float16, torch.float32), logits.dtype
-    assert logits.stride(-1) == 1 or vocab == 1, "the vocabulary dim must be contiguous"
-    assert temperature > 0, "greedy decoding takes the argmax"
-    assert block >= 16 and block & (block - 1) == 0, f"block must be a power of two >= 16: {block}"
     assert split_blocks >= 1, split_blocks
-    assert 0 < vocab < 2**31 - block * split_blocks, vocab
+    check_logits(logits, temperature, block, block * split_blocks)
     device = logits.device
     tokens = torch.empty(rows, dtype=torch.int64, device=device)
     logprobs = torch.empty(rows, dtype=torch.float32, device=device)
@@ -212,7 +208,6 @@ def sample_inverse_cdf(
         BLOCK=block,
         num_warps=4,
     )
-    key, step = seed % 2**62, offset % 2**62
     _pick_kernel()[(rows,)](
         logits,
         logits.stride(0),
@@ -224,10 +219,7 @@ def sample_inverse_cdf(
         chunk,
         splits,
         float(temperature),
-        key & _WORD,
-        key >> 31,
-        step & _WORD,
-        step >> 31,
+        *philox_words(seed, offset),
         SPLITS_P2=triton.next_power_of_2(splits),
         BLOCK=block,
         num_warps=4,
