@@ -39,8 +39,14 @@ class RoleProcess:
 
 
 def server_command(
-    module: str, host: str, port: int, extra: list[str] | None = None, world_size: int = 1
+    module: str,
+    host: str,
+    port: int,
+    extra: list[str] | None = None,
+    world_size: int = 1,
+    master_port: int | None = None,
 ) -> list[str]:
+    """``master_port``: the ranks' rendezvous port with ``world_size`` > 1 (None: a free one)."""
     args = ["-m", module, "--host", host, "--port", str(port), *(extra or [])]
     if world_size <= 1:
         return [sys.executable, *args]
@@ -50,7 +56,7 @@ def server_command(
         "torch.distributed.run",
         f"--nproc_per_node={world_size}",
         "--master_addr=127.0.0.1",
-        f"--master_port={free_port()}",
+        f"--master_port={master_port or free_port()}",
         *args,
     ]
 
@@ -61,8 +67,7 @@ def _lost_its_port(proc: RoleProcess) -> bool:
     return f"port {proc.address.rsplit(':', 1)[1]} is already in use" in tail
 
 
-def _move_to_a_free_port(proc: RoleProcess, host: str) -> None:
-    port = free_port(host)
+def _move_to_port(proc: RoleProcess, host: str, port: int) -> None:
     at = proc.command.index("--port") + 1  # server_command puts it there
     proc.command[at] = str(port)
     proc.address = f"{host}:{port}"
@@ -76,18 +81,29 @@ class LocalLauncher:
         self.host = cfg.launcher.host
         self.log_dir = Path(run_dir) / "logs"
         self.processes: dict[str, RoleProcess] = {}
+        self._ports: set[int] = set()  # handed out by this launcher
+
+    def _new_port(self, host: str = "127.0.0.1") -> int:
+        """A free port this launcher has not handed out before: the OS may give a port it
+        just released again, and two of our servers on one port meant one answering the
+        other's health check (the actor's address served by the critic)."""
+        while (port := free_port(host)) in self._ports:
+            pass
+        self._ports.add(port)
+        return port
 
     def plan(self) -> list[RoleProcess]:
         cfg, host = self.cfg, self.host
         procs = []
 
         def add(name, module, extra=None, world_size=1, threads=1):
-            port = free_port(host)
+            port = self._new_port(host)
+            master = self._new_port() if world_size > 1 else None
             role = name.rstrip("0123456789")  # rollout0 -> rollout
             procs.append(
                 RoleProcess(
                     name,
-                    server_command(module, host, port, extra, world_size),
+                    server_command(module, host, port, extra, world_size, master),
                     f"{host}:{port}",
                     self.log_dir / f"{name}.log",
                     threads,
@@ -147,7 +163,7 @@ class LocalLauncher:
                 if proc.alive() or attempt == attempts or not _lost_its_port(proc):
                     raise
             old = proc.address
-            _move_to_a_free_port(proc, self.host)
+            _move_to_port(proc, self.host, self._new_port(self.host))
             log.warning(
                 "%s could not bind %s (taken meanwhile); starting it on %s",
                 proc.name,

@@ -59,3 +59,32 @@ def test_restart_moves_a_server_whose_port_was_taken(tmp_path):
     finally:
         launcher.stop()
         taken.close()
+
+
+def test_plan_never_hands_out_one_port_twice(tmp_path, monkeypatch):
+    # The OS may give back a port it just released: here every pick repeats once. Two of
+    # our servers on one port would answer each other's health checks.
+    real_free_port = local.free_port
+    last = []
+
+    def repeating(host="127.0.0.1"):
+        if last and len(last) % 2:
+            port = last[-1]
+        else:
+            port = real_free_port(host)
+        last.append(port)
+        return port
+
+    monkeypatch.setattr(local, "free_port", repeating)
+    cfg = build_config({}, ["actor_rollout_ref.actor.world_size=2", "critic.world_size=2"])
+    procs = LocalLauncher(cfg, tmp_path).plan()
+    ports = [int(p.address.rsplit(":", 1)[1]) for p in procs]
+    masters = [
+        int(arg.split("=", 1)[1])
+        for p in procs
+        for arg in p.command
+        if arg.startswith("--master_port=")
+    ]
+    assert len(masters) == 2  # actor and critic run as two ranks each
+    assert len(set(ports + masters)) == len(ports) + len(masters)
+    assert len(last) > len(ports) + len(masters)  # repeats were drawn and passed over
