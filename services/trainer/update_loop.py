@@ -17,11 +17,16 @@ from torch import nn
 from torch.profiler import record_function
 
 from services.trainer.distributed import World
+from services.trainer.fsdp import gathered_across_steps
 from services.trainer.micro_batches import MicroBatch, MiniBatch, epoch_seed, plan_epoch
 from services.trainer.optim import LrSchedule, clipped_step, set_lr
 
 # (micro-batch, its mini-batch) -> (loss to back-propagate, metric contributions)
 MicroLoss = Callable[[MicroBatch, MiniBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+# On one rank, keep the gathered weights from one mini-batch to the next and refresh them
+# after each optimizer step (fsdp.gathered_across_steps) instead of gathering them again.
+KEEP_GATHERED_ON_ONE_RANK = True
 
 
 @dataclass(frozen=True)
@@ -54,38 +59,43 @@ def run_update(
     (``settings.max_tokens``) packs by."""
     lr = schedule.lr_at(global_step)
     set_lr(optimizer, lr)
-    params = [p for p in model.parameters() if p.requires_grad]
+    # The optimizer's (sharded float32) parameters: while the model is gathered, its
+    # parameters() are the compute-dtype copies, which hold no gradient after backward.
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
     per_step: list[dict[str, float]] = []
-    for epoch in range(settings.epochs):
-        seed = epoch_seed(settings.seed, global_step, epoch)
-        plan = plan_epoch(
-            response_lengths,
-            settings.mini_batch_rows,
-            settings.micro_batch_rows,
-            shuffle=settings.shuffle,
-            seed=seed,
-            rank=world.rank,
-            world_size=world.world_size,
-            max_tokens=settings.max_tokens,
-            sequence_lengths=sequence_lengths,
-        )
-        for mini in plan:
-            names, sums = _accumulate_gradients(mini, micro_loss, world)
-            with record_function("meshrl/optimizer_step"):
-                step = clipped_step(params, optimizer, settings.grad_clip)
-            # The one host read of a mini-batch, after its whole step is queued.
-            values = torch.cat(
-                [
-                    sums.to(step.grad_norm.device),
-                    step.grad_norm.float().view(1),
-                    step.skipped.float().view(1),
-                ]
-            ).tolist()
-            *sums_read, grad_norm, skipped = values
-            metrics = dict(zip(names, sums_read, strict=True))
-            metrics[f"{prefix}/grad_norm"] = grad_norm
-            metrics[f"{prefix}/nonfinite_grad_steps"] = skipped
-            per_step.append(metrics)
+    keep = KEEP_GATHERED_ON_ONE_RANK and world.world_size == 1
+    with gathered_across_steps(model, keep) as refresh_gathered:
+        for epoch in range(settings.epochs):
+            seed = epoch_seed(settings.seed, global_step, epoch)
+            plan = plan_epoch(
+                response_lengths,
+                settings.mini_batch_rows,
+                settings.micro_batch_rows,
+                shuffle=settings.shuffle,
+                seed=seed,
+                rank=world.rank,
+                world_size=world.world_size,
+                max_tokens=settings.max_tokens,
+                sequence_lengths=sequence_lengths,
+            )
+            for mini in plan:
+                names, sums = _accumulate_gradients(mini, micro_loss, world)
+                with record_function("meshrl/optimizer_step"):
+                    step = clipped_step(params, optimizer, settings.grad_clip)
+                refresh_gathered()
+                # The one host read of a mini-batch, after its whole step is queued.
+                values = torch.cat(
+                    [
+                        sums.to(step.grad_norm.device),
+                        step.grad_norm.float().view(1),
+                        step.skipped.float().view(1),
+                    ]
+                ).tolist()
+                *sums_read, grad_norm, skipped = values
+                metrics = dict(zip(names, sums_read, strict=True))
+                metrics[f"{prefix}/grad_norm"] = grad_norm
+                metrics[f"{prefix}/nonfinite_grad_steps"] = skipped
+                per_step.append(metrics)
     out = _average(per_step)
     out[f"{prefix}/nonfinite_grad_steps"] *= len(per_step)  # a count, not a mean
     out[f"{prefix}/lr"] = lr

@@ -253,3 +253,37 @@ def test_one_shard_unit_for_the_model_trains_like_one_per_layer(world, tiny_mode
     monkeypatch.setenv("MESHRL_FSDP_UNITS", "blocks")
     with pytest.raises(ValueError, match="FSDP units 'blocks'"):
         ActorRole.build(trainer_config(tiny_model_dir), world)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_weights_kept_gathered_across_mini_batches_train_like_gathering_again(
+    world, tiny_model_dir, monkeypatch, dtype
+):
+    # One rank: the gathered weights outlive each backward and are refreshed from the
+    # stepped masters (fsdp.gathered_across_steps) instead of gathered again. 8 rows in
+    # mini-batches of 4, two epochs: four optimizer steps, each after a refresh.
+    from services.trainer import fsdp, update_loop
+
+    monkeypatch.setenv("MESHRL_FSDP_UNITS", "model")
+    overrides = ["actor_rollout_ref.actor.ppo_epochs=2", f"actor_rollout_ref.model.dtype={dtype}"]
+    batch = make_batch(8, seed=6)
+    copy = fsdp._copy_masters_to_gathered
+
+    def run(keep: bool, refresh: bool = True):
+        monkeypatch.setattr(update_loop, "KEEP_GATHERED_ON_ONE_RANK", keep)
+        monkeypatch.setattr(
+            fsdp, "_copy_masters_to_gathered", copy if refresh else lambda modules: None
+        )
+        actor = ActorRole.build(trainer_config(tiny_model_dir, overrides), world)
+        old, _ = actor.compute_log_probs(batch)
+        adv = old.with_values(torch.linspace(-1, 1, old.values.numel()))
+        metrics = [actor.update_policy(batch, old, adv, None, None, global_step=s) for s in (1, 2)]
+        assert _all_masters(actor)  # freed when the update ends
+        return [_results(m) for m in metrics], _params(actor)
+
+    gathered_again, kept, stale = run(False), run(True), run(True, refresh=False)
+    assert kept[0] == gathered_again[0]
+    for name, value in gathered_again[1].items():
+        assert torch.equal(kept[1][name], value), name
+    # Without the refresh, later mini-batches would run on the weights before the step.
+    assert stale[0] != gathered_again[0]
