@@ -88,4 +88,4 @@ def aggregate_loss(
         seq_lengths = masked_sum(torch.ones_like(loss_mat), mask, dim=-1)
         return safe_div(safe_div(seq_sums, seq_lengths).sum(), n_seq)
     length = loss_mat.shape[-1] if norm_length is None else norm_length
-    return safe_div(seq_sums.sum(), torch.as_tensor(n_seq) * torch.as_tensor(length))
+    return safe_div(seq_sums.sum(), n_seq * length)

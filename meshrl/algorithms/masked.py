@@ -70,7 +70,11 @@ def safe_div(num: Tensor, den: Tensor | float) -> Tensor:
     appears in the graph (``torch.where`` after a division would still back-propagate
     ``nan``).
     """
-    den = torch.as_tensor(den, dtype=num.dtype, device=num.device)
+    if not isinstance(den, Tensor):
+        # A host number stays on the host: putting it on the GPU would be a copy from
+        # pageable memory, which waits for everything queued before it (a sync per loss).
+        return num / (den if den != 0 else 1)
+    den = den.to(dtype=num.dtype, device=num.device)
     return num / torch.where(den != 0, den, torch.ones_like(den))
 
 

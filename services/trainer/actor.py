@@ -21,7 +21,7 @@ from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
 from services.trainer.distributed import World
 from services.trainer.forward import response_logprobs, rollout_temperature
-from services.trainer.fsdp import mixed_precision, reshard, shard_model
+from services.trainer.fsdp import keeps_gathered, mixed_precision, reshard, shard_model
 from services.trainer.micro_batches import MicroBatch, MiniBatch
 from services.trainer.model_loading import load_policy_model
 from services.trainer.padding_free import pack_micro_batch
@@ -116,7 +116,8 @@ class ActorRole(TrainedRole):
     ) -> tuple[Ragged, Ragged | None]:
         """Log-probs (and entropies) of every response token, aligned with responses.ids.
 
-        ``temperature`` None uses the rollout's, the one ``update_policy`` uses.
+        ``temperature`` None uses the rollout's, the one ``update_policy`` uses. On one
+        rank the gathered weights stay for the update that follows (``fsdp.resharded``).
         """
         return policy_log_probs(
             self.model,
@@ -125,6 +126,7 @@ class ActorRole(TrainedRole):
             with_entropy,
             self.log_prob,
             self.world,
+            keep_gathered=keeps_gathered(self.world.world_size),
         )
 
     def update_policy(

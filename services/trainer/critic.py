@@ -12,7 +12,7 @@ from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
 from services.trainer.distributed import World
 from services.trainer.forward import response_values
-from services.trainer.fsdp import mixed_precision, resharded, shard_model
+from services.trainer.fsdp import keeps_gathered, mixed_precision, resharded, shard_model
 from services.trainer.micro_batches import MicroBatch, MiniBatch
 from services.trainer.model_loading import load_value_model
 from services.trainer.padding_free import pack_micro_batch
@@ -78,10 +78,11 @@ class CriticRole(TrainedRole):
         )
 
     def compute_values(self, batch: SequenceBatch) -> Ragged:
-        """The value of every response token, aligned with responses.ids."""
+        """The value of every response token, aligned with responses.ids. On one rank the
+        gathered weights stay for the update that follows (``fsdp.resharded``)."""
         self.model.eval()
         try:
-            with resharded(self.model):
+            with resharded(self.model, keep=keeps_gathered(self.world.world_size)):
                 (values,) = score_batch(
                     batch,
                     self.forward,

@@ -76,16 +76,32 @@ def shard_model(
     return model
 
 
+# On one rank, the gathered weights are kept from a role's forward-only pass (old log-probs,
+# values) into its update, and from one mini-batch to the next (gathered_across_steps).
+KEEP_GATHERED_ON_ONE_RANK = True
+
+
+def keeps_gathered(world_size: int) -> bool:
+    """Whether a role on ``world_size`` ranks keeps its gathered weights between passes."""
+    return KEEP_GATHERED_ON_ONE_RANK and world_size == 1
+
+
 @contextmanager
-def resharded(model: nn.Module) -> Iterator[None]:
+def resharded(model: nn.Module, keep: bool = False) -> Iterator[None]:
     """Frees the gathered weights of ``model``'s FSDP units when the block ends: for
     forward-only passes, where no backward reshards what a unit kept gathered after its
     forward (``reshard_after_forward=False``). Until then, micro-batches reuse one gather;
-    after, ``named_parameters()`` are the sharded float32 masters again."""
+    after, ``named_parameters()`` are the sharded float32 masters again.
+
+    ``keep`` leaves them gathered, for a role whose update follows (one rank,
+    :func:`keeps_gathered`): the update's first forward then needs no gather, and the
+    update frees them when it ends; weight sync and checkpoints reshard first anyway.
+    Nothing changes the masters in between (only an update steps them)."""
     try:
         yield
     finally:
-        reshard(model)
+        if not keep:
+            reshard(model)
 
 
 def reshard(model: nn.Module) -> None:

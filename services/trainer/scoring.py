@@ -74,8 +74,11 @@ def policy_log_probs(
     with_entropy: bool,
     settings: ForwardSettings,
     world: World,
+    keep_gathered: bool = False,
 ) -> tuple[Ragged, Ragged | None]:
-    """Log-probs (and entropies) of a policy model's response tokens; actor and ref."""
+    """Log-probs (and entropies) of a policy model's response tokens; actor and ref.
+    ``keep_gathered``: see :func:`~services.trainer.fsdp.resharded` (the actor, whose
+    update follows; not the reference, which never updates)."""
 
     def score(packed: ModelBatch) -> tuple[torch.Tensor, ...]:
         logprobs, entropy = response_logprobs(model, packed, temperature, with_entropy)
@@ -84,7 +87,7 @@ def policy_log_probs(
     was_training = model.training
     model.eval()  # no dropout: scores must be deterministic
     try:
-        with resharded(model):
+        with resharded(model, keep=keep_gathered):
             outputs = score_batch(batch, settings, score, world)
     finally:
         model.train(was_training)

@@ -17,16 +17,12 @@ from torch import nn
 from torch.profiler import record_function
 
 from services.trainer.distributed import World
-from services.trainer.fsdp import gathered_across_steps
+from services.trainer.fsdp import gathered_across_steps, keeps_gathered
 from services.trainer.micro_batches import MicroBatch, MiniBatch, epoch_seed, plan_epoch
 from services.trainer.optim import LrSchedule, clipped_step, set_lr
 
 # (micro-batch, its mini-batch) -> (loss to back-propagate, metric contributions)
 MicroLoss = Callable[[MicroBatch, MiniBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
-
-# On one rank, keep the gathered weights from one mini-batch to the next and refresh them
-# after each optimizer step (fsdp.gathered_across_steps) instead of gathering them again.
-KEEP_GATHERED_ON_ONE_RANK = True
 
 
 @dataclass(frozen=True)
@@ -63,8 +59,7 @@ def run_update(
     # parameters() are the compute-dtype copies, which hold no gradient after backward.
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
     per_step: list[dict[str, float]] = []
-    keep = KEEP_GATHERED_ON_ONE_RANK and world.world_size == 1
-    with gathered_across_steps(model, keep) as refresh_gathered:
+    with gathered_across_steps(model, keeps_gathered(world.world_size)) as refresh_gathered:
         for epoch in range(settings.epochs):
             seed = epoch_seed(settings.seed, global_step, epoch)
             plan = plan_epoch(

@@ -238,9 +238,9 @@ def test_one_shard_unit_for_the_model_trains_like_one_per_layer(world, tiny_mode
         layers = actor.model.model.layers
         assert (type(layers[0]).__name__.startswith("FSDP")) == (units == "layer")
         old, _ = actor.compute_log_probs(batch)
-        # One unit keeps its gathered bf16 weights from forward to backward; a forward-only
-        # pass frees them at its end: the parameters are the float32 master shards again.
-        assert _all_masters(actor)
+        # One unit keeps its gathered bf16 weights from forward to backward. On one rank
+        # they also stay from the old-log-prob pass into the update; the update frees
+        # them at its end: the parameters are the float32 master shards again.
         adv = old.with_values(torch.linspace(-1, 1, old.values.numel()))
         metrics = actor.update_policy(batch, old, adv, None, None, global_step=1)
         assert _all_masters(actor)
@@ -259,10 +259,10 @@ def test_one_shard_unit_for_the_model_trains_like_one_per_layer(world, tiny_mode
 def test_weights_kept_gathered_across_mini_batches_train_like_gathering_again(
     world, tiny_model_dir, monkeypatch, dtype
 ):
-    # One rank: the gathered weights outlive each backward and are refreshed from the
-    # stepped masters (fsdp.gathered_across_steps) instead of gathered again. 8 rows in
-    # mini-batches of 4, two epochs: four optimizer steps, each after a refresh.
-    from services.trainer import fsdp, update_loop
+    # One rank: the gathered weights outlive the old-log-prob pass and each backward, and
+    # are refreshed from the stepped masters (fsdp.gathered_across_steps) instead of
+    # gathered again. 8 rows in mini-batches of 4, two epochs: four optimizer steps.
+    from services.trainer import fsdp
 
     monkeypatch.setenv("MESHRL_FSDP_UNITS", "model")
     overrides = ["actor_rollout_ref.actor.ppo_epochs=2", f"actor_rollout_ref.model.dtype={dtype}"]
@@ -270,15 +270,18 @@ def test_weights_kept_gathered_across_mini_batches_train_like_gathering_again(
     copy = fsdp._copy_masters_to_gathered
 
     def run(keep: bool, refresh: bool = True):
-        monkeypatch.setattr(update_loop, "KEEP_GATHERED_ON_ONE_RANK", keep)
+        monkeypatch.setattr(fsdp, "KEEP_GATHERED_ON_ONE_RANK", keep)
         monkeypatch.setattr(
             fsdp, "_copy_masters_to_gathered", copy if refresh else lambda modules: None
         )
         actor = ActorRole.build(trainer_config(tiny_model_dir, overrides), world)
-        old, _ = actor.compute_log_probs(batch)
-        adv = old.with_values(torch.linspace(-1, 1, old.values.numel()))
-        metrics = [actor.update_policy(batch, old, adv, None, None, global_step=s) for s in (1, 2)]
-        assert _all_masters(actor)  # freed when the update ends
+        metrics = []
+        for step in (1, 2):
+            old, _ = actor.compute_log_probs(batch)
+            assert _all_masters(actor) != keep  # kept for the update
+            adv = old.with_values(torch.linspace(-1, 1, old.values.numel()))
+            metrics.append(actor.update_policy(batch, old, adv, None, None, global_step=step))
+            assert _all_masters(actor)  # freed when the update ends
         return [_results(m) for m in metrics], _params(actor)
 
     gathered_again, kept, stale = run(False), run(True), run(True, refresh=False)
