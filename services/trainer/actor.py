@@ -26,7 +26,7 @@ from services.trainer.micro_batches import MicroBatch, MiniBatch
 from services.trainer.model_loading import load_policy_model
 from services.trainer.padding_free import pack_micro_batch
 from services.trainer.scoring import ForwardSettings, log_prob_settings, policy_log_probs
-from services.trainer.sequences import SequenceBatch, ragged_to_padded
+from services.trainer.sequences import SequenceBatch, ragged_to_padded, to_device
 from services.trainer.trained_role import Optimization, TrainedRole
 
 
@@ -204,11 +204,10 @@ class ActorRole(TrainedRole):
             packed = packed.to(self.world.device)
 
             def rows(x: torch.Tensor | None) -> torch.Tensor | None:
-                return None if x is None else x[micro.rows].to(self.world.device)
+                return None if x is None else to_device(x[micro.rows], self.world.device)
 
-            # Copied to the device before the forward is queued: a host-to-device copy from
-            # pageable memory waits for the stream, so after it would idle the GPU until the
-            # whole forward had run.
+            # Copied before the forward is queued, through pinned memory (to_device): the
+            # host queues this micro-batch while the GPU still runs the previous one.
             old_logprobs, advantages = rows(targets.old_logprobs), rows(targets.advantages)
             is_weights, ref_logprobs = rows(targets.is_weights), rows(targets.ref_logprobs)
         with record_function("meshrl/forward"):

@@ -17,7 +17,7 @@ from services.trainer.micro_batches import MicroBatch, MiniBatch
 from services.trainer.model_loading import load_value_model
 from services.trainer.padding_free import pack_micro_batch
 from services.trainer.scoring import ForwardSettings, score_batch
-from services.trainer.sequences import SequenceBatch, ragged_to_padded
+from services.trainer.sequences import SequenceBatch, ragged_to_padded, to_device
 from services.trainer.trained_role import Optimization, TrainedRole
 
 
@@ -112,8 +112,8 @@ class CriticRole(TrainedRole):
             packed = pack_micro_batch(rows, self.forward.padding_free, width)
             packed = packed.to(self.world.device)
             # Before the forward is queued (see the actor's micro-batch loss).
-            micro_old = old[micro.rows].to(self.world.device)
-            micro_target = target[micro.rows].to(self.world.device)
+            micro_old = to_device(old[micro.rows], self.world.device)
+            micro_target = to_device(target[micro.rows], self.world.device)
             mask = packed.response_mask
             values = response_values(self.model, packed)  # (m, r)
             vl = clipped_value_loss(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.trainer.sequences import PackedSequences, SequenceBatch, pack_sequences
+from services.trainer.sequences import PackedSequences, SequenceBatch, pack_sequences, to_device
 
 
 @dataclass(frozen=True)
@@ -68,14 +68,14 @@ class FlatSequences:
 
     def to(self, device: torch.device) -> FlatSequences:
         return FlatSequences(
-            self.input_ids.to(device),
-            self.position_ids.to(device),
-            self.cu_seq_lens.to(device),
+            to_device(self.input_ids, device),
+            to_device(self.position_ids, device),
+            to_device(self.cu_seq_lens, device),
             self.max_length,
-            self.response_ids.to(device),
-            self.response_mask.to(device),
-            self.predictor_index.to(device),
-            self.response_slot.to(device),
+            to_device(self.response_ids, device),
+            to_device(self.response_mask, device),
+            to_device(self.predictor_index, device),
+            to_device(self.response_slot, device),
         )
 
 

@@ -91,14 +91,25 @@ class PackedSequences:
 
     def to(self, device: torch.device) -> PackedSequences:
         return PackedSequences(
-            self.input_ids.to(device),
-            self.attention_mask.to(device),
-            self.position_ids.to(device),
-            self.response_ids.to(device),
-            self.response_mask.to(device),
-            self.predictor_index.to(device),
+            to_device(self.input_ids, device),
+            to_device(self.attention_mask, device),
+            to_device(self.position_ids, device),
+            to_device(self.response_ids, device),
+            to_device(self.response_mask, device),
+            to_device(self.predictor_index, device),
             self.first_predictor,
         )
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` on ``device``; from the host to a GPU through pinned memory, without
+    waiting. A copy from pageable memory first waits for all the work queued on the GPU,
+    so the host could not queue the next micro-batch while the GPU runs the previous one.
+    (PyTorch keeps the pinned block until the copy has run.)"""
+    device = torch.device(device)
+    if device.type != "cuda" or tensor.device.type != "cpu":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def pack_sequences(

@@ -58,7 +58,9 @@ def run_update(
     # The optimizer's (sharded float32) parameters: while the model is gathered, its
     # parameters() are the compute-dtype copies, which hold no gradient after backward.
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-    per_step: list[dict[str, float]] = []
+    # Each step's metrics stay on the device until the update ends: one host read for the
+    # whole update, so the host queues the next mini-batch while the GPU runs this one.
+    steps: list[tuple[list[str], torch.Tensor]] = []
     with gathered_across_steps(model, keeps_gathered(world.world_size)) as refresh_gathered:
         for epoch in range(settings.epochs):
             seed = epoch_seed(settings.seed, global_step, epoch)
@@ -78,19 +80,16 @@ def run_update(
                 with record_function("meshrl/optimizer_step"):
                     step = clipped_step(params, optimizer, settings.grad_clip)
                 refresh_gathered()
-                # The one host read of a mini-batch, after its whole step is queued.
-                values = torch.cat(
-                    [
-                        sums.to(step.grad_norm.device),
-                        step.grad_norm.float().view(1),
-                        step.skipped.float().view(1),
-                    ]
-                ).tolist()
-                *sums_read, grad_norm, skipped = values
-                metrics = dict(zip(names, sums_read, strict=True))
-                metrics[f"{prefix}/grad_norm"] = grad_norm
-                metrics[f"{prefix}/nonfinite_grad_steps"] = skipped
-                per_step.append(metrics)
+                values = [sums.to(step.grad_norm.device), step.grad_norm.float().view(1)]
+                values.append(step.skipped.float().view(1))
+                steps.append((names, torch.cat(values)))
+        read = torch.stack([v for _, v in steps]).tolist() if steps else []
+    per_step = []
+    for (names, _), (*sums_read, grad_norm, skipped) in zip(steps, read, strict=True):
+        metrics = dict(zip(names, sums_read, strict=True))
+        metrics[f"{prefix}/grad_norm"] = grad_norm
+        metrics[f"{prefix}/nonfinite_grad_steps"] = skipped
+        per_step.append(metrics)
     out = _average(per_step)
     out[f"{prefix}/nonfinite_grad_steps"] *= len(per_step)  # a count, not a mean
     out[f"{prefix}/lr"] = lr
