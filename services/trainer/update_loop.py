@@ -58,32 +58,36 @@ def run_update(
     # The optimizer's (sharded float32) parameters: while the model is gathered, its
     # parameters() are the compute-dtype copies, which hold no gradient after backward.
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    minis = [
+        mini
+        for epoch in range(settings.epochs)
+        for mini in plan_epoch(
+            response_lengths,
+            settings.mini_batch_rows,
+            settings.micro_batch_rows,
+            shuffle=settings.shuffle,
+            seed=epoch_seed(settings.seed, global_step, epoch),
+            rank=world.rank,
+            world_size=world.world_size,
+            max_tokens=settings.max_tokens,
+            sequence_lengths=sequence_lengths,
+        )
+    ]
     # Each step's metrics stay on the device until the update ends: one host read for the
     # whole update, so the host queues the next mini-batch while the GPU runs this one.
     steps: list[tuple[list[str], torch.Tensor]] = []
     with gathered_across_steps(model, keeps_gathered(world.world_size)) as refresh_gathered:
-        for epoch in range(settings.epochs):
-            seed = epoch_seed(settings.seed, global_step, epoch)
-            plan = plan_epoch(
-                response_lengths,
-                settings.mini_batch_rows,
-                settings.micro_batch_rows,
-                shuffle=settings.shuffle,
-                seed=seed,
-                rank=world.rank,
-                world_size=world.world_size,
-                max_tokens=settings.max_tokens,
-                sequence_lengths=sequence_lengths,
-            )
-            for mini in plan:
-                names, sums = _accumulate_gradients(mini, micro_loss, world)
-                with record_function("meshrl/optimizer_step"):
-                    step = clipped_step(params, optimizer, settings.grad_clip)
+        for i, mini in enumerate(minis):
+            names, sums = _accumulate_gradients(mini, micro_loss, world)
+            with record_function("meshrl/optimizer_step"):
+                step = clipped_step(params, optimizer, settings.grad_clip)
+            if i + 1 < len(minis):  # the last step's weights are freed, not used
                 refresh_gathered()
-                values = [sums.to(step.grad_norm.device), step.grad_norm.float().view(1)]
-                values.append(step.skipped.float().view(1))
-                steps.append((names, torch.cat(values)))
-        read = torch.stack([v for _, v in steps]).tolist() if steps else []
+            values = [sums.to(step.grad_norm.device), step.grad_norm.float().view(1)]
+            values.append(step.skipped.float().view(1))
+            steps.append((names, torch.cat(values)))
+    # Read after the gathered weights are freed: that host work overlaps the GPU's last step.
+    read = torch.stack([v for _, v in steps]).tolist() if steps else []
     per_step = []
     for (names, _), (*sums_read, grad_norm, skipped) in zip(steps, read, strict=True):
         metrics = dict(zip(names, sums_read, strict=True))

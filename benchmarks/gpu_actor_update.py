@@ -1,0 +1,128 @@
+"""The actor update as a PPO step runs it, on the GPU: the old-log-prob pass, then the
+update of 16 x (512 + 512) mini-batches; MFU of the update alone (``perf/mfu/actor``).
+
+Only the trainer's public calls are used (``ActorRole.build``, ``compute_log_probs``,
+``update_policy``), so the same file times an older checkout too: copy it and
+``host_timeline.py`` into that checkout's ``benchmarks/`` and run it there. Processes of
+the two checkouts, alternated in one device call, compare them on one machine state.
+
+    python3 -m benchmarks.gpu_actor_update --label new --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+
+import torch
+
+from benchmarks.gpu_models import make_model_dir
+from benchmarks.host_timeline import wait_for_quiet_children
+
+
+def ppo_order_updates(
+    model_dir: str, mini_batches: int, updates: int, tokens: int = 512, device: str = "cuda"
+) -> dict:
+    """``updates`` PPO-ordered actor updates of ``mini_batches`` mini-batches of 16 rows,
+    timed after two warm-up updates and a quiet host (torch.compile's workers idle)."""
+    from meshrl.config import build_config
+    from meshrl.ragged import Ragged
+    from services.trainer.actor import ActorRole
+    from services.trainer.distributed import World, init_distributed
+    from services.trainer.sequences import SequenceBatch
+
+    init_distributed()
+    rows = 16 * mini_batches
+    tree = {
+        "data": {
+            "train_batch_size": rows,
+            "max_prompt_length": tokens,
+            "max_response_length": tokens,
+        },
+        "trainer": {"device": device},
+        "actor_rollout_ref": {
+            "model": {
+                "path": model_dir,
+                "dtype": "bfloat16" if device == "cuda" else "float32",
+            },
+            "actor": {
+                "ppo_mini_batch_size": 16,
+                "ppo_micro_batch_size_per_gpu": 16,
+                "optim": {"lr": 1e-6},
+            },
+            "rollout": {"n": 1, "temperature": 1.0, "log_prob_micro_batch_size_per_gpu": 16},
+        },
+    }
+    actor = ActorRole.build(build_config(tree, []), World.current(device))
+    vocab = actor.model.config.vocab_size
+    g = torch.Generator().manual_seed(3)
+
+    def ids() -> Ragged:
+        return Ragged.from_tensors(
+            [torch.randint(10, vocab, (tokens,), generator=g) for _ in range(rows)]
+        )
+
+    batch = SequenceBatch(ids(), ids())
+    advantages = torch.randn(rows * tokens, generator=g)
+
+    def ppo_update(step: int) -> dict:
+        old, _ = actor.compute_log_probs(batch)
+        adv = old.with_values(advantages)
+        return actor.update_policy(batch, old, adv, None, None, global_step=step)
+
+    first = ppo_update(1)
+    ppo_update(2)
+    quiet_s = wait_for_quiet_children()
+    runs = [ppo_update(step) for step in range(3, 3 + updates)]
+    mfu = [r["perf/mfu/actor"] for r in runs]
+    return {
+        "mfu": statistics.median(mfu),
+        "mfu_each": mfu,
+        "update_ms": statistics.median(
+            rows * 2 * tokens / r["perf/throughput/actor"] * 1e3 for r in runs
+        ),
+        "first_pg_loss": first["actor/pg_loss"],
+        "first_grad_norm": first["actor/grad_norm"],
+        "waited_for_quiet_host_s": quiet_s,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--label", required=True, help="names the output file")
+    parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    parser.add_argument("--workdir", default="/tmp/meshrl_gpu")
+    parser.add_argument("--updates", type=int, default=8)
+    parser.add_argument("--mini-batches", default="1,4", help="comma-separated counts")
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="then once more with gc.freeze() (the collector skips the objects made so far)",
+    )
+    args = parser.parse_args()
+    os.environ.setdefault("MESHRL_COMPILE_LAYERS", "1")
+    os.environ.setdefault("MESHRL_FSDP_UNITS", "model")
+    path = make_model_dir(f"{args.workdir}/qwen05_fp32", dtype=torch.float32)
+    out = {}
+    counts = [int(c) for c in args.mini_batches.split(",")]
+    for count in counts:
+        out[f"{count}_mini_batches"] = ppo_order_updates(path, count, args.updates)
+        print(f"[{args.label}] {count} mini-batches: {out[f'{count}_mini_batches']}", flush=True)
+        torch.cuda.empty_cache()
+    if args.gc_freeze:
+        gc.collect()
+        gc.freeze()
+        out[f"{counts[0]}_mini_batches_gc_frozen"] = ppo_order_updates(
+            path, counts[0], args.updates
+        )
+        print(f"[{args.label}] gc frozen: {out[f'{counts[0]}_mini_batches_gc_frozen']}")
+    os.makedirs(args.out, exist_ok=True)
+    with open(f"{args.out}/actor_update_{args.label}.json", "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
