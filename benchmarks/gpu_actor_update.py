@@ -2,8 +2,9 @@
 update of 16 x (512 + 512) mini-batches; MFU of the update alone (``perf/mfu/actor``).
 
 Only the trainer's public calls are used (``ActorRole.build``, ``compute_log_probs``,
-``update_policy``), so the same file times an older checkout too: copy it and
-``host_timeline.py`` into that checkout's ``benchmarks/`` and run it there. Processes of
+``update_policy``) and ``gpu_trainer._actor_tree``, so the same file times an older
+checkout too: copy it and ``host_timeline.py`` into that checkout's ``benchmarks/`` and
+run it there. Processes of
 the two checkouts, alternated in one device call, compare them on one machine state.
 
     python3 -m benchmarks.gpu_actor_update --label new --out $OUT
@@ -20,6 +21,7 @@ import statistics
 import torch
 
 from benchmarks.gpu_models import make_model_dir
+from benchmarks.gpu_trainer import _actor_tree
 from benchmarks.host_timeline import wait_for_quiet_children
 
 
@@ -36,26 +38,12 @@ def ppo_order_updates(
 
     init_distributed()
     rows = 16 * mini_batches
-    tree = {
-        "data": {
-            "train_batch_size": rows,
-            "max_prompt_length": tokens,
-            "max_response_length": tokens,
-        },
-        "trainer": {"device": device},
-        "actor_rollout_ref": {
-            "model": {
-                "path": model_dir,
-                "dtype": "bfloat16" if device == "cuda" else "float32",
-            },
-            "actor": {
-                "ppo_mini_batch_size": 16,
-                "ppo_micro_batch_size_per_gpu": 16,
-                "optim": {"lr": 1e-6},
-            },
-            "rollout": {"n": 1, "temperature": 1.0, "log_prob_micro_batch_size_per_gpu": 16},
-        },
-    }
+    # _actor_tree's first five arguments are the same in older checkouts.
+    tree = _actor_tree(model_dir, device, rows, tokens, tokens)
+    tree["actor_rollout_ref"]["actor"].update(
+        ppo_mini_batch_size=16, ppo_micro_batch_size_per_gpu=16
+    )
+    tree["actor_rollout_ref"]["rollout"]["log_prob_micro_batch_size_per_gpu"] = 16
     actor = ActorRole.build(build_config(tree, []), World.current(device))
     vocab = actor.model.config.vocab_size
     g = torch.Generator().manual_seed(3)
