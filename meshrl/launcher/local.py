@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from meshrl.config import RunConfig
 from meshrl.launcher.ports import free_port
 from meshrl.rpc.client import wait_for_health
 from meshrl.rpc.security import SecuritySettings
+from meshrl.rpc.server import INSTANCE_ENV, instance_health_name
 from services.coordinator.run import Endpoints
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,7 @@ class RoleProcess:
     threads: int = 1
     gpus: str | None = None  # CUDA_VISIBLE_DEVICES of the server; None: every GPU
     popen: subprocess.Popen | None = None
+    instance_id: str = ""  # new at every start; the server reports health under it
 
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
@@ -156,7 +159,10 @@ class LocalLauncher:
         for attempt in range(1, attempts + 1):
             try:
                 wait_for_health(
-                    proc.address, "", self.cfg.launcher.startup_timeout_s, alive=proc.alive
+                    proc.address,
+                    instance_health_name(proc.instance_id),
+                    self.cfg.launcher.startup_timeout_s,
+                    alive=proc.alive,
                 )
                 return
             except Exception:
@@ -183,6 +189,8 @@ class LocalLauncher:
         env.update(SecuritySettings.from_config(self.cfg.security).to_env())  # TLS / token
         if proc.gpus is not None:  # launcher.role_gpus: this server sees only these GPUs
             env["CUDA_VISIBLE_DEVICES"] = proc.gpus
+        proc.instance_id = f"{proc.name}-{uuid.uuid4().hex[:12]}"
+        env[INSTANCE_ENV] = proc.instance_id
         log_file = proc.log_path.open("ab")
         proc.popen = subprocess.Popen(
             proc.command,

@@ -13,6 +13,7 @@ import errno
 import functools
 import ipaddress
 import logging
+import os
 import signal
 import socket
 import threading
@@ -60,6 +61,17 @@ def rpc_method(fn: Callable) -> Callable:
             context.abort(grpc.StatusCode.INTERNAL, f"{fn.__name__}: {type(e).__name__}: {e}")
 
     return wrapper
+
+
+# Set by a launcher for each server it starts: the server then also reports SERVING under
+# instance_health_name(it), so the launcher knows that the server answering on the port is
+# the process it started, not another one (of this or another run) on a recycled port.
+INSTANCE_ENV = "MESHRL_INSTANCE_ID"
+
+
+def instance_health_name(instance_id: str) -> str:
+    """The health service name under which the server started as ``instance_id`` serves."""
+    return f"meshrl.instance.{instance_id}"
 
 
 class GrpcServer:
@@ -128,6 +140,8 @@ class GrpcServer:
         self.server.start()
         watch_parent()  # exit with the launcher that started us, if one did
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        if instance := os.environ.get(INSTANCE_ENV):
+            self.health.set(instance_health_name(instance), health_pb2.HealthCheckResponse.SERVING)
         log.info(
             "%s listening on %s:%d (%s)", self.service_name, self.host, self.port, self.security
         )

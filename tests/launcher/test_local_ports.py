@@ -88,3 +88,26 @@ def test_plan_never_hands_out_one_port_twice(tmp_path, monkeypatch):
     assert len(masters) == 2  # actor and critic run as two ranks each
     assert len(set(ports + masters)) == len(ports) + len(masters)
     assert len(last) > len(ports) + len(masters)  # repeats were drawn and passed over
+
+
+def test_a_foreign_server_on_the_port_is_not_taken_for_ours(tmp_path):
+    # Another process's gRPC server (its overall health SERVING) answers on the port planned
+    # for ours. The launcher waits for the health of the instance it started, so it does
+    # not take that server for ours: ours fails to bind, and is started again elsewhere.
+    from meshrl.launcher.local import _move_to_port
+    from meshrl.rpc.server import GrpcServer
+
+    foreign = GrpcServer("meshrl.rollout.v1.RolloutService")
+    foreign.start()
+    launcher = LocalLauncher(build_config({}, []), tmp_path)
+    server = launcher.plan()[0]
+    _move_to_port(server, "127.0.0.1", foreign.port)
+    launcher.log_dir.mkdir(parents=True)
+    try:
+        launcher._spawn(server)
+        launcher._wait_until_serving(server)
+        assert server.alive() and server.address != f"127.0.0.1:{foreign.port}"
+        assert f"port {foreign.port} is already in use" in server.log_path.read_text()
+    finally:
+        launcher.stop()
+        foreign.stop(grace=0)
