@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,6 +174,8 @@ class RoleServerActor:
         return self.address
 
     def _spawn(self) -> None:
+        from meshrl.rpc.server import INSTANCE_ENV
+
         Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
         env = dict(
             os.environ,
@@ -182,6 +185,9 @@ class RoleServerActor:
             MESHRL_PARENT_PID=str(os.getpid()),  # the server exits when this actor dies
             **self.env,
         )
+        # New at every start: _wait checks that the server answering is this process.
+        self.instance_id = uuid.uuid4().hex[:12]
+        env[INSTANCE_ENV] = self.instance_id
         with open(self.log_path, "ab") as log_file:
             self.popen = subprocess.Popen(
                 self.command,
@@ -195,9 +201,11 @@ class RoleServerActor:
     def _wait(self, timeout_s: float) -> None:
         from meshrl.rpc.client import wait_for_health
         from meshrl.rpc.security import SecuritySettings
+        from meshrl.rpc.server import instance_health_name
 
         security = SecuritySettings.from_env({**os.environ, **self.env})
-        wait_for_health(self.address, "", timeout_s, alive=self.alive, security=security)
+        service = instance_health_name(self.instance_id)
+        wait_for_health(self.address, service, timeout_s, alive=self.alive, security=security)
 
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
