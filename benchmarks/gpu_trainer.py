@@ -61,11 +61,9 @@ def _actor_tree(
     prompt_tokens: int,
     response_tokens: int,
     checkpointing: bool = False,
-    mini_rows: int | None = None,
 ) -> dict:
-    """The run config of an actor update of ``rows`` rows in mini-batches of ``mini_rows``
-    (default: all in one), each one micro-batch (bf16 compute on CUDA, float32 elsewhere)."""
-    mini_rows = mini_rows or rows
+    """The run config of a one-mini-batch, one-micro-batch actor update of ``rows`` rows
+    (bf16 compute on CUDA, float32 elsewhere)."""
     return {
         "data": {
             "train_batch_size": rows,
@@ -80,8 +78,8 @@ def _actor_tree(
                 "enable_gradient_checkpointing": checkpointing,
             },
             "actor": {
-                "ppo_mini_batch_size": mini_rows,
-                "ppo_micro_batch_size_per_gpu": mini_rows,
+                "ppo_mini_batch_size": rows,
+                "ppo_micro_batch_size_per_gpu": rows,
                 "optim": {"lr": 1e-6},
             },
             "rollout": {"n": 1, "temperature": 1.0, "log_prob_micro_batch_size_per_gpu": rows},
@@ -290,10 +288,9 @@ def _built_actor(
     tokens: int = 512,
     overrides: tuple[str, ...] = (),
     device: str = "cuda",
-    mini_rows: int | None = None,
 ):
-    """An ActorRole on the GPU with a ``rows`` x (512 + 512) batch (mini-batches of
-    ``mini_rows``), its old log-probs and random advantages."""
+    """An ActorRole on the GPU with a 16 x (512 + 512) batch, its old log-probs and random
+    advantages."""
     from meshrl.config import build_config
     from services.trainer.actor import ActorRole
     from services.trainer.distributed import World, init_distributed
@@ -301,7 +298,7 @@ def _built_actor(
 
     os.environ["MESHRL_COMPILE_LAYERS"] = "1" if compile_layers else "0"
     init_distributed()
-    tree = _actor_tree(model_dir, device, rows, tokens, tokens, mini_rows=mini_rows)
+    tree = _actor_tree(model_dir, device, rows, tokens, tokens)
     actor = ActorRole.build(build_config(tree, list(overrides)), World.current(device))
     g = torch.Generator().manual_seed(3)
     vocab = actor.model.config.vocab_size
@@ -417,94 +414,6 @@ def packing_bench(
     return out
 
 
-def gathered_ab(
-    model_dir: str,
-    updates: int = 6,
-    mini_batches: tuple[int, ...] = (1, 4),
-    device: str = "cuda",
-    tokens: int = 512,
-) -> dict:
-    """One rank, one FSDP2 unit: weights kept gathered (``fsdp.KEEP_GATHERED_ON_ONE_RANK``,
-    the default) vs gathered by FSDP2 at every forward, in updates of 1 and of 4
-    mini-batches of 16 x 1024 tokens. As in a PPO step, each update follows the actor's
-    old-log-prob pass: kept, that pass's gathered weights serve the update's first
-    mini-batch and a foreach copy from the stepped masters serves the later ones; else the
-    pass frees them and every mini-batch's forward gathers again. Each update ends
-    resharded either way. Timed: the update alone (``perf/mfu/actor``).
-
-    First, correctness: the first update's loss and gradient norm both ways (the refresh
-    casts as FSDP2's gather does; GPU kernels with atomics make them differ in the last
-    digits). Each variant is timed after the host is quiet (``wait_for_quiet_children``:
-    torch.compile's worker processes start after the first compile and slow the host for
-    seconds), and one more update is timed point by point without the profiler
-    (``host_timeline``)."""
-    from benchmarks.host_timeline import Timeline, timed_ranges, wait_for_quiet_children
-    from services.trainer import actor as actor_module
-    from services.trainer import fsdp, optim, update_loop
-
-    out: dict = {}
-    for count in mini_batches:
-        for keep in (True, False):
-            tag = f"{count}_mini_batches_{'kept' if keep else 'gathered_again'}"
-            fsdp.KEEP_GATHERED_ON_ONE_RANK = keep
-            os.environ["MESHRL_FSDP_UNITS"] = "model"
-            try:
-                actor, batch, _, adv = _built_actor(
-                    model_dir,
-                    device == "cuda",
-                    rows=16 * count,
-                    tokens=tokens,
-                    device=device,
-                    mini_rows=16,
-                )
-
-                def ppo_update(step: int) -> dict:
-                    old, _ = actor.compute_log_probs(batch)  # noqa: B023 - used right away
-                    return actor.update_policy(batch, old, adv, None, None, global_step=step)  # noqa: B023
-
-                first = ppo_update(1)
-                ppo_update(2)
-                quiet_s = wait_for_quiet_children()
-                runs = [ppo_update(step) for step in range(3, 3 + updates)]
-                mfu = [r["perf/mfu/actor"] for r in runs]
-                model = actor.model
-                timeline = Timeline()
-                hooked = {"model": model, "layers": model.model, "head": model.lm_head}
-                old, _ = actor.compute_log_probs(batch)
-                with timed_ranges(timeline, [actor_module, update_loop, optim], hooked):
-                    timeline.mark("start")
-                    actor.update_policy(batch, old, adv, None, None, global_step=3 + updates)
-                    timeline.mark("end")
-                out[tag] = {
-                    "mfu": statistics.median(mfu),
-                    "mfu_each": mfu,
-                    "update_ms": statistics.median(
-                        16 * count * 2 * tokens / r["perf/throughput/actor"] * 1e3 for r in runs
-                    ),
-                    "first_pg_loss": first["actor/pg_loss"],
-                    "first_grad_norm": first["actor/grad_norm"],
-                    "waited_for_quiet_host_s": quiet_s,
-                    "timeline": timeline.report(),
-                }
-            except Exception as e:  # noqa: BLE001
-                out[tag] = {"error": f"{type(e).__name__}: {e}"[:2000]}
-            finally:
-                fsdp.KEEP_GATHERED_ON_ONE_RANK = True
-                os.environ.pop("MESHRL_FSDP_UNITS", None)
-            print(f"[gathered_ab/{tag}] { {k: v for k, v in out[tag].items() if k != 'timeline'} }")
-            actor = None
-            torch.cuda.empty_cache()
-        kept = out.get(f"{count}_mini_batches_kept", {})
-        again = out.get(f"{count}_mini_batches_gathered_again", {})
-        if "mfu" in kept and "mfu" in again:
-            out[f"{count}_mini_batches_first_update_rel_diff"] = {
-                k: abs(kept[k] - again[k]) / max(abs(again[k]), 1e-12)
-                for k in ("first_pg_loss", "first_grad_norm")
-            }
-            out[f"{count}_mini_batches_speedup"] = again["update_ms"] / kept["update_ms"]
-    return out
-
-
 def _tiny_qwen_dir(path: str) -> str:
     """A 2-layer Qwen2 (GQA, 512-token vocabulary) for checking :func:`packing_bench`."""
     from meshrl.testing.tiny_model import make_tiny_qwen2_dir
@@ -561,11 +470,6 @@ def main() -> None:
     parser.add_argument("--workdir", default="/tmp/meshrl_gpu")
     parser.add_argument("--updates", type=int, default=4)
     parser.add_argument(
-        "--gathered-ab",
-        action="store_true",
-        help="instead of the layouts: weights kept gathered vs gathered again (gathered_ab)",
-    )
-    parser.add_argument(
         "--layouts",
         default="layers_compiled,padding_free",
         help=f"comma-separated, of: {', '.join(UPDATE_LAYOUTS)}",
@@ -573,11 +477,6 @@ def main() -> None:
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     path = make_model_dir(f"{args.workdir}/qwen05_fp32", dtype=torch.float32)
-    if args.gathered_ab:
-        out = gathered_ab(path, args.updates)
-        with open(f"{args.out}/gathered_ab.json", "w") as f:
-            json.dump(out, f, indent=1)
-        return
     out = update_variants(path, args.out, args.updates, layouts=tuple(args.layouts.split(",")))
     with open(f"{args.out}/update_variants.json", "w") as f:
         json.dump(out, f, indent=1)

@@ -83,9 +83,8 @@ def run_update(
                 step = clipped_step(params, optimizer, settings.grad_clip)
             if i + 1 < len(minis):  # the last step's weights are freed, not used
                 refresh_gathered()
-            values = [sums.to(step.grad_norm.device), step.grad_norm.float().view(1)]
-            values.append(step.skipped.float().view(1))
-            steps.append((names, torch.cat(values)))
+            norm, skipped = step.grad_norm.float().view(1), step.skipped.float().view(1)
+            steps.append((names, torch.cat([sums.to(norm.device), norm, skipped])))
     # Read after the gathered weights are freed: that host work overlaps the GPU's last step.
     read = torch.stack([v for _, v in steps]).tolist() if steps else []
     per_step = []
