@@ -19,7 +19,6 @@ import torch
 
 from services.rollout.decoder import StaticDecoder
 from services.rollout.kv_cache import KVView
-from services.rollout.split_decode import SplitDecode
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +51,6 @@ class DecodeGraphs:
         self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
         self.capture_seconds = 0.0
-        self.split_parts = 1
-        """Captured steps of at least ``split_min_rows`` rows run as this many row groups
-        on parallel streams (:mod:`split_decode`); 1: the whole batch on one stream."""
-        self.split_min_rows = 128
-        self._splits: dict[int, SplitDecode] = {}
 
     @property
     def enabled(self) -> bool:
@@ -80,7 +74,7 @@ class DecodeGraphs:
         bs = tokens.shape[0]
         self._tokens[:bs].copy_(tokens)
         self._positions[:bs].copy_(positions)
-        key = (kv.k.data_ptr(), kv.slot_len, bs, width, self._parts(bs))
+        key = (kv.k.data_ptr(), kv.slot_len, bs, width)
         entry = self._graphs.get(key)
         if entry is None:
             entry = self._capture(kv, bs, width)
@@ -94,25 +88,12 @@ class DecodeGraphs:
         self._graphs.clear()
         self._pool = None
 
-    def _parts(self, bs: int) -> int:
-        return self.split_parts if bs >= self.split_min_rows else 1
-
-    def _step_fn(self, bs: int):
-        """What a step of ``bs`` rows runs: the decoder's decode, or its split."""
-        parts = self._parts(bs)
-        if parts == 1:
-            return self.decoder.decode
-        if parts not in self._splits:
-            self._splits[parts] = SplitDecode(self.decoder, parts)
-        return self._splits[parts]
-
     def _capture(self, kv: KVView, bs: int, width: int):
         start = time.perf_counter()
         tokens, positions = self._tokens[:bs], self._positions[:bs]
-        decode = self._step_fn(bs)
 
         def step() -> torch.Tensor:
-            return decode(tokens, positions, kv.k, kv.v, width)
+            return self.decoder.decode(tokens, positions, kv.k, kv.v, width)
 
         # Warm up on a side stream first (cuBLAS picks and allocates its workspaces there).
         # Each run writes the same keys/values at the same positions: capturing is harmless.

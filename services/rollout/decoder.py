@@ -280,28 +280,6 @@ class StaticDecoder:
         read from the first ``width`` positions of the slot (a fixed shape per width, so
         a graph captured once replays for every step with positions < width).
         """
-        return self.logits(self.decode_hidden(tokens, positions, k_cache, v_cache, width))
-
-    def logits(self, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The LM head over final-normed hidden states h (rows, hidden): (rows, V), written
-        into ``out`` when given (a slice of a larger logits buffer: no copy afterwards)."""
-        if out is None:
-            return self.lm_head(h)
-        weight, bias = self.lm_head.weight, self.lm_head.bias
-        if bias is None:
-            return torch.mm(h, weight.t(), out=out)
-        return torch.addmm(bias, h, weight.t(), out=out)
-
-    @torch.inference_mode()
-    def decode_hidden(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        width: int,
-    ) -> torch.Tensor:
-        """:meth:`decode` up to the LM head: the final norm's output (bs, hidden)."""
         bs = tokens.shape[0]
         ops = self.ops
         cos_t, sin_t = self.rope_table(width)
@@ -318,7 +296,7 @@ class StaticDecoder:
             o = self._linear(o.reshape(bs, -1), o_proj.weight, o_proj.bias)
             x, h = ops.add_rms_norm(x, o, layer.post_attention_layernorm.weight, self.eps)
             x, h = ops.add_rms_norm(x, self._mlp(i, h), self._next_norm_weight(i), self.eps)
-        return h
+        return self.lm_head(h)
 
     def _triton_attention(self, positions, k_cache, v_cache, cos_t, sin_t, width):
         """Layer i's attention as two kernels: rope + cache write, then flash-decoding

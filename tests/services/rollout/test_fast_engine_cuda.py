@@ -55,25 +55,3 @@ def test_release_returns_the_cache_to_the_gpu(engine):
     assert engine.kv_cache_bytes == 0
     engine.resume_memory()
     assert engine.generate(_prompts(5), params).responses.tolist() == before.responses.tolist()
-
-
-@pytest.mark.parametrize("parts", [2, 3])
-def test_graphs_split_into_row_groups_on_streams_equal_the_plain_engine(tmp_path, parts):
-    """The decode step cut into row groups on parallel streams (split_decode.py), captured
-    in its graphs, gives the plain engine's tokens and log-probs (float32)."""
-    path = str(make_tiny_model_dir(tmp_path))
-    engine = FastEngine(path, device="cuda", max_num_seqs=40, gpu_memory_utilization=0.05)
-    engine.graphs.split_parts = parts
-    engine.graphs.split_min_rows = 32
-    g = torch.Generator().manual_seed(parts)
-    lengths = torch.randint(0, 30, (37,), generator=g).tolist()
-    prompts = Ragged.from_lists(
-        [[1] + torch.randint(4, 22, (n,), generator=g).tolist() for n in lengths]
-    )
-    params = SamplingParams(temperature=0, max_tokens=24, n=2, stop_token_ids=(9,))
-    split = engine.generate(prompts, params)
-    assert any(len(s.streams) == parts - 1 for s in engine.graphs._splits.values())
-    plain = NativeEngine.generate(engine, prompts, params)
-    assert split.responses.tolist() == plain.responses.tolist()
-    assert split.finish_reasons == plain.finish_reasons
-    torch.testing.assert_close(split.logprobs.values, plain.logprobs.values, atol=1e-4, rtol=0)
