@@ -1,0 +1,258 @@
+"""Where a generate call's time goes on the GPU: the prefill, the decode step's graph, the
+work each step does outside it, and the rest, each timed alone with CUDA events; kernel
+time by kind (GEMM, attention, norms, ...) for the prefill and for decode steps.
+
+    PYTHONPATH=/tmp/site:$PWD python3 -m benchmarks.gpu_engine_breakdown --out $OUT
+
+Batch 256, 256 prompt + 256 new tokens, T = 1, as the engine rows of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from benchmarks import gpu_engine as ge
+from benchmarks.gpu_models import make_model_dir
+from services.rollout.engine import SamplingParams
+from services.rollout.fast_engine import _SLOT_ALIGN, FastEngine
+from services.rollout.scheduler import Scheduler
+from services.rollout.slots import SlotState
+
+KINDS = (
+    # (kind, any of these in the kernel's name), first match wins
+    ("gemm", ("nvjet", "gemm", "cutlass", "splitKreduce", "_matmul_kernel", "_split_k")),
+    ("attention", ("flash", "_decode_attention", "_combine_splits", "fmha")),
+    ("rope_store", ("_rope_store",)),
+    ("silu", ("silu",)),
+    ("sampling", ("_cdf_", "gumbel", "_sample")),
+    ("norm_add (compiled)", ("rsqrt",)),
+    ("other compiled", ("triton_",)),
+)
+
+
+def kind_of(name: str) -> str:
+    for kind, keys in KINDS:
+        if any(k in name for k in keys):
+            return kind
+    return "other"
+
+
+def _cuda_ms(fn, repeats: int) -> float:
+    """Median ms of ``fn`` between CUDA events, one run after another."""
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _kernels(fn) -> tuple[dict, dict, int]:
+    """Kernel µs of one ``fn`` run by kind and by name (top 15), and the launch count."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    by_kind: Counter = Counter()
+    by_name: Counter = Counter()
+    launches = 0
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0:
+            by_kind[kind_of(e.name)] += e.device_time_total
+            by_name[e.name[:80]] += e.device_time_total
+            launches += 1
+    return dict(by_kind), dict(by_name.most_common(15)), launches
+
+
+class Call:
+    """A generate call's set-up (slots, scheduler, sampling) as ``FastEngine.generate``
+    makes it, so that its phases can be run and timed one by one."""
+
+    def __init__(self, engine: FastEngine, batch: int, prompt_len: int, new: int):
+        self.engine = engine
+        self.params = SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=new, seed=1)
+        self.prompts = ge.random_prompts(
+            100 + batch, batch, prompt_len, prompt_len, engine.vocab_size
+        )
+        self.sampling = engine._sampling(self.params)
+        slot_len = -(-(prompt_len + new) // _SLOT_ALIGN) * _SLOT_ALIGN
+        self.kv = engine.cache.view(slot_len, batch)
+        self.reset()
+
+    def reset(self) -> None:
+        e = self.engine
+        self.state = SlotState(
+            self.kv.slots, self.params.max_tokens, self.kv.slot_len, e.runner.device
+        )
+        lengths = self.prompts.lengths.tolist()
+        self.sched = Scheduler(lengths, 1, self.kv.slots, self.params.max_tokens)
+        self.admitted = self.sched.admit()
+
+    def admit(self) -> None:
+        self.engine._admit(self.prompts, self.admitted, self.kv, self.state, self.sampling)
+
+    def steps(self, count: int) -> None:
+        for _ in range(count):
+            self.engine._decode_step(self.kv, self.state, self.sched, self.sampling)
+
+    def graph_steps(self, count: int) -> None:
+        """The decode graph alone, at the scheduler's current rows and width."""
+        from services.rollout.cuda_graphs import row_bucket, width_bucket
+        from services.rollout.fast_engine import _WIDTH_STEP
+
+        e, s = self.engine, self.sched
+        bs = row_bucket(s.rows_needed(), min(self.kv.k.shape[1], e.max_num_seqs))
+        width = width_bucket(s.width_needed(), _WIDTH_STEP, self.kv.slot_len)
+        for _ in range(count):
+            e.graphs.run(self.state.last_tokens[:bs], self.state.positions[:bs], self.kv, width)
+
+
+def breakdown(engine: FastEngine, batch: int = 256, prompt_len: int = 256, new: int = 256) -> dict:
+    out: dict = {}
+    out["generate"] = ge.engine_speed(engine, batch, prompt_len, new, False)
+    call = Call(engine, batch, prompt_len, new)
+    call.admit()  # warm-up
+    out["prefill_ms"] = _cuda_ms(call.admit, 5)
+    tokens = batch * prompt_len
+    flops = tokens * _flops_per_prompt_token(engine, prompt_len)
+    out["prefill_tflops"] = flops / (out["prefill_ms"] / 1e3) / 1e12
+    kinds, names, launches = _kernels(call.admit)
+    out["prefill_kernel_us"] = {"by_kind": kinds, "top": names, "launches": launches}
+
+    call.reset()
+    call.admit()
+    call.steps(8)  # captures the first width's graph
+    steps = 64
+    out["step_ms_with_sampling"] = _cuda_ms(lambda: call.steps(steps), 1) / steps
+    out["step_ms_graph_only"] = _cuda_ms(lambda: call.graph_steps(steps), 3) / steps
+    kinds, names, launches = _kernels(lambda: call.steps(16))
+    out["step_kernel_us"] = {
+        "by_kind": {k: v / 16 for k, v in kinds.items()},
+        "top": {k: v / 16 for k, v in names.items()},
+        "launches_per_step": launches / 16,
+    }
+    total_s = out["generate"]["seconds"]
+    decode_s = new * out["step_ms_with_sampling"] / 1e3
+    out["shares"] = {
+        "generate_s": total_s,
+        "prefill_s": out["prefill_ms"] / 1e3,
+        "decode_s_estimate": decode_s,
+        "rest_s": total_s - out["prefill_ms"] / 1e3 - decode_s,
+    }
+    return out
+
+
+def _flops_per_prompt_token(engine: FastEngine, prompt_len: int) -> float:
+    """2 x the layers' weights, plus causal attention's two products at mean context
+    prompt_len / 2 (the LM head runs on last tokens only: left out)."""
+    cfg = engine.runner.model.config
+    layers = sum(
+        p.numel()
+        for n, p in engine.runner.model.named_parameters()
+        if ".layers." in n and p.dim() == 2
+    )
+    attention = (
+        4
+        * cfg.num_hidden_layers
+        * cfg.num_attention_heads
+        * (cfg.hidden_size // cfg.num_attention_heads)
+        * prompt_len
+        / 2
+    )
+    return 2 * layers + attention
+
+
+def pdl_support() -> dict:
+    """Whether this Triton and inductor can launch kernels with programmatic dependent
+    launch (the next kernel's start overlapping the previous one's end)."""
+    import inspect
+
+    import triton
+
+    found = {"triton": triton.__version__}
+    try:
+        from triton.runtime.jit import JITFunction
+
+        found["jit_run_params"] = [p for p in inspect.signature(JITFunction.run).parameters]
+    except Exception as e:  # noqa: BLE001
+        found["jit_run_params"] = repr(e)
+    try:
+        import torch._inductor.config as ic
+
+        found["inductor_triton_pdl"] = [k for k in dir(ic.triton) if "pdl" in k.lower()]
+    except Exception as e:  # noqa: BLE001
+        found["inductor_triton_pdl"] = repr(e)
+    try:
+        import triton.language.extra.cuda as tlc
+
+        found["tl_extra_cuda"] = [k for k in dir(tlc) if "gdc" in k or "pdl" in k.lower()]
+    except Exception as e:  # noqa: BLE001
+        found["tl_extra_cuda"] = repr(e)
+    return found
+
+
+def variants(engine: FastEngine, batch: int = 256) -> dict:
+    """Whole generate calls under a few engine settings, interleaved twice."""
+    settings = (
+        ("default", {}),
+        ("prefill_65536", {"max_prefill_tokens": 65536}),
+        ("check_every_16", {"check_every": 16}),
+    )
+    base = {k: getattr(engine, k) for _, s in settings for k in s}
+    out = {}
+    for rep in range(2):
+        for name, changes in settings:
+            for k, v in {**base, **changes}.items():
+                setattr(engine, k, v)
+            out[f"{name}_{rep}"] = ge.engine_speed(engine, batch, 256, 256, False)["tok_s"]
+    for k, v in base.items():
+        setattr(engine, k, v)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--workdir", default="/tmp/meshrl_gpu")
+    args = parser.parse_args()
+    path = Path(args.out) / "gpu_engine_breakdown.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+
+    def run(name, fn) -> None:
+        start = time.perf_counter()
+        try:
+            results[name] = fn()
+        except Exception as e:  # noqa: BLE001 - keep the other sections' figures
+            results[name] = {"error": f"{type(e).__name__}: {e}"}
+        results[f"{name}_wall_s"] = time.perf_counter() - start
+        print(name, json.dumps(results[name])[:1500], flush=True)
+        path.write_text(json.dumps(results, indent=1))
+
+    run("pdl_support", pdl_support)
+    engine = FastEngine(
+        make_model_dir(f"{args.workdir}/qwen05_bf16"),
+        dtype="bfloat16",
+        device="cuda",
+        max_num_seqs=256,
+        gpu_memory_utilization=0.3,
+        max_model_len=1024,
+    )
+    run("breakdown_b256", lambda: breakdown(engine))
+    run("variants_b256", lambda: variants(engine))
+
+
+if __name__ == "__main__":
+    main()
