@@ -120,12 +120,42 @@ def sweep(
     return out
 
 
+def by_width(widths=(128, 256, 512, 1024)) -> dict:
+    """The default launch's µs per call with rows at positions in the upper half of each
+    width, and the bytes of keys and values it reads per µs: a fixed cost per program
+    shows as a time that falls slower than the width."""
+    out = {}
+    for width in widths:
+        x = _inputs(width // 2, width)
+        us = _time_graph(x, width, None)
+        keys = float((x["positions"].clamp(max=width - 1) + 1).sum())
+        read = keys * KV_HEADS * HEAD_DIM * 2 * x["k_cache"].element_size()
+        out[f"w{width}"] = {"us": us, "gb_per_s": read / us / 1e3}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--warps", default="4,8")
+    parser.add_argument("--stages", default="1,2,3,4")
+    parser.add_argument("--blocks", default="32,64,128")
+    parser.add_argument("--splits", default="1,2,4", help="1: split_count's choice")
+    parser.add_argument("--by-width", action="store_true", help="also time the default by width")
     args = parser.parse_args()
+
+    def ints(text: str) -> tuple[int, ...]:
+        return tuple(int(v) for v in text.split(","))
+
     start = time.monotonic()
-    result = sweep()
+    result = sweep(
+        blocks=ints(args.blocks),
+        warps=ints(args.warps),
+        stages=ints(args.stages),
+        splits=tuple(v if v > 1 else None for v in ints(args.splits)),
+    )
+    if args.by_width:
+        result["by_width"] = by_width()
     result["total_s"] = time.monotonic() - start
     result["gpu"] = torch.cuda.get_device_name()
     Path(args.out, "gpu_attention.json").write_text(json.dumps(result, indent=1))
