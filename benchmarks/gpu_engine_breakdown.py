@@ -154,6 +154,40 @@ def breakdown(engine: FastEngine, batch: int = 256, prompt_len: int = 256, new: 
     return out
 
 
+def generate_timeline(engine: FastEngine, batch: int = 256) -> dict:
+    """One generate call with the host clock and a CUDA event at each of the engine's named
+    ranges (``host_timeline``), per step ranges left out: where the host and the GPU were
+    (ms from the call's start) at setup, each prefill plan, the first tokens, each decode
+    round and check, and the finish. A point the GPU reached right after the host did
+    (lag near 0) found the GPU waiting for the host."""
+    from benchmarks.host_timeline import Timeline, timed_ranges, wait_for_quiet_children
+    from services.rollout import fast_engine
+
+    params = SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=256, seed=1)
+    prompts = ge.random_prompts(100 + batch, batch, 256, 256, engine.vocab_size)
+    engine.generate(prompts, params)
+    wait_for_quiet_children()
+    timeline = Timeline()
+    with timed_ranges(timeline, [fast_engine]):
+        timeline.mark("generate >")
+        engine.generate(prompts, params)
+        timeline.mark("generate <")
+    rows = [
+        r
+        for r in timeline.report()
+        if not r["point"].startswith(("meshrl/sample", "meshrl/record"))
+    ]
+    inside: Counter = Counter()
+    opened: dict[str, float] = {}
+    for r in rows:
+        name, edge = r["point"].rsplit(" ", 1)
+        if edge == ">":
+            opened[name] = r["host_ms"]
+        elif name in opened:
+            inside[name] += r["host_ms"] - opened.pop(name)
+    return {"host_ms_inside": dict(inside), "rows": rows}
+
+
 def _flops_per_prompt_token(engine: FastEngine, prompt_len: int) -> float:
     """2 x the layers' weights, plus causal attention's two products at mean context
     prompt_len / 2 (the LM head runs on last tokens only: left out)."""
@@ -226,6 +260,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--workdir", default="/tmp/meshrl_gpu")
+    parser.add_argument("--sections", default="timeline,breakdown,variants")
     args = parser.parse_args()
     path = Path(args.out) / "gpu_engine_breakdown.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -250,8 +285,13 @@ def main() -> None:
         gpu_memory_utilization=0.3,
         max_model_len=1024,
     )
-    run("breakdown_b256", lambda: breakdown(engine))
-    run("variants_b256", lambda: variants(engine))
+    sections = args.sections.split(",")
+    if "timeline" in sections:
+        run("timeline_b256", lambda: generate_timeline(engine))
+    if "breakdown" in sections:
+        run("breakdown_b256", lambda: breakdown(engine))
+    if "variants" in sections:
+        run("variants_b256", lambda: variants(engine))
 
 
 if __name__ == "__main__":

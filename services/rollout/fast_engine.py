@@ -146,7 +146,6 @@ class FastEngine(NativeEngine):
         total = len(prompts) * params.n
         if total == 0:
             return super().generate(prompts, params)
-        sampling = self._sampling(params)
         lengths = prompts.lengths.tolist()
         need = max(lengths) + params.max_tokens
         if need > self.max_model_len:
@@ -154,11 +153,13 @@ class FastEngine(NativeEngine):
                 f"prompt of {max(lengths)} tokens + max_tokens {params.max_tokens} exceeds "
                 f"max_model_len {self.max_model_len}"
             )
-        slot_len = min(self.max_model_len, -(-need // _SLOT_ALIGN) * _SLOT_ALIGN)
-        kv = self.cache.view(slot_len, min(total, self.max_num_seqs))
-        state = SlotState(kv.slots, params.max_tokens, slot_len, self.runner.device)
-        sched = Scheduler(lengths, params.n, kv.slots, params.max_tokens)
-        harvest = Harvest(total, self._harvest_rings)
+        with record_function("meshrl/setup"):
+            sampling = self._sampling(params)
+            slot_len = min(self.max_model_len, -(-need // _SLOT_ALIGN) * _SLOT_ALIGN)
+            kv = self.cache.view(slot_len, min(total, self.max_num_seqs))
+            state = SlotState(kv.slots, params.max_tokens, slot_len, self.runner.device)
+            sched = Scheduler(lengths, params.n, kv.slots, params.max_tokens)
+            harvest = Harvest(total, self._harvest_rings)
         pending: Check | None = None  # the previous round's check, read during this round
         while not sched.finished:
             admitted = sched.admit()
@@ -186,13 +187,14 @@ class FastEngine(NativeEngine):
                     self._collect(pending, state, sched, harvest)
                     pending = None
                     self._compact(kv, state, sched)
-        harvest.flush()
-        return GenerationResult(
-            responses=_ragged(harvest.tokens, torch.int64),
-            logprobs=_ragged(harvest.logprobs, torch.float32),
-            finish_reasons=harvest.reasons,
-            weight_version=self.weight_version,
-        )
+        with record_function("meshrl/finish"):
+            harvest.flush()
+            return GenerationResult(
+                responses=_ragged(harvest.tokens, torch.int64),
+                logprobs=_ragged(harvest.logprobs, torch.float32),
+                finish_reasons=harvest.reasons,
+                weight_version=self.weight_version,
+            )
 
     def _admit(self, prompts: Ragged, admitted, kv: KVView, state: SlotState, sampling) -> None:
         """Prefills the admitted (sequence, slot) pairs and samples their first tokens.
@@ -209,8 +211,9 @@ class FastEngine(NativeEngine):
         chunks = _chunks_by_tokens(distinct, prompts.lengths, self.max_prefill_tokens, packed)
         logits_parts, slots_parts, lengths_parts = [], [], []
         for chunk in chunks:
-            plan = _prefill_plan(prompts, chunk, admitted, n, packed)
-            on = _to_device(plan, self.runner.device)
+            with record_function("meshrl/plan"):
+                plan = _prefill_plan(prompts, chunk, admitted, n, packed)
+                on = _to_device(plan, self.runner.device)
             if packed:
                 logits = self.decoder.prefill_packed(
                     on["ids"],
@@ -228,11 +231,16 @@ class FastEngine(NativeEngine):
             logits_parts.append(logits[on["src"]])
             slots_parts.append(on["dest"])
             lengths_parts.append(on["lengths"][on["src"]])
-        logits = torch.cat(logits_parts)  # (m, V)
-        tokens, logprobs = sample_rows(logits, sampling.params, sampling.generator)
-        state.admit(
-            torch.cat(slots_parts), torch.cat(lengths_parts), tokens, logprobs, sampling.stop_ids
-        )
+        with record_function("meshrl/first_tokens"):
+            logits = torch.cat(logits_parts)  # (m, V)
+            tokens, logprobs = sample_rows(logits, sampling.params, sampling.generator)
+            state.admit(
+                torch.cat(slots_parts),
+                torch.cat(lengths_parts),
+                tokens,
+                logprobs,
+                sampling.stop_ids,
+            )
 
     def _decode_step(self, kv: KVView, state: SlotState, sched: Scheduler, sampling) -> None:
         bs = row_bucket(sched.rows_needed(), min(kv.k.shape[1], self.max_num_seqs))
