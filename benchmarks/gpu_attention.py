@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from services.rollout.kernels import attention
+from services.rollout.kernels.runtime import tl
 
 LAYERS, ROWS, HEADS, KV_HEADS, HEAD_DIM, SLOT_LEN = 24, 256, 14, 2, 64, 1024
 
@@ -120,6 +121,66 @@ def sweep(
     return out
 
 
+def _stream_kernel(
+    k_ptr, v_ptr, stride_slot, stride_head, stride_pos, positions_ptr, out_ptr, width,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+):  # fmt: skip
+    """Reads what the attention kernel reads of one (row, kv head): its keys and values
+    up to position + 1 (clamped to width), summed; nothing else. A floor for the access."""
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    length = tl.minimum(tl.load(positions_ptr + row) + 1, width)
+    base = row * stride_slot + head * stride_head
+    dim = tl.arange(0, HEAD_DIM)
+    key_in_block = tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    for start in range(0, length, BLOCK_N):
+        key = start + key_in_block
+        ok = (key < length)[:, None]
+        at = base + key[:, None] * stride_pos + dim[None, :]
+        acc += tl.load(k_ptr + at, mask=ok, other=0.0).to(tl.float32)
+        acc += tl.load(v_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * 2 + head, tl.sum(tl.sum(acc, 1), 0))
+
+
+def stream_floor(block_n=(64, 128, 256), stages=(1, 2, 3), low=256, high=384, width=384) -> dict:
+    """µs per call of :func:`_stream_kernel` (24 calls over 24 layers' caches in a graph)
+    against the attention kernel's default launch on the same rows and positions."""
+    import triton as _triton
+
+    kernel = _triton.jit(_stream_kernel)
+    x = _inputs(low, high)
+    out = torch.empty(ROWS * KV_HEADS, device="cuda", dtype=torch.float32)
+    kc, vc = x["k_cache"], x["v_cache"]
+    result = {"attention_us": _time_graph(x, width, None)}
+    for bn, st in itertools.product(block_n, stages):
+
+        def calls(bn=bn, st=st):
+            for i in range(LAYERS):
+                k, v = kc[i], vc[i]
+                kernel[(ROWS, KV_HEADS)](
+                    k, v, k.stride(0), k.stride(1), k.stride(2), x["positions"], out, width,
+                    BLOCK_N=bn, HEAD_DIM=HEAD_DIM, num_warps=4, num_stages=st,
+                )  # fmt: skip
+
+        calls()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            calls()
+        graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        result[f"stream_bn{bn}_st{st}_us"] = start.elapsed_time(end) * 1e3 / (20 * LAYERS)
+    keys = float((x["positions"].clamp(max=width - 1) + 1).sum())
+    result["bytes_per_call"] = keys * KV_HEADS * HEAD_DIM * 2 * kc.element_size()
+    return result
+
+
 def by_width(widths=(128, 256, 512, 1024)) -> dict:
     """The default launch's µs per call with rows at positions in the upper half of each
     width, and the bytes of keys and values it reads per µs: a fixed cost per program
@@ -142,7 +203,13 @@ def main() -> None:
     parser.add_argument("--blocks", default="32,64,128")
     parser.add_argument("--splits", default="1,2,4", help="1: split_count's choice")
     parser.add_argument("--by-width", action="store_true", help="also time the default by width")
+    parser.add_argument("--floor-only", action="store_true", help="only the streaming floor")
     args = parser.parse_args()
+    if args.floor_only:
+        result = stream_floor()
+        print(json.dumps(result))
+        Path(args.out, "gpu_attention_floor.json").write_text(json.dumps(result, indent=1))
+        return
 
     def ints(text: str) -> tuple[int, ...]:
         return tuple(int(v) for v in text.split(","))
