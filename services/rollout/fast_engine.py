@@ -33,7 +33,7 @@ from services.rollout.engine import GenerationResult, SamplingParams
 from services.rollout.gpu_sampler import sample_rows
 from services.rollout.harvest import Check, Harvest, HarvestRings
 from services.rollout.kv_cache import KVView, StaticKVCache, cuda_capacity_tokens
-from services.rollout.native_engine import NativeEngine, _ragged
+from services.rollout.native_engine import NativeEngine
 from services.rollout.scheduler import Scheduler
 from services.rollout.slots import SlotState
 
@@ -188,11 +188,11 @@ class FastEngine(NativeEngine):
                     pending = None
                     self._compact(kv, state, sched)
         with record_function("meshrl/finish"):
-            harvest.flush()
+            responses, logprobs, reasons = harvest.result()
             return GenerationResult(
-                responses=_ragged(harvest.tokens, torch.int64),
-                logprobs=_ragged(harvest.logprobs, torch.float32),
-                finish_reasons=harvest.reasons,
+                responses=responses,
+                logprobs=logprobs,
+                finish_reasons=reasons,
                 weight_version=self.weight_version,
             )
 
@@ -256,8 +256,7 @@ class FastEngine(NativeEngine):
         """Frees the slots the check found finished, their outputs gathered first."""
         finished = check.finished(sched.slot_seq)
         harvest.take(finished, state)
-        for slot, _ in finished:
-            sched.release(slot)
+        sched.release(*(slot for slot, _ in finished))
 
     @staticmethod
     def _compaction_due(sched: Scheduler) -> bool:

@@ -11,7 +11,7 @@ device until the end of the call:
 - :meth:`Harvest.take` gathers the finished slots' tokens, log-probs, lengths and stop flags
   on the device (in stream order: before any refill overwrites the slots), and
   :meth:`Harvest.flush` copies them to the host once, at the end (or when they grow past
-  ``flush_bytes``).
+  ``flush_bytes``); :meth:`Harvest.result` files them by sequence with whole-tensor ops.
 
 A finished slot keeps stepping until read (``slots.py``: its outputs do not change), so
 reading late costs only that slot's extra steps. Host memory the GPU copies to or from
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from meshrl.ragged import Ragged
 from services.rollout.engine import FinishReason
 from services.rollout.slots import SlotState
 
@@ -90,12 +91,11 @@ class Harvest:
     """The outputs of one ``generate`` call's finished sequences."""
 
     def __init__(self, total: int, rings: HarvestRings, flush_bytes: int = 256 << 20):
-        self.tokens: list[torch.Tensor] = [torch.zeros(0, dtype=torch.int64)] * total
-        self.logprobs: list[torch.Tensor] = [torch.zeros(0, dtype=torch.float32)] * total
-        self.reasons: list[FinishReason] = ["length"] * total
+        self.total = total
         self.flush_bytes = flush_bytes
         self._flags, self._indices = rings.flags, rings.indices
-        self._parts: list[tuple[list[int], tuple[torch.Tensor, ...]]] = []
+        self._parts: list[tuple[list[int], tuple[torch.Tensor, ...]]] = []  # on the device
+        self._filed: list[tuple[torch.Tensor, ...]] = []  # on the host
         self._bytes = 0
 
     def queue_check(self, done: torch.Tensor, slot_seq: list[int]) -> Check:
@@ -121,12 +121,35 @@ class Harvest:
             self.flush()
 
     def flush(self) -> None:
-        """Copies what was gathered to the host (one sync) and files it by sequence."""
+        """Copies what was gathered to the host (one sync)."""
         for seqs, part in self._parts:
-            lengths, stopped, tokens, logprobs = (t.cpu() for t in part)
-            for i, seq in enumerate(seqs):
-                n = int(lengths[i])
-                self.tokens[seq] = tokens[i, :n]
-                self.logprobs[seq] = logprobs[i, :n]
-                self.reasons[seq] = "stop" if bool(stopped[i]) else "length"
+            self._filed.append((torch.tensor(seqs, dtype=torch.int64), *(t.cpu() for t in part)))
         self._parts, self._bytes = [], 0
+
+    def result(self) -> tuple[Ragged, Ragged, list[FinishReason]]:
+        """(tokens, log-probs, finish reasons) of every sequence, in sequence order, after
+        a last flush. Built with whole-tensor ops: filing a full batch row by row cost ~4 ms
+        of host time at 256 sequences. A sequence never gathered has no tokens ("length")."""
+        self.flush()
+        lengths = torch.zeros(self.total, dtype=torch.int64)
+        stopped = torch.zeros(self.total, dtype=torch.bool)
+        if not self._filed:
+            empty = torch.zeros(1, dtype=torch.int64)
+            return (
+                Ragged(torch.zeros(0, dtype=torch.int64), empty),
+                Ragged(torch.zeros(0, dtype=torch.float32), empty),
+                ["length"] * self.total,
+            )
+        seqs, gen_len, stop, tokens, logprobs = (torch.cat(t) for t in zip(*self._filed, strict=True))
+        lengths[seqs] = gen_len.to(torch.int64)
+        stopped[seqs] = stop
+        padded_tokens = tokens.new_zeros(self.total, tokens.shape[1])
+        padded_tokens[seqs] = tokens
+        padded_logprobs = logprobs.new_zeros(self.total, logprobs.shape[1])
+        padded_logprobs[seqs] = logprobs
+        reasons: list[FinishReason] = ["stop" if s else "length" for s in stopped.tolist()]
+        return (
+            Ragged.from_padded(padded_tokens.to(torch.int64), lengths),
+            Ragged.from_padded(padded_logprobs.to(torch.float32), lengths),
+            reasons,
+        )

@@ -88,11 +88,15 @@ class Scheduler:
         """Positions the next step must attend over (the furthest fed token's, plus one)."""
         return (self._lead + self.step + 1) if self.active else 1
 
-    def release(self, slot: int) -> int:
-        """Frees a finished slot; returns its sequence."""
-        seq, self.slot_seq[slot] = self.slot_seq[slot], -1
+    def release(self, *slots: int) -> list[int]:
+        """Frees finished slots; returns their sequences. (One update of the running set
+        for all of them: per slot, freeing a full batch cost ~5 ms of host time.)"""
+        seqs = []
+        for slot in slots:
+            seqs.append(self.slot_seq[slot])
+            self.slot_seq[slot] = -1
         self._sync_active()
-        return seq
+        return seqs
 
     def compaction(self) -> tuple[list[int], list[int]]:
         """(src, dst) slot moves that pack the running sequences into the lowest slots, once

@@ -113,8 +113,8 @@ def test_scheduler_refills_and_compacts():
     assert sched.admit() == []  # 1 free slot < refill_at 2 while others run
     sched.release(2)
     assert sched.admit() == [(4, 1), (5, 2)]
-    for slot in (0, 2, 3):
-        sched.release(slot)
+    assert sched.release(0, 2, 3) == [0, 5, 3]  # several at once: their sequences
+    assert sched.active == [1] and sched.free == [0, 2, 3]
     assert sched.compaction() == ([1], [0]) or sched.compaction() == ([], [])
     sched.move([1], [0])
     assert sched.active == [0] and sched.rows_needed() == 1

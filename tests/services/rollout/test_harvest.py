@@ -35,10 +35,11 @@ def test_a_check_reports_each_finished_sequence_once():
     slot_seq[1] = -1  # released
     # The later check sees slot 1 done again: already taken, so not reported twice.
     assert later.finished(slot_seq) == []
-    harvest.flush()
-    assert harvest.tokens[3].tolist() == [11, 7] and harvest.reasons[3] == "stop"
-    assert torch.equal(harvest.logprobs[3], torch.tensor([-0.2, -2.0]))
-    assert harvest.tokens[5].numel() == 0  # still running: nothing filed
+    tokens, logprobs, reasons = harvest.result()
+    assert tokens.row(3).tolist() == [11, 7] and reasons[3] == "stop"
+    assert torch.equal(logprobs.row(3), torch.tensor([-0.2, -2.0]))
+    assert tokens.row(5).numel() == 0 and reasons[5] == "length"  # still running: not filed
+    assert len(tokens) == len(logprobs) == len(reasons) == 9
 
 
 def test_outputs_gathered_before_a_refill_survive_it():
@@ -52,8 +53,8 @@ def test_outputs_gathered_before_a_refill_survive_it():
     slot_seq[1] = 6
     check = harvest.queue_check(state.done, slot_seq)
     assert check.finished(slot_seq) == []  # the new sequence is running
-    harvest.flush()
-    assert harvest.tokens[3].tolist() == [11, 7]
+    tokens, _, _ = harvest.result()
+    assert tokens.row(3).tolist() == [11, 7]
 
 
 def test_length_ends_and_flush_by_size():
@@ -63,7 +64,25 @@ def test_length_ends_and_flush_by_size():
     harvest = Harvest(total=9, rings=HarvestRings(4, torch.device("cpu")), flush_bytes=1)
     finished = harvest.queue_check(state.done, slot_seq).finished(slot_seq)
     assert finished == [(0, 5), (1, 3), (2, 8)]
-    harvest.take(finished, state)  # over flush_bytes: filed at once
-    assert harvest.tokens[5].tolist() == [10, 20, 50, 50] and harvest.reasons[5] == "length"
-    assert harvest.tokens[8].tolist() == [12, 22, 52, 52]
-    assert harvest.reasons[3] == "stop"
+    harvest.take(finished, state)  # over flush_bytes: copied to the host at once
+    assert not harvest._parts
+    tokens, logprobs, reasons = harvest.result()
+    assert tokens.row(5).tolist() == [10, 20, 50, 50] and reasons[5] == "length"
+    assert tokens.row(8).tolist() == [12, 22, 52, 52]
+    assert torch.equal(logprobs.row(8), torch.tensor([-0.3, -3.0, -5.0, -5.0]))
+    assert reasons[3] == "stop"
+
+
+def test_parts_gathered_in_several_rounds_come_back_in_sequence_order():
+    state, slot_seq = _running()
+    harvest = Harvest(total=9, rings=HarvestRings(4, torch.device("cpu")))
+    harvest.take([(1, 3)], state)
+    harvest.flush()  # one part on the host, the next still on the device
+    for _ in range(2):
+        state.record(torch.tensor([50, 51, 52]), torch.tensor([-5.0, -5.0, -5.0]), STOP)
+    harvest.take([(2, 8), (0, 5)], state)
+    tokens, logprobs, reasons = harvest.result()
+    assert tokens.tolist() == [[], [], [], [11, 7], [], [10, 20, 50, 50], [], [], [12, 22, 52, 52]]
+    assert logprobs.lengths.tolist() == tokens.lengths.tolist()
+    assert tokens.values.dtype == torch.int64 and logprobs.values.dtype == torch.float32
+    assert reasons == ["length"] * 3 + ["stop"] + ["length"] * 5
