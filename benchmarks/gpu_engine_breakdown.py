@@ -188,56 +188,6 @@ def generate_timeline(engine: FastEngine, batch: int = 256) -> dict:
     return {"host_ms_inside": dict(inside), "rows": rows}
 
 
-def dependent_launch_ab(engine: FastEngine, batch: int = 256, rounds: int = 3) -> dict:
-    """Programmatic dependent launch (``kernels.runtime.DEPENDENT_LAUNCH``) off against on:
-    first the same decode step's logits both ways (must be equal: the launch changes no
-    arithmetic; a missing wait would show here as a race), then the step's graph replay
-    and whole generate calls, interleaved."""
-    from services.rollout.cuda_graphs import row_bucket, width_bucket
-    from services.rollout.fast_engine import _WIDTH_STEP
-    from services.rollout.kernels import runtime
-
-    def setting(on: bool) -> None:
-        runtime.DEPENDENT_LAUNCH["on"] = on
-        engine.graphs.clear()
-
-    call = Call(engine, batch, 256, 256)
-    call.admit()
-    call.steps(8)
-    s = call.sched
-    bs = row_bucket(s.rows_needed(), min(call.kv.k.shape[1], engine.max_num_seqs))
-    width = width_bucket(s.width_needed(), _WIDTH_STEP, call.kv.slot_len)
-    tokens, positions = call.state.last_tokens[:bs].clone(), call.state.positions[:bs].clone()
-    out: dict = {}
-    try:
-        logits = {}
-        for on in (False, True):
-            setting(on)
-            runs = [engine.graphs.run(tokens, positions, call.kv, width).clone() for _ in range(5)]
-            logits[on] = runs
-        out["logits_equal"] = all(torch.equal(a, logits[False][0]) for a in logits[True])
-        out["logits_repeat_equal"] = all(torch.equal(a, logits[False][0]) for a in logits[False])
-        steps: dict[str, list[float]] = {"off": [], "on": []}
-        for _ in range(rounds):
-            for on in (False, True):
-                setting(on)
-                call.graph_steps(10)
-                steps["on" if on else "off"].append(
-                    _cuda_ms(lambda: call.graph_steps(200), 1) / 200
-                )
-        out["step_ms"] = {k: statistics.median(v) for k, v in steps.items()}
-        out["step_ms_all"] = steps
-        out["step_speedup"] = out["step_ms"]["off"] / out["step_ms"]["on"]
-        for rep in range(2):
-            for on in (False, True):
-                setting(on)
-                key = f"generate_{'on' if on else 'off'}_{rep}"
-                out[key] = ge.engine_speed(engine, batch, 256, 256, False)["tok_s"]
-    finally:
-        setting(False)
-    return out
-
-
 def _flops_per_prompt_token(engine: FastEngine, prompt_len: int) -> float:
     """2 x the layers' weights, plus causal attention's two products at mean context
     prompt_len / 2 (the LM head runs on last tokens only: left out)."""
@@ -340,8 +290,6 @@ def main() -> None:
         run("timeline_b256", lambda: generate_timeline(engine))
     if "breakdown" in sections:
         run("breakdown_b256", lambda: breakdown(engine))
-    if "dependent_launch" in sections:
-        run("dependent_launch_b256", lambda: dependent_launch_ab(engine))
     if "variants" in sections:
         run("variants_b256", lambda: variants(engine))
 

@@ -140,9 +140,7 @@ class Harvest:
                 Ragged(torch.zeros(0, dtype=torch.float32), empty),
                 ["length"] * self.total,
             )
-        seqs, gen_len, stop, tokens, logprobs = (
-            torch.cat(t) for t in zip(*self._filed, strict=True)
-        )
+        seqs, gen_len, stop, tokens, logprobs = (torch.cat(t) for t in zip(*self._filed, strict=True))
         lengths[seqs] = gen_len.to(torch.int64)
         stopped[seqs] = stop
         padded_tokens = tokens.new_zeros(self.total, tokens.shape[1])

@@ -39,7 +39,6 @@ from services.rollout.fused_ops import masked_softmax
 from services.rollout.kernels.runtime import (
     cdiv,
     check_head_dim,
-    dependent_launch,
     is_interpreted,
     jit,
     sm_count,
@@ -125,7 +124,6 @@ def _decode_attention_kernel(
     ROPE: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):
     """One (row, kv head, split): the kv head's GROUPS query heads against keys
     [split * keys_per_split, ...) of the row's slot, up to min(lengths[row], width).
@@ -190,10 +188,6 @@ def _decode_attention_kernel(
             other=0.0,
         ).to(tl.float32)
 
-        if PDL:
-            # Launched dependent on the q/k/v GEMM (runtime.DEPENDENT_LAUNCH): what is
-            # above reads nothing it writes; q, the new key and value are its output.
-            tl.extra.cuda.gdc_wait()
         x = tl.load(q_rows + dim[None, :] * q_stride_dim, mask=head_ok[:, None], other=0.0)
         x = x.to(tl.float32)
         x_partner = tl.load(
@@ -219,8 +213,6 @@ def _decode_attention_kernel(
         )
     else:
         length = tl.minimum(tl.load(lengths_ptr + row).to(tl.int32), width)
-        if PDL:
-            tl.extra.cuda.gdc_wait()
         q = tl.load(q_rows + dim[None, :] * q_stride_dim, mask=head_ok[:, None], other=0.0)
     if DOT_IN_FP32:
         q = q.to(tl.float32)
@@ -508,8 +500,6 @@ def _launch(q, k_cache, v_cache, lengths, rope, scaling, width, out, num_splits)
         num_warps=launch.num_warps,
         num_stages=launch.num_stages,
     )
-    if dependent_launch(q.device):
-        constants.update(PDL=True, launch_pdl=True)
     if with_rope:
         # No fused multiply-adds in the rope (rope_store's rule, so both agree bit for bit);
         # the whole kernel goes without: a few more float32 roundings in the softmax.

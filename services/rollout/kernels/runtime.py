@@ -64,19 +64,3 @@ def supports_head_dim(d: int) -> bool:
 
 def check_head_dim(d: int) -> None:
     assert supports_head_dim(d), f"head_dim must be a power of two >= 16, got {d}"
-
-
-DEPENDENT_LAUNCH = {"on": os.environ.get("MESHRL_DEPENDENT_LAUNCH", "0") == "1"}
-"""Programmatic dependent launch for the kernels that support it (the decode attention,
-SiLU x up): on Hopper and later, such a kernel starts while the kernel before it (a cuBLAS
-GEMM) drains, loads what that kernel does not write (positions, rope tables), then waits
-for it (``griddepcontrol.wait``) before reading its outputs. Off by default: an experiment
-(``benchmarks/gpu_engine_breakdown.py``'s ``dependent_launch`` section)."""
-
-
-def dependent_launch(device: torch.device) -> bool:
-    """Whether launches on ``device`` use programmatic dependent launch: the setting is on,
-    the device is CUDA of compute capability 9 or later, and the kernels are compiled."""
-    if not DEPENDENT_LAUNCH["on"] or interpreting() or torch.device(device).type != "cuda":
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9

@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from services.rollout.kernels.runtime import cdiv, dependent_launch, jit, tl
+from services.rollout.kernels.runtime import cdiv, jit, tl
 
 
 def _silu_mul_halves_kernel(
@@ -16,11 +16,8 @@ def _silu_mul_halves_kernel(
     x_stride_row,
     out_stride_row,
     BLOCK: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):
     """One (row, column block): out[row, c] = silu(x[row, c]) * x[row, inter + c]."""
-    if PDL:  # launched dependent on the gate/up GEMM, whose output x is
-        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     keep = cols < inter
@@ -53,15 +50,7 @@ def silu_mul_halves(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty((rows, inter), dtype=gate_up.dtype, device=gate_up.device)
     if rows:
         grid = (rows, cdiv(inter, SILU_BLOCK))
-        pdl = dict(PDL=True, launch_pdl=True) if dependent_launch(gate_up.device) else {}
         _kernel()[grid](
-            gate_up,
-            out,
-            inter,
-            gate_up.stride(0),
-            out.stride(0),
-            BLOCK=SILU_BLOCK,
-            num_warps=4,
-            **pdl,
+            gate_up, out, inter, gate_up.stride(0), out.stride(0), BLOCK=SILU_BLOCK, num_warps=4
         )
     return out

@@ -55,24 +55,3 @@ def test_release_returns_the_cache_to_the_gpu(engine):
     assert engine.kv_cache_bytes == 0
     engine.resume_memory()
     assert engine.generate(_prompts(5), params).responses.tolist() == before.responses.tolist()
-
-
-def test_dependent_launch_in_graphs_equals_the_plain_engine(engine, monkeypatch):
-    """Programmatic dependent launch of the attention and SiLU kernels (runtime.py),
-    captured in the decode graphs: the plain engine's tokens and log-probs (a kernel that
-    read its producer's output before waiting for it would differ)."""
-    from services.rollout.kernels import runtime
-
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("programmatic dependent launch needs compute capability 9")
-    monkeypatch.setitem(runtime.DEPENDENT_LAUNCH, "on", True)
-    engine.graphs.clear()
-    prompts = _prompts(7)
-    params = SamplingParams(temperature=0, max_tokens=40, n=2, stop_token_ids=(9,))
-    try:
-        dependent = engine.generate(prompts, params)
-    finally:
-        engine.graphs.clear()
-    plain = NativeEngine.generate(engine, prompts, params)
-    assert dependent.responses.tolist() == plain.responses.tolist()
-    torch.testing.assert_close(dependent.logprobs.values, plain.logprobs.values, atol=1e-4, rtol=0)
