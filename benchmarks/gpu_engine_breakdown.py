@@ -188,6 +188,49 @@ def generate_timeline(engine: FastEngine, batch: int = 256) -> dict:
     return {"host_ms_inside": dict(inside), "rows": rows}
 
 
+def blas_ab(engine: FastEngine, batch: int = 256, rounds: int = 3) -> dict:
+    """The decode step's graph under each of torch's BLAS back ends for its GEMMs (cuBLAS,
+    cuBLASLt: different kernel heuristics), interleaved; logits against the default's."""
+    from services.rollout.cuda_graphs import row_bucket, width_bucket
+    from services.rollout.fast_engine import _WIDTH_STEP
+
+    default = torch.backends.cuda.preferred_blas_library()
+    libraries = ("cublas", "cublaslt")
+    call = Call(engine, batch, 256, 256)
+    call.admit()
+    call.steps(8)
+    s = call.sched
+    bs = row_bucket(s.rows_needed(), min(call.kv.k.shape[1], engine.max_num_seqs))
+    width = width_bucket(s.width_needed(), _WIDTH_STEP, call.kv.slot_len)
+    tokens, positions = call.state.last_tokens[:bs].clone(), call.state.positions[:bs].clone()
+    out: dict = {"default": str(default)}
+    times: dict[str, list[float]] = {lib: [] for lib in libraries}
+    prefill: dict[str, list[float]] = {lib: [] for lib in libraries}
+    logits = {}
+    try:
+        for rep in range(rounds):
+            for lib in libraries:
+                torch.backends.cuda.preferred_blas_library(lib)
+                engine.graphs.clear()
+                if rep == 0:
+                    logits[lib] = engine.graphs.run(tokens, positions, call.kv, width).float()
+                call.graph_steps(10)
+                times[lib].append(_cuda_ms(lambda: call.graph_steps(200), 1) / 200)
+                call.admit()  # its own warm-up (cuBLAS picks per back end)
+                prefill[lib].append(_cuda_ms(call.admit, 1))
+    finally:
+        torch.backends.cuda.preferred_blas_library(default)
+        engine.graphs.clear()
+    out["step_ms"] = {lib: statistics.median(v) for lib, v in times.items()}
+    out["step_ms_all"] = times
+    out["prefill_ms"] = {lib: statistics.median(v) for lib, v in prefill.items()}
+    out["max_abs_logit_diff"] = (logits["cublaslt"] - logits["cublas"]).abs().max().item()
+    out["argmax_agree"] = (
+        (logits["cublaslt"].argmax(-1) == logits["cublas"].argmax(-1)).float().mean().item()
+    )
+    return out
+
+
 def _flops_per_prompt_token(engine: FastEngine, prompt_len: int) -> float:
     """2 x the layers' weights, plus causal attention's two products at mean context
     prompt_len / 2 (the LM head runs on last tokens only: left out)."""
@@ -290,6 +333,8 @@ def main() -> None:
         run("timeline_b256", lambda: generate_timeline(engine))
     if "breakdown" in sections:
         run("breakdown_b256", lambda: breakdown(engine))
+    if "blas" in sections:
+        run("blas_b256", lambda: blas_ab(engine))
     if "variants" in sections:
         run("variants_b256", lambda: variants(engine))
 
