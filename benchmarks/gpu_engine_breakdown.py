@@ -220,6 +220,13 @@ def blas_ab(engine: FastEngine, batch: int = 256, rounds: int = 3) -> dict:
                 times[lib].append(_cuda_ms(lambda: call.graph_steps(200), 1) / 200)
                 call.admit()  # its own warm-up (cuBLAS picks per back end)
                 prefill[lib].append(_cuda_ms(call.admit, 1))
+        for rep in range(2):
+            for lib in libraries:
+                torch.backends.cuda.preferred_blas_library(lib)
+                engine.graphs.clear()
+                out[f"generate_{lib}_{rep}"] = ge.engine_speed(engine, batch, 256, 256, False)[
+                    "tok_s"
+                ]
     finally:
         torch.backends.cuda.preferred_blas_library(default)
         engine.graphs.clear()
