@@ -154,7 +154,9 @@ def breakdown(engine: FastEngine, batch: int = 256, prompt_len: int = 256, new: 
     return out
 
 
-def generate_timeline(engine: FastEngine, batch: int = 256) -> dict:
+def generate_timeline(
+    engine: FastEngine, batch: int = 256, prompt_len: int = 256, new: int = 256
+) -> dict:
     """One generate call with the host clock and a CUDA event at each of the engine's named
     ranges (``host_timeline``), per step ranges left out: where the host and the GPU were
     (ms from the call's start) at setup, each prefill plan, the first tokens, each decode
@@ -163,8 +165,8 @@ def generate_timeline(engine: FastEngine, batch: int = 256) -> dict:
     from benchmarks.host_timeline import Timeline, timed_ranges, wait_for_quiet_children
     from services.rollout import fast_engine
 
-    params = SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=256, seed=1)
-    prompts = ge.random_prompts(100 + batch, batch, 256, 256, engine.vocab_size)
+    params = SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=new, seed=1)
+    prompts = ge.random_prompts(100 + batch, batch, prompt_len, prompt_len, engine.vocab_size)
     engine.generate(prompts, params)
     wait_for_quiet_children()
     timeline = Timeline()
