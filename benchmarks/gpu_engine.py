@@ -22,6 +22,19 @@ from services.rollout.fast_engine import FastEngine
 from services.rollout.native_engine import NativeEngine
 
 
+def qwen05_engine(workdir: str) -> FastEngine:
+    """The engine every GPU benchmark times: the random Qwen2.5-0.5B-shaped model in bf16,
+    256 slots, 30% of the GPU for its cache, sequences up to 1,024 tokens."""
+    return FastEngine(
+        make_model_dir(f"{workdir}/qwen05_bf16"),
+        dtype="bfloat16",
+        device="cuda",
+        max_num_seqs=256,
+        gpu_memory_utilization=0.3,
+        max_model_len=1024,
+    )
+
+
 def random_prompts(seed: int, count: int, low: int, high: int, vocab: int) -> Ragged:
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(low, high + 1, (count,), generator=g).tolist()

@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 
 from benchmarks import gpu_engine as ge
-from benchmarks.gpu_models import make_model_dir
 from services.rollout.engine import SamplingParams
 from services.rollout.fast_engine import _SLOT_ALIGN, FastEngine
 from services.rollout.scheduler import Scheduler
@@ -331,14 +330,7 @@ def main() -> None:
         path.write_text(json.dumps(results, indent=1))
 
     run("pdl_support", pdl_support)
-    engine = FastEngine(
-        make_model_dir(f"{args.workdir}/qwen05_bf16"),
-        dtype="bfloat16",
-        device="cuda",
-        max_num_seqs=256,
-        gpu_memory_utilization=0.3,
-        max_model_len=1024,
-    )
+    engine = ge.qwen05_engine(args.workdir)
     sections = args.sections.split(",")
     if "timeline" in sections:
         run("timeline_b256", lambda: generate_timeline(engine))

@@ -54,21 +54,11 @@ def ceilings() -> dict:
 def engine_section(workdir: str, out: Path, quick: bool = False, tuned: dict | None = None):
     """Checks and times the fast engine; returns it (the HF section reuses its model)."""
     from benchmarks import gpu_engine as ge
-    from benchmarks.gpu_models import make_model_dir
-    from services.rollout.fast_engine import FastEngine
 
     _run("engine_check_fp32", lambda: ge.check_fp32(workdir), out)
     _run("packed_attention_check", ge.check_packed_attention, out)
-    path = make_model_dir(f"{workdir}/qwen05_bf16")
     start = time.monotonic()
-    engine = FastEngine(
-        path,
-        dtype="bfloat16",
-        device="cuda",
-        max_num_seqs=256,
-        gpu_memory_utilization=0.3,
-        max_model_len=1024,
-    )
+    engine = ge.qwen05_engine(workdir)
     RESULTS["engine_init"] = {
         "seconds": time.monotonic() - start,
         "ops_compiled": engine.decoder.ops.compiled,
@@ -113,8 +103,6 @@ def ab_section(workdir: str, out: Path) -> None:
     import sys
 
     from benchmarks import gpu_engine as ge
-    from benchmarks.gpu_models import make_model_dir
-    from services.rollout.fast_engine import FastEngine
 
     def cuda_tests() -> dict:
         files = ("test_decode_kernels_cuda.py", "test_fast_engine_cuda.py")
@@ -128,14 +116,7 @@ def ab_section(workdir: str, out: Path) -> None:
         return {"rc": run.returncode, "summary": run.stdout.strip().splitlines()[-1:]}
 
     _run("cuda_tests", cuda_tests, out)
-    engine = FastEngine(
-        make_model_dir(f"{workdir}/qwen05_bf16"),
-        dtype="bfloat16",
-        device="cuda",
-        max_num_seqs=256,
-        gpu_memory_utilization=0.3,
-        max_model_len=1024,
-    )
+    engine = ge.qwen05_engine(workdir)
     _run("ab_b256", lambda: ge.ab_runs(engine, 256), out)
     for batch in (64, 256):
         _run(f"engine_b{batch}", lambda b=batch: ge.engine_speed(engine, b, 256, 256, False), out)
