@@ -106,16 +106,22 @@ class Call:
         for _ in range(count):
             self.engine._decode_step(self.kv, self.state, self.sched, self.sampling)
 
-    def graph_steps(self, count: int) -> None:
-        """The decode graph alone, at the scheduler's current rows and width."""
+    def step_shape(self) -> tuple[int, int]:
+        """(rows, attended width) of the next decode step, as ``_decode_step`` picks them."""
         from services.rollout.cuda_graphs import row_bucket, width_bucket
         from services.rollout.fast_engine import _WIDTH_STEP
 
-        e, s = self.engine, self.sched
-        bs = row_bucket(s.rows_needed(), min(self.kv.k.shape[1], e.max_num_seqs))
-        width = width_bucket(s.width_needed(), _WIDTH_STEP, self.kv.slot_len)
+        s = self.sched
+        bs = row_bucket(s.rows_needed(), min(self.kv.k.shape[1], self.engine.max_num_seqs))
+        return bs, width_bucket(s.width_needed(), _WIDTH_STEP, self.kv.slot_len)
+
+    def graph_steps(self, count: int) -> None:
+        """The decode graph alone, at the scheduler's current rows and width."""
+        bs, width = self.step_shape()
         for _ in range(count):
-            e.graphs.run(self.state.last_tokens[:bs], self.state.positions[:bs], self.kv, width)
+            self.engine.graphs.run(
+                self.state.last_tokens[:bs], self.state.positions[:bs], self.kv, width
+            )
 
 
 def breakdown(engine: FastEngine, batch: int = 256, prompt_len: int = 256, new: int = 256) -> dict:
@@ -192,17 +198,12 @@ def generate_timeline(
 def blas_ab(engine: FastEngine, batch: int = 256, rounds: int = 3) -> dict:
     """The decode step's graph under each of torch's BLAS back ends for its GEMMs (cuBLAS,
     cuBLASLt: different kernel heuristics), interleaved; logits against the default's."""
-    from services.rollout.cuda_graphs import row_bucket, width_bucket
-    from services.rollout.fast_engine import _WIDTH_STEP
-
     default = torch.backends.cuda.preferred_blas_library()
     libraries = ("cublas", "cublaslt")
     call = Call(engine, batch, 256, 256)
     call.admit()
     call.steps(8)
-    s = call.sched
-    bs = row_bucket(s.rows_needed(), min(call.kv.k.shape[1], engine.max_num_seqs))
-    width = width_bucket(s.width_needed(), _WIDTH_STEP, call.kv.slot_len)
+    bs, width = call.step_shape()
     tokens, positions = call.state.last_tokens[:bs].clone(), call.state.positions[:bs].clone()
     out: dict = {"default": str(default)}
     times: dict[str, list[float]] = {lib: [] for lib in libraries}
@@ -261,35 +262,6 @@ def _flops_per_prompt_token(engine: FastEngine, prompt_len: int) -> float:
     return 2 * layers + attention
 
 
-def pdl_support() -> dict:
-    """Whether this Triton and inductor can launch kernels with programmatic dependent
-    launch (the next kernel's start overlapping the previous one's end)."""
-    import inspect
-
-    import triton
-
-    found = {"triton": triton.__version__}
-    try:
-        from triton.runtime.jit import JITFunction
-
-        found["jit_run_params"] = [p for p in inspect.signature(JITFunction.run).parameters]
-    except Exception as e:  # noqa: BLE001
-        found["jit_run_params"] = repr(e)
-    try:
-        import torch._inductor.config as ic
-
-        found["inductor_triton_pdl"] = [k for k in dir(ic.triton) if "pdl" in k.lower()]
-    except Exception as e:  # noqa: BLE001
-        found["inductor_triton_pdl"] = repr(e)
-    try:
-        import triton.language.extra.cuda as tlc
-
-        found["tl_extra_cuda"] = [k for k in dir(tlc) if "gdc" in k or "pdl" in k.lower()]
-    except Exception as e:  # noqa: BLE001
-        found["tl_extra_cuda"] = repr(e)
-    return found
-
-
 def variants(engine: FastEngine, batch: int = 256) -> dict:
     """Whole generate calls under a few engine settings, interleaved twice."""
     settings = (
@@ -329,7 +301,6 @@ def main() -> None:
         print(name, json.dumps(results[name])[:1500], flush=True)
         path.write_text(json.dumps(results, indent=1))
 
-    run("pdl_support", pdl_support)
     engine = ge.qwen05_engine(args.workdir)
     sections = args.sections.split(",")
     if "timeline" in sections:

@@ -142,7 +142,6 @@ class Harvest:
                 (torch.tensor(seqs, dtype=torch.int64).to(part[0].device), *part)
                 for seqs, part in self._parts
             ]
-        lengths = torch.zeros(self.total, dtype=torch.int64)
         if not parts:
             empty = torch.zeros(1, dtype=torch.int64)
             return (
@@ -152,20 +151,23 @@ class Harvest:
             )
         seqs, gen_len, stop, tokens, logprobs = (torch.cat(t) for t in zip(*parts, strict=True))
         device = tokens.device
-        lengths = lengths.to(device)
+        lengths = torch.zeros(self.total, dtype=torch.int64, device=device)
         lengths[seqs] = gen_len.to(torch.int64)
         stopped = torch.zeros(self.total, dtype=torch.bool, device=device)
         stopped[seqs] = stop
         keep = torch.arange(tokens.shape[1], device=device)[None, :] < lengths[:, None]
-        padded = tokens.new_zeros(self.total, tokens.shape[1])
-        padded[seqs] = tokens
-        values = padded[keep].to(torch.int64)
-        padded = logprobs.new_zeros(self.total, logprobs.shape[1])
-        padded[seqs] = logprobs
-        lp_values = padded[keep].to(torch.float32)
+
+        def in_sequence_order(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+            """The kept values of (gathered rows, width) rows, sequence by sequence."""
+            padded = rows.new_zeros(self.total, rows.shape[1])
+            padded[seqs] = rows
+            return padded[keep].to(dtype).cpu()
+
+        values = in_sequence_order(tokens, torch.int64)
+        lp_values = in_sequence_order(logprobs, torch.float32)
         lengths, stopped = lengths.cpu(), stopped.cpu()
         offsets = torch.zeros(self.total + 1, dtype=torch.int64)
         offsets[1:] = torch.cumsum(lengths, 0)
         reasons: list[FinishReason] = ["stop" if s else "length" for s in stopped.tolist()]
         self._parts, self._filed, self._bytes = [], [], 0
-        return Ragged(values.cpu(), offsets), Ragged(lp_values.cpu(), offsets), reasons
+        return Ragged(values, offsets), Ragged(lp_values, offsets), reasons
