@@ -182,13 +182,18 @@ def check_bf16(engine: FastEngine) -> dict:
     }
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _timed(fn, repeats: int) -> tuple[float, object]:
     times, out = [], None
     for _ in range(repeats):
-        torch.cuda.synchronize()
+        _sync()
         start = time.perf_counter()
         out = fn()
-        torch.cuda.synchronize()
+        _sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times), out
 
@@ -197,7 +202,11 @@ def engine_speed(engine: FastEngine, batch: int, prompt_len: int, new: int, eage
     params = SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=new, seed=1)
     prompts = random_prompts(100 + batch, batch, prompt_len, prompt_len, engine.vocab_size)
     engine.graphs.enabled = not eager
+    _sync()
+    start = time.perf_counter()
     engine.generate(prompts, params)  # warm-up: captures this shape's graphs
+    _sync()
+    first = time.perf_counter() - start
     # torch.compile's worker processes start after the first compile and keep the cores
     # busy for seconds: a host-bound loop timed then is slowed by a start-up cost.
     quiet_s = wait_for_quiet_children()
@@ -208,14 +217,21 @@ def engine_speed(engine: FastEngine, batch: int, prompt_len: int, new: int, eage
         "seconds": seconds,
         "new_tokens": tokens,
         "tok_s": tokens / seconds,
+        "first_call_s": first,
         "waited_for_quiet_host_s": quiet_s,
     }
 
 
-def hf_speed(model, batch: int, prompt_len: int, new: int, static: bool) -> dict:
-    """transformers ``generate`` with the same sampling (T=1, no top-k/top-p)."""
+def hf_speed(
+    model, batch: int, prompt_len: int, new: int, static: bool, attention: str | None = None
+) -> dict:
+    """transformers ``generate`` with the same sampling (T=1, no top-k/top-p).
+
+    ``attention``: the model's ``attn_implementation`` for this call only ("eager": Hugging
+    Face's own matmul + softmax attention; None: as loaded, SDPA by default)."""
     g = torch.Generator().manual_seed(200 + batch)
-    ids = torch.randint(10, 151936, (batch, prompt_len), generator=g).cuda()
+    vocab = model.config.vocab_size
+    ids = torch.randint(10, vocab, (batch, prompt_len), generator=g).to(model.device)
     kwargs = dict(
         attention_mask=torch.ones_like(ids),
         do_sample=True,
@@ -227,15 +243,21 @@ def hf_speed(model, batch: int, prompt_len: int, new: int, static: bool) -> dict
     )
     if static:
         kwargs["cache_implementation"] = "static"
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    with torch.inference_mode():  # first call: warm-up (for static: compilation)
-        model.generate(ids, **kwargs)
-    torch.cuda.synchronize()
-    first = time.perf_counter() - start
-    quiet_s = wait_for_quiet_children()  # as for the engine (engine_speed)
-    with torch.inference_mode():
-        seconds, out = _timed(lambda: model.generate(ids, **kwargs), 1)
+    loaded = model.config._attn_implementation
+    if attention is not None:
+        model.set_attn_implementation(attention)
+    try:
+        _sync()
+        start = time.perf_counter()
+        with torch.inference_mode():  # first call: warm-up (for static: compilation)
+            model.generate(ids, **kwargs)
+        _sync()
+        first = time.perf_counter() - start
+        quiet_s = wait_for_quiet_children()  # as for the engine (engine_speed)
+        with torch.inference_mode():
+            seconds, out = _timed(lambda: model.generate(ids, **kwargs), 1)
+    finally:
+        model.set_attn_implementation(loaded)
     tokens = (out.shape[1] - prompt_len) * batch
     return {
         "seconds": seconds,
@@ -243,7 +265,44 @@ def hf_speed(model, batch: int, prompt_len: int, new: int, static: bool) -> dict
         "tok_s": tokens / seconds,
         "first_call_s": first,
         "waited_for_quiet_host_s": quiet_s,
+        "attn_implementation": attention or loaded,
     }
+
+
+def pair_ratios(pairs: list[dict]) -> dict:
+    """Each pair's engine / eager ratio, their median and least (pairs of ``tok_s`` figures
+    under the keys "engine" and "eager")."""
+    ratios = [p["engine"] / p["eager"] for p in pairs]
+    return {
+        "pairs": [{**p, "ratio": r} for p, r in zip(pairs, ratios)],
+        "median_ratio": statistics.median(ratios),
+        "min_ratio": min(ratios),
+        "max_ratio": max(ratios),
+    }
+
+
+def side_by_side(
+    engine: FastEngine, batch: int, pairs: int = 3, prompt_len: int = 256, new: int = 256
+) -> dict:
+    """The engine and eager ``generate`` (same prompt and new lengths, same sampling) timed
+    in turn, ``pairs`` times. Eager ``generate`` is bound by the host's Python, whose speed moves
+    within a call as well as between calls; timing the two in turn gives each ratio the
+    same host, and the spread of the ratios shows how much the host moved."""
+    model = engine.runner.model
+    timed = []
+    for _ in range(pairs):
+        fast = engine_speed(engine, batch, prompt_len, new, False)
+        eager = hf_speed(model, batch, prompt_len, new, False)
+        timed.append(
+            {
+                "engine": fast["tok_s"],
+                "eager": eager["tok_s"],
+                # untimed warm-ups: the engine's captures graphs on a new shape
+                "engine_first_call_s": fast["first_call_s"],
+                "eager_first_call_s": eager["first_call_s"],
+            }
+        )
+    return pair_ratios(timed)
 
 
 def bandwidth_floor_tok_s(

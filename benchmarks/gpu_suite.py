@@ -123,6 +123,33 @@ def ab_section(workdir: str, out: Path) -> None:
     hf_section(engine, out, 0.0, eager_only=True)
 
 
+def side_by_side_section(workdir: str, out: Path) -> None:
+    """The engine and eager ``generate`` timed in turn three times at batches 64 and 256
+    (``gpu_engine.side_by_side``), the share of the bandwidth floor, then eager ``generate``
+    with Hugging Face's own ("eager") attention, and prefill chunk sizes."""
+    from benchmarks import gpu_engine as ge
+    from benchmarks.gpu_engine_breakdown import variants
+
+    engine = ge.qwen05_engine(workdir)
+    for batch in (64, 256):
+        _run(f"side_by_side_b{batch}", lambda b=batch: ge.side_by_side(engine, b), out)
+    copy = RESULTS.get("ceilings", {}).get("copy_gbs")
+    if copy:
+        for batch in (64, 256):
+            floor = ge.bandwidth_floor_tok_s(engine, batch, 256, 256, copy)
+            pairs = RESULTS.get(f"side_by_side_b{batch}", {}).get("pairs", [])
+            best = max((p["engine"] for p in pairs), default=0.0)
+            RESULTS[f"floor_b{batch}"] = {"tok_s": floor, "fraction": best / floor}
+    model = engine.runner.model
+    for batch in (256, 64):
+        _run(
+            f"hf_attn_eager_b{batch}",
+            lambda b=batch: ge.hf_speed(model, b, 256, 256, False, attention="eager"),
+            out,
+        )
+    _run("prefill_chunks_b256", lambda: variants(engine, chunks_only=True), out)
+
+
 def hf_section(engine, out: Path, deadline: float, eager_only: bool = False) -> None:
     from benchmarks import gpu_engine as ge
 
@@ -241,6 +268,8 @@ def main() -> None:
             }
     if "engine_ab" in sections:
         ab_section(args.workdir, out)
+    if "side_by_side" in sections:
+        side_by_side_section(args.workdir, out)
     if "ipc" in sections:
         from benchmarks.gpu_ipc import ipc_bench
 
