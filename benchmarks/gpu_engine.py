@@ -272,9 +272,10 @@ def hf_speed(
 def pair_ratios(pairs: list[dict]) -> dict:
     """Each pair's engine / eager ratio, their median and least (pairs of ``tok_s`` figures
     under the keys "engine" and "eager")."""
-    ratios = [p["engine"] / p["eager"] for p in pairs]
+    pairs = [{**p, "ratio": p["engine"] / p["eager"]} for p in pairs]
+    ratios = [p["ratio"] for p in pairs]
     return {
-        "pairs": [{**p, "ratio": r} for p, r in zip(pairs, ratios)],
+        "pairs": pairs,
         "median_ratio": statistics.median(ratios),
         "min_ratio": min(ratios),
         "max_ratio": max(ratios),
