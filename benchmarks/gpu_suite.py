@@ -95,25 +95,28 @@ def engine_section(workdir: str, out: Path, quick: bool = False, tuned: dict | N
     return engine
 
 
+def cuda_tests() -> dict:
+    """The engine's CUDA test files (kernels against their torch references, graphs = eager
+    = plain engine), run in a child process; their exit code and summary line."""
+    import subprocess
+    import sys
+
+    files = ("test_decode_kernels_cuda.py", "test_fast_engine_cuda.py")
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        + [f"tests/services/rollout/{f}" for f in files],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return {"rc": run.returncode, "summary": run.stdout.strip().splitlines()[-1:]}
+
+
 def ab_section(workdir: str, out: Path) -> None:
     """The engine's latest changes A/B (``gpu_engine.ab_runs``), then the engine and eager
     ``generate`` side by side at batches 64 and 256, with the CUDA test files' result first.
     (The fifth session's call 4, as a section.)"""
-    import subprocess
-    import sys
-
     from benchmarks import gpu_engine as ge
-
-    def cuda_tests() -> dict:
-        files = ("test_decode_kernels_cuda.py", "test_fast_engine_cuda.py")
-        run = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-            + [f"tests/services/rollout/{f}" for f in files],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        return {"rc": run.returncode, "summary": run.stdout.strip().splitlines()[-1:]}
 
     _run("cuda_tests", cuda_tests, out)
     engine = ge.qwen05_engine(workdir)
@@ -124,13 +127,17 @@ def ab_section(workdir: str, out: Path) -> None:
 
 
 def side_by_side_section(workdir: str, out: Path) -> None:
-    """The engine and eager ``generate`` timed in turn three times at batches 64 and 256
-    (``gpu_engine.side_by_side``), the share of the bandwidth floor, then eager ``generate``
-    with Hugging Face's own ("eager") attention, and prefill chunk sizes."""
+    """The engine checked first (its CUDA tests; float32: graphs = eager = a Hugging Face
+    forward; bf16: graphs = eager, log-probs against a Hugging Face forward), then it and eager ``generate`` timed in turn three times
+    at batches 64 and 256 (``gpu_engine.side_by_side``), the share of the bandwidth floor,
+    eager ``generate`` with Hugging Face's own ("eager") attention, and prefill chunks."""
     from benchmarks import gpu_engine as ge
     from benchmarks.gpu_engine_breakdown import variants
 
+    _run("cuda_tests", cuda_tests, out)
+    _run("engine_check_fp32", lambda: ge.check_fp32(workdir), out)
     engine = ge.qwen05_engine(workdir)
+    _run("engine_check_bf16", lambda: ge.check_bf16(engine), out)
     for batch in (64, 256):
         _run(f"side_by_side_b{batch}", lambda b=batch: ge.side_by_side(engine, b), out)
     copy = RESULTS.get("ceilings", {}).get("copy_gbs")
