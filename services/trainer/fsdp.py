@@ -6,6 +6,7 @@ Works on one rank too (the "shards" are then whole), so one code path serves bot
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,6 +16,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from transformers import PreTrainedModel
+
+log = logging.getLogger(__name__)
 
 
 def mixed_precision(dtype: str | None) -> MixedPrecisionPolicy | None:
@@ -141,8 +144,29 @@ def gathered_across_steps(model: nn.Module, enabled: bool) -> Iterator[Callable[
     modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
     for module in modules:
         module.set_reshard_after_backward(False, recurse=False)
+
+    in_place = True
+
+    def refresh() -> None:
+        nonlocal in_place
+        if in_place:
+            try:
+                _copy_masters_to_gathered(modules)
+                return
+            except AttributeError as e:
+                # The copy reads FSDP2 internals (a unit's param group, each parameter's
+                # gathered tensor) that a torch release may rename. Then free the gathered
+                # weights instead: the next forward gathers the stepped masters.
+                log.warning(
+                    "FSDP2 internals not found (%s): the weights are gathered again after "
+                    "each optimizer step instead of refreshed in place",
+                    e,
+                )
+                in_place = False
+        reshard(model)
+
     try:
-        yield lambda: _copy_masters_to_gathered(modules)
+        yield refresh
     finally:
         for module in modules:
             module.set_reshard_after_backward(True, recurse=False)
@@ -153,7 +177,8 @@ def gathered_across_steps(model: nn.Module, enabled: bool) -> Iterator[Callable[
 def _copy_masters_to_gathered(modules: list[FSDPModule]) -> None:
     """For every gathered unit of ``modules`` (one rank), master -> gathered copy (cast to
     the compute dtype as FSDP2's gather casts). Units not gathered are left alone: their
-    next forward gathers the masters anyway."""
+    next forward gathers the masters anyway. Reads FSDP2's private attributes (no public
+    API reaches the gathered tensors); nothing is written unless all of them are found."""
     gathered, masters = [], []
     for module in modules:
         group = module._get_fsdp_state()._fsdp_param_group

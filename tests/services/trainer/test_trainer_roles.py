@@ -269,7 +269,10 @@ def test_weights_kept_gathered_across_mini_batches_train_like_gathering_again(
     batch = make_batch(8, seed=6)
     copy = fsdp._copy_masters_to_gathered
 
-    def run(keep: bool, refresh: bool = True):
+    def internals_renamed(modules):
+        raise AttributeError("'FSDPModule' object has no attribute '_get_fsdp_state'")
+
+    def run(keep: bool, refresh: bool = True, copy=copy):
         monkeypatch.setattr(fsdp, "KEEP_GATHERED_ON_ONE_RANK", keep)
         monkeypatch.setattr(
             fsdp, "_copy_masters_to_gathered", copy if refresh else lambda modules: None
@@ -290,3 +293,8 @@ def test_weights_kept_gathered_across_mini_batches_train_like_gathering_again(
         assert torch.equal(kept[1][name], value), name
     # Without the refresh, later mini-batches would run on the weights before the step.
     assert stale[0] != gathered_again[0]
+    # FSDP2's internals renamed (a torch release): the refresh falls back to gathering again.
+    fallback = run(True, copy=internals_renamed)
+    assert fallback[0] == gathered_again[0]
+    for name, value in gathered_again[1].items():
+        assert torch.equal(fallback[1][name], value), name
