@@ -1,6 +1,7 @@
 """GPU suite: ceilings, then each fast path checked against its plain path and timed.
 
     python3 -m benchmarks.gpu_suite --sections ceilings,engine,hf,ipc,trainer --out $OUT
+    python3 -m benchmarks.gpu_suite --sections ceilings,side_by_side --out $OUT
 
 Run on the lent H200 (see docs/benchmarks.md, "GPU"). Every section runs in a try block,
 so one failure still leaves the others' figures; results go to ``$OUT/gpu_suite.json``
@@ -128,9 +129,10 @@ def ab_section(workdir: str, out: Path) -> None:
 
 def side_by_side_section(workdir: str, out: Path) -> None:
     """The engine checked first (its CUDA tests; float32: graphs = eager = a Hugging Face
-    forward; bf16: graphs = eager, log-probs against a Hugging Face forward), then it and eager ``generate`` timed in turn three times
-    at batches 64 and 256 (``gpu_engine.side_by_side``), the share of the bandwidth floor,
-    eager ``generate`` with Hugging Face's own ("eager") attention, and prefill chunks."""
+    forward; bf16: graphs = eager, log-probs against a Hugging Face forward). Then it and
+    eager ``generate`` timed in turn three times at batches 64 and 256
+    (``gpu_engine.side_by_side``), the share of the bandwidth floor, eager ``generate``
+    with Hugging Face's own ("eager") attention, and prefill chunk sizes."""
     from benchmarks import gpu_engine as ge
     from benchmarks.gpu_engine_breakdown import variants
 
