@@ -270,8 +270,8 @@ def hf_speed(
 
 
 def pair_ratios(pairs: list[dict]) -> dict:
-    """Each pair's engine / eager ratio, their median and least (pairs of ``tok_s`` figures
-    under the keys "engine" and "eager")."""
+    """Each pair's engine / eager ratio, and the median, least and greatest of them (pairs
+    of ``tok_s`` figures under the keys "engine" and "eager")."""
     pairs = [{**p, "ratio": p["engine"] / p["eager"]} for p in pairs]
     ratios = [p["ratio"] for p in pairs]
     return {
@@ -286,9 +286,9 @@ def side_by_side(
     engine: FastEngine, batch: int, pairs: int = 3, prompt_len: int = 256, new: int = 256
 ) -> dict:
     """The engine and eager ``generate`` (same prompt and new lengths, same sampling) timed
-    in turn, ``pairs`` times. Eager ``generate`` is bound by the host's Python, whose speed moves
-    within a call as well as between calls; timing the two in turn gives each ratio the
-    same host, and the spread of the ratios shows how much the host moved."""
+    in turn, ``pairs`` times. Eager ``generate`` is bound by the host's Python, whose speed
+    moves within a call as well as between calls; timing the two in turn gives each ratio
+    the same host, and the spread of the ratios shows how much the host moved."""
     model = engine.runner.model
     timed = []
     for _ in range(pairs):

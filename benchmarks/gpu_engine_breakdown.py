@@ -264,8 +264,8 @@ def _flops_per_prompt_token(engine: FastEngine, prompt_len: int) -> float:
 
 def variants(engine: FastEngine, batch: int = 256, chunks_only: bool = False) -> dict:
     """Whole generate calls under a few engine settings, interleaved twice. ``chunks_only``:
-    prefill chunk sizes alone (smaller chunks keep a layer's gate/up output, 40 MB at 2,048
-    tokens, within the 60 MB L2 for the SiLU kernel that reads it next)."""
+    prefill chunk sizes alone (``max_prefill_tokens``; on the H200, chunks of 2,048 and
+    4,096 tokens lost to the default 16,384: the eager prefill became host-bound)."""
     settings = (
         ("default", {}),
         ("prefill_2048", {"max_prefill_tokens": 2048}),

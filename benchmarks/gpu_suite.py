@@ -79,12 +79,9 @@ def engine_section(workdir: str, out: Path, quick: bool = False, tuned: dict | N
         _run(f"engine_b{batch}", lambda b=batch: ge.engine_speed(engine, b, 256, 256, False), out)
     if not quick:
         _run("engine_eager_b256", lambda: ge.engine_speed(engine, 256, 256, 256, True), out)
-    copy = RESULTS.get("ceilings", {}).get("copy_gbs")
-    if copy:
-        for batch in (64, 256):
-            floor = ge.bandwidth_floor_tok_s(engine, batch, 256, 256, copy)
-            got = RESULTS.get(f"engine_b{batch}", {}).get("tok_s")
-            RESULTS[f"floor_b{batch}"] = {"tok_s": floor, "fraction": (got or 0) / floor}
+    _record_floors(
+        engine, {b: RESULTS.get(f"engine_b{b}", {}).get("tok_s") or 0.0 for b in (64, 256)}
+    )
     if not quick:
         _run("engine_profile", lambda: ge.profile_decode(engine, out), out)
     RESULTS["engine_graphs"] = {
@@ -94,6 +91,19 @@ def engine_section(workdir: str, out: Path, quick: bool = False, tuned: dict | N
     _save(out)
     engine.release_memory()
     return engine
+
+
+def _record_floors(engine, tok_s_by_batch: dict[int, float]) -> None:
+    """The bandwidth floor at each batch (256 + 256 tokens, from the ceilings' copy
+    bandwidth, when measured) and the share of it that ``tok_s_by_batch`` reached."""
+    from benchmarks import gpu_engine as ge
+
+    copy = RESULTS.get("ceilings", {}).get("copy_gbs")
+    if not copy:
+        return
+    for batch, got in tok_s_by_batch.items():
+        floor = ge.bandwidth_floor_tok_s(engine, batch, 256, 256, copy)
+        RESULTS[f"floor_b{batch}"] = {"tok_s": floor, "fraction": got / floor}
 
 
 def cuda_tests() -> dict:
@@ -142,13 +152,11 @@ def side_by_side_section(workdir: str, out: Path) -> None:
     _run("engine_check_bf16", lambda: ge.check_bf16(engine), out)
     for batch in (64, 256):
         _run(f"side_by_side_b{batch}", lambda b=batch: ge.side_by_side(engine, b), out)
-    copy = RESULTS.get("ceilings", {}).get("copy_gbs")
-    if copy:
-        for batch in (64, 256):
-            floor = ge.bandwidth_floor_tok_s(engine, batch, 256, 256, copy)
-            pairs = RESULTS.get(f"side_by_side_b{batch}", {}).get("pairs", [])
-            best = max((p["engine"] for p in pairs), default=0.0)
-            RESULTS[f"floor_b{batch}"] = {"tok_s": floor, "fraction": best / floor}
+    best = {
+        b: max((p["engine"] for p in RESULTS[f"side_by_side_b{b}"].get("pairs", [])), default=0.0)
+        for b in (64, 256)
+    }
+    _record_floors(engine, best)
     model = engine.runner.model
     for batch in (256, 64):
         _run(
