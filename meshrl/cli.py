@@ -87,11 +87,9 @@ def _cmd_reward(args: argparse.Namespace) -> int:
             num_workers=args.num_workers,
         )
         return 0
-    from services.reward.evaluate import evaluate, format_table
+    from services.reward.evaluate import run
 
-    report = evaluate(args.data, args.responses, args.server, output=args.output)
-    print(format_table(report))
-    return 0
+    return run(args)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -190,12 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     rserve.add_argument("--num-workers", type=int, default=2)
     rserve.set_defaults(fn=_cmd_reward)
     reval = rsub.add_parser("eval", help="accuracy per data_source of responses to a parquet set")
-    reval.add_argument("--data", required=True, help="verl-schema parquet")
-    reval.add_argument("--responses", required=True, help="responses.jsonl")
-    reval.add_argument(
-        "--server", default=None, help="HOST:PORT of a reward server (else in-process)"
-    )
-    reval.add_argument("--output", default=None, help="write the table as JSON here")
+    from services.reward.eval_args import add_arguments as add_eval_arguments
+
+    add_eval_arguments(reval)
     reval.set_defaults(fn=_cmd_reward)
 
     export = sub.add_parser(

@@ -68,12 +68,15 @@ class PromptDataset:
                 f"the tokenizer ({getattr(tokenizer, 'name_or_path', '?')}) has no chat template; "
                 "set data.apply_chat_template=false for a base model, or use a chat model"
             )
+        if max_samples == 0:  # else "all 0 prompts are longer than max_prompt_length"
+            raise DataError("data.max_samples=0 keeps no prompts; -1 keeps them all")
         self.max_prompt_length = max_prompt_length
         rows = read_rows(list(files), prompt_key)
         if max_samples >= 0:
             rows = rows[:max_samples]
         texts = [render_prompt(r.prompt, tokenizer, apply_chat_template) for r in rows]
         ids = tokenize(texts, tokenizer, add_special_tokens=not apply_chat_template)
+        _check_not_empty(rows, ids)
         self.num_dropped = 0
         if filter_overlong_prompts:
             rows, texts, ids = self._filter(rows, texts, ids)
@@ -113,6 +116,18 @@ class PromptDataset:
                 "set data.filter_overlong_prompts=true or data.truncation=left|right"
             )
         return ids[-limit:] if truncation == "left" else ids[:limit]
+
+
+def _check_not_empty(rows: list[RawRow], ids: list[list[int]]) -> None:
+    # No tokens give the policy nothing to continue (an empty prompt, without a chat template,
+    # with a tokenizer that adds no BOS): the rollout would refuse it only when its batch comes
+    # up, mid-run, naming a batch position instead of the row.
+    for row, x in zip(rows, ids, strict=True):
+        if not x:
+            raise DataError(
+                f"{row.where}: the prompt {row.prompt!r:.80} is no tokens once rendered; "
+                "fix or remove the row (or set data.apply_chat_template=true for a chat model)"
+            )
 
 
 def render_prompt(prompt: list[dict[str, str]] | str, tokenizer, apply_chat_template: bool) -> str:

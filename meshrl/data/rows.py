@@ -99,6 +99,13 @@ def _to_row(rec: dict, path: str, row_in_file: int, index: int, prompt_key: str)
     if reward_model.get("choices") is not None and "choices" not in extra_info:
         extra_info["choices"] = list(reward_model["choices"])
     gt = reward_model.get("ground_truth")
+    if gt is None and reward_model.get("style") == "rule":
+        # A rule scorer compares every response with it: without one, each scores 0, silently.
+        keys = ", ".join(k for k, v in reward_model.items() if v is not None)
+        raise DataError(
+            f"{where}: reward_model has no ground_truth, which style 'rule' scores against "
+            f"(keys present: {keys})"
+        )
     return RawRow(
         index=index,
         source_file=path,

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from meshrl.config.schema import RewardConfig
 from meshrl.data.rows import RawRow, read_rows
+from services.reward.eval_args import add_arguments
 from services.reward.types import ScoreItem, ScoreOutcome
 
 ACC_TOLERANCE = 1e-6
@@ -74,22 +75,37 @@ def read_responses(path: str | Path, num_rows: int) -> dict[int, list[str]]:
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
-                index = int(rec["index"])
-                responses = rec["responses"] if "responses" in rec else [rec["response"]]
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                raise ValueError(
-                    f'{path} line {n}: expected {{"index": int, "response": str}} '
-                    f'or {{"index": int, "responses": [str, ...]}} ({type(e).__name__}: {e})'
-                ) from None
-            if not 0 <= index < num_rows:
-                raise ValueError(
-                    f"{path} line {n}: index {index} is outside the data's {num_rows} rows"
-                )
-            if not all(isinstance(r, str) for r in responses):
-                raise ValueError(f"{path} line {n}: responses must be strings")
+                index, responses = _parse_line(line, num_rows)
+            except ValueError as e:
+                raise ValueError(f"{path} line {n}: {e}") from None
             out[index].extend(responses)
     return out
+
+
+def _parse_line(line: str, num_rows: int) -> tuple[int, list[str]]:
+    """(index, responses) of one responses.jsonl line; ValueError saying what is wrong."""
+    try:
+        rec = json.loads(line)
+        index = rec["index"]
+        responses = rec["responses"] if "responses" in rec else [rec["response"]]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(
+            f'expected {{"index": int, "response": str}} '
+            f'or {{"index": int, "responses": [str, ...]}} ({type(e).__name__}: {e})'
+        ) from None
+    # Checked by type, not converted: int() would make true row 1 and 1.7 row 1, and a bare
+    # string of responses would be scored one character at a time.
+    if type(index) is not int:
+        raise ValueError(f"index must be an integer, got {json.dumps(index)}")
+    if not 0 <= index < num_rows:
+        raise ValueError(f"index {index} is outside the data's {num_rows} rows")
+    if not isinstance(responses, list):
+        raise ValueError(f"responses must be a list of strings, got {type(responses).__name__}")
+    if "responses" not in rec and not isinstance(responses[0], str):
+        raise ValueError(f"response must be a string, got {type(responses[0]).__name__}")
+    if not all(isinstance(r, str) for r in responses):
+        raise ValueError("responses must be strings")
+    return index, responses
 
 
 def to_item(row: RawRow, response: str) -> ScoreItem:
@@ -198,22 +214,8 @@ def write_report(report: EvalReport, path: str | Path) -> None:
     path.write_text(json.dumps(report.to_dict(), indent=1) + "\n")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m services.reward.evaluate", description=__doc__.split("\n")[0]
-    )
-    p.add_argument("--data", required=True, nargs="+", help="verl-schema parquet file(s)")
-    p.add_argument("--responses", required=True, help="responses.jsonl")
-    p.add_argument(
-        "--server", default=None, help="HOST:PORT of a reward server (default: in-process)"
-    )
-    p.add_argument("--output", default=None, help="write the report as JSON here")
-    p.add_argument(
-        "--custom-function", default=None, help="path/to/file.py:function_name (in-process)"
-    )
-    p.add_argument("--timeout-s", type=float, default=10.0)
-    p.add_argument("--num-workers", type=int, default=2)
-    args = p.parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """Scores, prints the table; 1 with the error on stderr for bad input or a dead server."""
     cfg = RewardConfig(
         custom_function=args.custom_function, timeout_s=args.timeout_s, num_workers=args.num_workers
     )
@@ -224,6 +226,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(format_table(report))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m services.reward.evaluate", description=__doc__.split("\n")[0]
+    )
+    add_arguments(p)
+    return run(p.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -121,6 +121,6 @@ def _reason(e: BaseException, timeout_s: float) -> str:
         return f"timeout after {timeout_s:.1f}s"
     if isinstance(e, ProcessExpired):
         return f"worker died (exit code {e.exitcode})"
-    if isinstance(e, worker.BadScore):
+    if isinstance(e, (worker.BadScore, worker.ScorerError)):  # already "what: why"
         return str(e)
     return f"{type(e).__name__}: {e}"

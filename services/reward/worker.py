@@ -12,12 +12,26 @@ import os
 import resource
 from typing import Any
 
-from services.reward.scorers.custom import load_custom_function
+from services.reward.scorers.custom import CustomFunctionError, load_custom_function
 from services.reward.scorers.registry import get_scorer
 
 
 class BadScore(Exception):
     """A scorer returned something that is not a number; the message says what."""
+
+
+class ScorerError(Exception):
+    """What a scorer (or a custom module, loading) raised, as ``"TypeName: message"``.
+
+    A plain exception that always pickles back: a user's own exception class lives in a module
+    loaded by path, which the server cannot import, so pebble would report a PicklingError in
+    its place; and SystemExit or KeyboardInterrupt, not being Exceptions, would leave the
+    server's call (or end an in-process evaluation) instead of costing their sample.
+    """
+
+    @classmethod
+    def of(cls, e: BaseException) -> ScorerError:
+        return cls(f"{type(e).__name__}: {e}")
 
 
 def init_worker(memory_limit_mb: int | None) -> None:
@@ -43,7 +57,12 @@ def warm_up() -> int:
 
 def check_custom(spec: str) -> str:
     """Loads the custom function once, so a bad spec fails at Initialize, not mid-run."""
-    fn = load_custom_function(spec)
+    try:
+        fn = load_custom_function(spec)
+    except CustomFunctionError:  # our own message: no such file or function
+        raise
+    except BaseException as e:  # noqa: BLE001 - the user's module failed to import
+        raise ScorerError.of(e) from None
     return getattr(fn, "__name__", "?")
 
 
@@ -54,12 +73,15 @@ def score_sample(
     extra_info: dict[str, Any],
     custom_function: str | None,
 ) -> tuple[float, dict[str, float]]:
-    """(score, extra) of one sample; raises what the scorer raises, or BadScore."""
-    if custom_function:
-        fn = load_custom_function(custom_function)
-        value = fn(data_source, response, ground_truth, extra_info)
-    else:
-        value = get_scorer(data_source)(response, ground_truth, extra_info)
+    """(score, extra) of one sample; raises ScorerError (what the scorer raised) or BadScore."""
+    try:
+        if custom_function:
+            fn = load_custom_function(custom_function)
+            value = fn(data_source, response, ground_truth, extra_info)
+        else:
+            value = get_scorer(data_source)(response, ground_truth, extra_info)
+    except BaseException as e:  # noqa: BLE001 - any failure is this sample's; see ScorerError
+        raise ScorerError.of(e) from None
     return coerce(value)
 
 
@@ -69,7 +91,12 @@ def coerce(value: Any) -> tuple[float, dict[str, float]]:
     if isinstance(value, dict):
         if "score" not in value:
             raise BadScore(f"returned a dict without 'score' (keys: {', '.join(map(str, value))})")
-        extra = {str(k): float(v) for k, v in value.items() if k != "score" and _is_number(v)}
+        # Only finite numbers: one NaN "acc" would make every mean over the batch NaN.
+        extra = {
+            str(k): float(v)
+            for k, v in value.items()
+            if k != "score" and _is_number(v) and math.isfinite(float(v))
+        }
         value = value["score"]
     if not _is_number(value):
         raise BadScore(f"returned {type(value).__name__}, expected a number")

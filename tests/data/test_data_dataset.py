@@ -82,6 +82,12 @@ def test_max_samples(small, tok):
     assert len(PromptDataset([small], tok, max_samples=1)) == 1
 
 
+def test_max_samples_zero_says_so(small, tok):
+    # It used to fail as "all 0 prompts are longer than max_prompt_length".
+    with pytest.raises(DataError, match="data.max_samples=0 keeps no prompts"):
+        PromptDataset([small], tok, max_samples=0)
+
+
 def test_filter_drops_overlong_and_counts(tmp_path, tok, caplog):
     rows = [verl_row("1" * 3), verl_row("1" * 20), verl_row("2" * 4)]
     path = write(tmp_path / "f.parquet", rows)
@@ -182,3 +188,21 @@ def test_malformed_prompt_names_row(tmp_path, tok):
     row = verl_row("1") | {"prompt": [{"text": "no role"}]}
     with pytest.raises(DataError, match=r"p.parquet row 0: prompt must be a list of"):
         PromptDataset([write(tmp_path / "p.parquet", [row])], tok)
+
+
+def test_prompt_of_no_tokens_names_row(tmp_path, tok):
+    # A base model's tokenizer that adds no BOS turns an empty prompt into no tokens at all;
+    # the rollout refuses it, but only when its batch comes up, mid-run.
+    rows = [verl_row("x") | {"prompt": "Q: 1+2="}, verl_row("x") | {"prompt": ""}]
+    path = write(tmp_path / "e.parquet", rows)
+    with pytest.raises(DataError, match=r"e.parquet row 1: the prompt '' is no tokens"):
+        PromptDataset([path], tok, apply_chat_template=False)
+    assert len(PromptDataset([path], tok)) == 2  # the template writes a BOS: not empty
+
+
+def test_rule_row_without_ground_truth_names_row(tmp_path, tok):
+    # A misspelt key ("answer" for "ground_truth") would score every response 0, silently.
+    rows = [verl_row("1"), verl_row("2") | {"reward_model": {"style": "rule", "answer": "2"}}]
+    path = write(tmp_path / "gt.parquet", rows)
+    with pytest.raises(DataError, match=r"gt.parquet row 1: reward_model has no ground_truth"):
+        PromptDataset([path], tok)

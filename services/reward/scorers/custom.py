@@ -9,11 +9,18 @@ replaces the registry for every data_source. The name after ``:`` defaults to
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from types import ModuleType
 
 DEFAULT_FUNCTION = "compute_score"
+
+
+class CustomFunctionError(ValueError):
+    """The spec names no loadable function (no such file, no such name); the message says
+    which. What the user's module itself raises while importing is not one of these."""
 
 
 def parse_spec(spec: str) -> tuple[Path, str]:
@@ -26,20 +33,34 @@ def parse_spec(spec: str) -> tuple[Path, str]:
 
 @cache
 def load_custom_function(spec: str) -> Callable:
-    """The function `spec` names; ValueError saying what is wrong if it cannot be loaded."""
+    """The function `spec` names; CustomFunctionError saying what is wrong if there is none.
+    Whatever the module raises while it is imported propagates as it is."""
     path, name = parse_spec(spec)
     if not path.is_file():
-        raise ValueError(f"reward.custom_function: file {path} does not exist")
-    module_spec = importlib.util.spec_from_file_location(f"meshrl_custom_reward_{path.stem}", path)
-    if module_spec is None or module_spec.loader is None:
-        raise ValueError(f"reward.custom_function: cannot import {path} (not a .py file?)")
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+        raise CustomFunctionError(f"reward.custom_function: file {path} does not exist")
+    module = _import_file(path)
     fn = getattr(module, name, None)
     if not callable(fn):
         names = [k for k, v in vars(module).items() if callable(v) and not k.startswith("_")]
-        raise ValueError(
+        raise CustomFunctionError(
             f"reward.custom_function: {path} has no function {name!r}; "
             f"callables there: {', '.join(names) or 'none'}"
         )
     return fn
+
+
+def _import_file(path: Path) -> ModuleType:
+    """The module of the file at `path`, registered in sys.modules as Python's own import
+    does: dataclasses, pickle and typing look a class's module up there while it is defined."""
+    name = f"meshrl_custom_reward_{path.stem}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise CustomFunctionError(f"reward.custom_function: cannot import {path} (not a .py file?)")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)  # no half-run module left behind
+        raise
+    return module

@@ -2,7 +2,8 @@
 
 The pick is read, in this order, as:
 1. the whole response (punctuation aside) being a letter A-D or an index 0-3;
-2. the last "answer is (C)" / "Answer: C" / "answer: 2";
+2. the last "answer is (C)" / "Answer: C" / "answer: 2" (but "answer is a man ..." is the
+   article "a", not option A);
 3. the last option marker "(C)" or a line starting "C." / "C)";
 4. the ending text itself: of the row's endings (``extra_info["endings"]`` or ``["choices"]``)
    found in the response, the one that ends last (ties: the longer).
@@ -19,8 +20,11 @@ _ALONE = re.compile(r"^\W*([A-Da-d]|[0-3])\W*$")
 # Each optional token carries its own trailing whitespace, and a marker's leading whitespace
 # stays on its line: the obvious forms (``\s*(?:is|:)?\s*[:\-]?\s*``, ``^\s*``) backtrack
 # polynomially, e.g. 55 s on "answer" + 400 spaces. Same matches.
+# A lowercase "a" followed by a word on its line is the article ("the answer is a man ..."),
+# not option A; the ending's text then decides.
 _ANSWER_IS = re.compile(
-    r"answer\s*(?:(?:is|:)\s*)?(?:[:\-]\s*)?(?:\(\s*)?([A-D]|[0-3])\b", re.IGNORECASE
+    r"answer\s*(?:(?:is|:)\s*)?(?:[:\-]\s*)?(?:\(\s*)?(?!(?-i:a[^\S\n]+[a-z]))([A-D]|[0-3])\b",
+    re.IGNORECASE,
 )
 _MARKER = re.compile(r"\(([A-D])\)|^[^\S\n]*([A-D])[.):]", re.MULTILINE)
 

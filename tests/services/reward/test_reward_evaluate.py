@@ -6,6 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from meshrl.cli import main as cli_main
 from meshrl.config.schema import RewardConfig
 from services.reward.evaluate import evaluate, format_table, main, read_responses
 
@@ -89,6 +90,25 @@ def test_cli_main(files, tmp_path, capsys):
     assert "openai/gsm8k" in capsys.readouterr().out
 
 
+def test_meshrl_reward_eval_takes_the_modules_arguments(files, tmp_path, capsys):
+    """`meshrl reward eval` is the same command: several files, a custom function, limits."""
+    data, responses = files
+    second = tmp_path / "more.parquet"
+    pq.write_table(pa.Table.from_pylist([row("openai/gsm8k", "9")]), second)
+    with responses.open("a") as f:
+        f.write(json.dumps({"index": 4, "response": "#### 9"}) + "\n")  # row 0 of the 2nd file
+    scorer = tmp_path / "always_half.py"
+    scorer.write_text(
+        "def score(data_source, response, ground_truth, extra_info):\n    return 0.5\n"
+    )
+    argv = ["reward", "eval", "--data", str(data), str(second), "--responses", str(responses)]
+    argv += ["--custom-function", f"{scorer}:score", "--timeout-s", "5", "--num-workers", "1"]
+    assert cli_main(argv) == 0
+    table = capsys.readouterr().out
+    gsm = next(line.split() for line in table.splitlines() if line.startswith("openai/gsm8k"))
+    assert gsm[1:4] == ["3", "5", "0.5000"]  # prompts, responses, mean_score: all scored 0.5
+
+
 @pytest.mark.parametrize(
     ("line", "message"),
     [
@@ -96,6 +116,12 @@ def test_cli_main(files, tmp_path, capsys):
         ('{"response": "x"}', "line 1: expected"),
         ('{"index": 9, "response": "x"}', "index 9 is outside the data's 4 rows"),
         ('{"index": 0, "responses": [1]}', "responses must be strings"),
+        # a bare string would be scored as one response per character
+        ('{"index": 0, "responses": "#### 72"}', "responses must be a list of strings"),
+        ('{"index": 0, "response": ["#### 72"]}', "response must be a string"),
+        # true and 1.7 would silently score row 1
+        ('{"index": true, "response": "x"}', "index must be an integer, got true"),
+        ('{"index": 1.7, "response": "x"}', "index must be an integer, got 1.7"),
     ],
 )
 def test_bad_responses_file(tmp_path, line, message):

@@ -160,6 +160,8 @@ def test_pool_directly_and_empty_batch():
         (True, (1.0, {})),
         (0.5, (0.5, {})),
         ({"score": 2, "x": 1.5}, (2.0, {"x": 1.5})),
+        # an extra that is no finite number is dropped: a NaN "acc" made every mean NaN
+        ({"score": 1, "acc": float("nan"), "n": float("inf"), "ok": 1}, (1.0, {"ok": 1.0})),
     ],
 )
 def test_coerce(value, expected):
@@ -180,3 +182,71 @@ def test_a_stopped_pool_is_replaced():
         assert out[0].ok and out[0].score == 1.0
     finally:
         pool.close()
+
+
+UNRULY = """
+import sys
+
+class TwoArgs(Exception):  # unpicklable: its __init__ wants two arguments
+    def __init__(self, a, b):
+        super().__init__(f"{a} and {b} disagree")
+
+def unruly(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "own":
+        raise TwoArgs("gold", "prediction")
+    if solution_str == "exit":
+        sys.exit(2)
+    if solution_str == "interrupt":
+        raise KeyboardInterrupt
+    return 1.0
+"""
+
+
+def test_any_exception_of_a_custom_function_costs_its_sample_only(tmp_path):
+    # The user's own exception classes live in a module workers load by path, so they do not
+    # pickle back; SystemExit and KeyboardInterrupt are not Exceptions. Each must become that
+    # sample's reason, not a PicklingError, nor end the caller (a server thread, or the
+    # in-process evaluation).
+    path = tmp_path / "unruly.py"
+    path.write_text(UNRULY)
+    cfg = RewardConfig(custom_function=f"{path}:unruly", timeout_s=5.0, num_workers=1)
+    with RewardScorer(cfg) as s:
+        out = s.score([item(k) for k in ["own", "exit", "interrupt", "7"]])
+    assert [o.reason for o in out] == [
+        "TwoArgs: gold and prediction disagree",
+        "SystemExit: 2",
+        "KeyboardInterrupt: ",
+        "",
+    ]
+    assert [(o.score, o.ok) for o in out] == [(0.0, False)] * 3 + [(1.0, True)]
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ("import sys\nsys.exit('no GPU here')\n", "SystemExit: no GPU here"),
+        # a ValueError of the user's module, named as such and not passed off as our message
+        ("int('')\n", "ValueError: invalid literal for int"),
+    ],
+)
+def test_custom_module_failing_at_import_fails_at_start(tmp_path, body, reason):
+    path = tmp_path / "fails.py"
+    path.write_text(body)
+    with pytest.raises(ValueError, match=f"fails.py:compute_score: {reason}"):
+        RewardScorer(RewardConfig(custom_function=f"{path}:compute_score", num_workers=1))
+
+
+def test_custom_module_defining_a_dataclass_loads(tmp_path):
+    # dataclasses (and pickle) look the defining module up in sys.modules; a module loaded by
+    # path but left out of it failed at import with "'NoneType' object has no attribute
+    # '__dict__'".
+    path = tmp_path / "with_dataclass.py"
+    path.write_text(
+        "from __future__ import annotations\n"
+        "from dataclasses import dataclass\n\n"
+        "@dataclass\nclass Verdict:\n    score: float\n\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return Verdict(float(solution_str == ground_truth)).score\n"
+    )
+    with RewardScorer(RewardConfig(custom_function=str(path), num_workers=1)) as s:
+        assert [o.score for o in s.score([item("7"), item("8")])] == [1.0, 0.0]

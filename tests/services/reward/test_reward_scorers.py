@@ -111,6 +111,24 @@ def test_hellaswag(response, expected):
     assert hellaswag.compute_score(response, "3", {"endings": ENDINGS}) == expected
 
 
+@pytest.mark.parametrize(
+    ("response", "choice"),
+    [
+        # "answer is a ..." is the article, not option A: the ending's text decides.
+        ("The answer is a man keeps removing the snow.", 3),
+        ("I'd answer a different way: he keeps removing the snow.", 3),
+        ("The answer is a skier who boards a ski lift.", 1),
+        ("The answer is a", 0),  # a letter ending the line is the option
+        ("the answer is a.", 0),
+        ("The answer is A because he waxes it", 0),  # capital A is the option
+        ("Answer: d", 3),
+        ("the answer is c because he wears a coat", 2),
+    ],
+)
+def test_hellaswag_article_a_is_not_option_a(response, choice):
+    assert hellaswag.extract_choice(response, ENDINGS) == choice
+
+
 def test_hellaswag_reads_verl_choices():
     assert hellaswag.compute_score("he boards a ski lift.", "1", {"choices": ENDINGS}) == 1.0
 
