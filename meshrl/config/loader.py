@@ -6,6 +6,7 @@ number`) so a typo fails at start, not hours into a run.
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,9 @@ def _format_validation_error(err: ValidationError) -> str:
 
 
 def build_config(tree: dict | None = None, overrides: list[str] | None = None) -> RunConfig:
-    tree = apply_overrides(dict(tree or {}), list(overrides or []))
+    # A deep copy: overrides land in nested sections, which must stay the caller's own (a
+    # tree reused for several configs would otherwise carry one's overrides into the next).
+    tree = apply_overrides(copy.deepcopy(tree or {}), list(overrides or []))
     try:
         cfg = RunConfig.model_validate(tree)
         return RunConfig.model_validate(_interpolate(cfg.model_dump()))

@@ -13,12 +13,24 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+# The KL estimators of meshrl.algorithms.kl.KL_ESTIMATOR_KINDS, named here so that loading a
+# config does not import torch (tests/config checks the two lists agree). "+": straight-through.
+KLEstimator = Literal[
+    "kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3",
+    "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+",
+]  # fmt: skip
+
 
 class Section(BaseModel):
     """Base of every section: unknown keys fail, field docstrings are the documentation."""
 
+    # coerce_numbers_to_str: YAML reads `experiment_name=2024` as an int; a text key takes it
+    # as text, as Hydra does for verl users.
     model_config = ConfigDict(
-        extra="forbid", use_attribute_docstrings=True, validate_assignment=True
+        extra="forbid",
+        use_attribute_docstrings=True,
+        validate_assignment=True,
+        coerce_numbers_to_str=True,
     )
 
 
@@ -117,7 +129,7 @@ class ActorConfig(Section):
     """Add β·KL(π‖π_ref) to the actor loss (GRPO style) instead of to the reward."""
     kl_loss_coef: float = Field(0.001, ge=0)
     """β of the KL loss."""
-    kl_loss_type: str = "low_var_kl"
+    kl_loss_type: KLEstimator = "low_var_kl"
     """KL estimator of the loss: kl, abs, mse, low_var_kl (add '+' for straight-through)."""
     loss_agg_mode: Literal[
         "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
@@ -149,11 +161,11 @@ class WeightSyncConfig(Section):
 
 
 class ValKwargs(Section):
-    temperature: float = 0.0
+    temperature: float = Field(0.0, ge=0)
     """Validation sampling temperature (0 = greedy)."""
-    top_p: float = 1.0
+    top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = -1
-    n: int = 1
+    n: int = Field(1, ge=1)
     """Samples per validation prompt."""
     do_sample: bool = False
     """False forces greedy decoding."""
@@ -276,7 +288,7 @@ class AlgorithmConfig(Section):
     """False = Dr. GRPO (mean-only baseline)."""
     use_kl_in_reward: bool = False
     """Subtract β·KL from the token rewards."""
-    kl_penalty: str = "kl"
+    kl_penalty: KLEstimator = "kl"
     """KL estimator in the reward: kl, abs, mse, low_var_kl."""
     kl_ctrl: KLCtrlConfig = Field(default_factory=KLCtrlConfig)
     whiten_advantages: bool = True
@@ -294,7 +306,7 @@ class TrainerConfig(Section):
     val_before_train: bool = False
     save_freq: int = -1
     """Checkpoint every this many steps and at the last step; -1 = never (as verl)."""
-    max_ckpt_to_keep: int | None = None
+    max_ckpt_to_keep: int | None = Field(None, ge=1)
     """Keep the newest N checkpoints; None = all."""
     resume_mode: str = "auto"
     """auto (latest complete checkpoint of the run folder), disable, or a checkpoint path."""

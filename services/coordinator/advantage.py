@@ -50,6 +50,9 @@ def compute_advantages(
         kl_coef=kl_coef if use_kl else 0.0,
         kl_kind=cfg.kl_penalty,
     )
+    # The outcome estimators baseline the whole response's reward, KL penalty included, as
+    # verl's do (they sum `token_level_rewards`); without KL in the reward it is the score.
+    sequence_rewards = inputs.scores - kl_coef * rewards.kl.sum(-1) if use_kl else inputs.scores
     est = cfg.adv_estimator
     if est == "gae":
         if inputs.values is None:
@@ -64,15 +67,15 @@ def compute_advantages(
         )
     elif est == "grpo":
         result = grpo_advantages(
-            inputs.scores, inputs.mask, inputs.group_ids, norm_by_std=cfg.norm_adv_by_std_in_grpo
+            sequence_rewards, inputs.mask, inputs.group_ids, norm_by_std=cfg.norm_adv_by_std_in_grpo
         )
     elif est == "rloo":
-        result = rloo_advantages(inputs.scores, inputs.mask, inputs.group_ids)
+        result = rloo_advantages(sequence_rewards, inputs.mask, inputs.group_ids)
     elif est == "reinforce_plus_plus":
         result = reinforce_plus_plus_advantages(rewards.rewards, inputs.mask, cfg.gamma)
     elif est == "reinforce_plus_plus_baseline":
         result = reinforce_plus_plus_baseline_advantages(
-            inputs.scores, inputs.mask, inputs.group_ids
+            sequence_rewards, inputs.mask, inputs.group_ids
         )
     elif est == "remax":
         if inputs.baseline_scores is None:

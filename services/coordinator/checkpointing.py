@@ -162,7 +162,7 @@ class CheckpointManager:
 
     def prune(self) -> None:
         """Removes the oldest checkpoints beyond max_to_keep (the new one is already complete)."""
-        if not self.max_to_keep:
+        if not self.max_to_keep or self.max_to_keep < 1:  # None (or nonsense): keep them all
             return
         for old in self.complete()[: -self.max_to_keep]:
             shutil.rmtree(old, ignore_errors=True)

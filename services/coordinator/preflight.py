@@ -1,5 +1,7 @@
 """Checks at the start of a run that turn late, obscure failures into early, named ones.
 
+- Config values each valid alone but that no run can use together (gae without a critic),
+  with a message naming the keys, instead of a ValueError after the first generation.
 - The tokenizer comes from a local folder, with a message naming the config key, instead of
   transformers' "Repo id must be in the form ..." for a path that does not exist.
 - Every data_source of the data has a reward scorer, checked against the reward server once
@@ -12,11 +14,25 @@ from collections import Counter
 from pathlib import Path
 
 from meshrl.config.loader import ConfigError
-from meshrl.config.schema import ModelConfig
+from meshrl.config.schema import ModelConfig, RunConfig
 from meshrl.data.errors import DataError
 
 ANY_SOURCE = "*"
 """What the reward server lists when it scores every data_source (custom function, RM)."""
+
+
+def check_run_config(cfg: RunConfig) -> None:
+    """Raises ConfigError naming the keys of a combination no PPO run can use.
+
+    Not a schema validator: a config that only brings up role servers (tests of one role,
+    benchmarks) may well have a gae estimator and no critic.
+    """
+    if cfg.algorithm.adv_estimator == "gae" and not cfg.use_critic:
+        raise ConfigError(
+            "critic.enable=false: algorithm.adv_estimator=gae needs critic values; enable the "
+            "critic or pick a critic-free estimator (grpo, rloo, reinforce_plus_plus, "
+            "reinforce_plus_plus_baseline, remax)"
+        )
 
 
 def load_tokenizer(model: ModelConfig):

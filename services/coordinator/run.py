@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from tqdm import tqdm
 from meshrl.algorithms.kl import make_kl_controller
 from meshrl.config import RunConfig, config_to_yaml
 from meshrl.data.dataset import PromptDataset
+from meshrl.data.errors import DataError
 from meshrl.data.loader import PromptLoader
 from meshrl.export import copy_side_files
 from services.coordinator.checkpointing import (
@@ -34,7 +36,7 @@ from services.coordinator.clients import (
 from services.coordinator.metrics_sinks import ConsoleSink, JsonlSink, MetricsSink
 from services.coordinator.plot import plot_metrics
 from services.coordinator.ppo_step import PPOStep, Roles, WeightSyncFailed
-from services.coordinator.preflight import check_data_sources, load_tokenizer
+from services.coordinator.preflight import check_data_sources, check_run_config, load_tokenizer
 from services.coordinator.recovery import STATEFUL_ROLES, Restarter, find_dead
 from services.coordinator.validation import validate
 from services.coordinator.weight_sync import WeightSyncer
@@ -87,6 +89,16 @@ def make_dataset(cfg: RunConfig, files: list[str], tokenizer) -> PromptDataset:
     )
 
 
+def make_loader(cfg: RunConfig, train_set: PromptDataset) -> PromptLoader:
+    """The training batches; DataError (printed without a traceback) when there are too few
+    prompts for one batch, e.g. after overlong ones were filtered out."""
+    d = cfg.data
+    try:
+        return PromptLoader(train_set, d.train_batch_size, shuffle=d.shuffle, seed=d.seed)
+    except ValueError as e:
+        raise DataError(f"data.train_files: {e}") from None
+
+
 def connect(cfg: RunConfig, endpoints: Endpoints) -> Roles:
     t = cfg.trainer.rpc_timeout_s
     return Roles(
@@ -116,6 +128,10 @@ class PPORun:
         self.restarter = restarter  # None: a dead role server ends the run
         self.roles = connect(cfg, endpoints)
         self.state = RunState()
+        self.resumed_from: Path | None = None  # the checkpoint this run started from, if any
+        # Recoveries per step number, kept across rewinds: a crash that recurs each time the
+        # run gets back to a step ends the run after launcher.max_restarts, not never.
+        self.step_failures: Counter[int] = Counter()
         self.on_step = on_step
         self._stop = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="run")
@@ -132,15 +148,14 @@ class PPORun:
     # --- set-up -----------------------------------------------------------------------
     def setup(self) -> None:
         cfg = self.cfg
+        check_run_config(cfg)
         model = cfg.actor_rollout_ref.model
         self.tokenizer = load_tokenizer(model)  # ConfigError naming the key if absent
         self.train_set = make_dataset(cfg, cfg.data.train_files, self.tokenizer)
         self.val_set = (
             make_dataset(cfg, cfg.data.val_files, self.tokenizer) if cfg.data.val_files else None
         )
-        self.loader = PromptLoader(
-            self.train_set, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed
-        )
+        self.loader = make_loader(cfg, self.train_set)
         self.total_steps = cfg.trainer.total_training_steps or (
             cfg.trainer.total_epochs * self.loader.steps_per_epoch
         )
@@ -189,18 +204,16 @@ class PPORun:
     def run_step(self, records: list) -> dict[str, float] | None:
         """One PPO step, with bounded restarts of dead role servers. Returns None when the
         run went back to its last checkpoint instead (the loop then continues from there)."""
-        failures = 0
+        step = self.state.step
         while True:
             try:
-                return self.step_runner.run(records, self.state.step)
+                return self.step_runner.run(records, step)
             except WeightSyncFailed as failed:  # the updates are done: never run them twice
-                failures += 1
-                if self.restarter is None or failures > self.cfg.launcher.max_restarts:
-                    raise failed.error from failed
+                failures = self.count_failure(step, failed.error)
                 log.warning(
                     "step %d: updated, but its weight sync failed (%s); recovering "
                     "(attempt %d of %d)",
-                    self.state.step,
+                    step,
                     failed.error,
                     failures,
                     self.cfg.launcher.max_restarts,
@@ -209,18 +222,24 @@ class PPORun:
                     return None
                 return failed.metrics  # rollout now serves this step's weights
             except RoleCallError as err:
-                failures += 1
-                if self.restarter is None or failures > self.cfg.launcher.max_restarts:
-                    raise
+                failures = self.count_failure(step, err)
                 log.warning(
                     "step %d failed (%s); recovering (attempt %d of %d)",
-                    self.state.step,
+                    step,
                     err,
                     failures,
                     self.cfg.launcher.max_restarts,
                 )
                 if self.recover(err):
                     return None
+
+    def count_failure(self, step: int, err: RoleCallError) -> int:
+        """Counts a failure of ``step`` (its validation included) and returns the count;
+        re-raises ``err`` when there is no restarter or the restarts are spent."""
+        self.step_failures[step] += 1
+        if self.restarter is None or self.step_failures[step] > self.cfg.launcher.max_restarts:
+            raise err
+        return self.step_failures[step]
 
     def recover(self, err: RoleCallError, updated: bool = False) -> bool:
         """Restarts dead role servers; True when the run went back to a checkpoint.
@@ -247,7 +266,7 @@ class PPORun:
     def rewind(self) -> None:
         """Training state was lost: every trainer and the coordinator go back to the last
         checkpoint, or to the very start (re-initialized from the model) without one."""
-        folder = self.checkpoints.latest_valid()
+        folder = self.rewind_folder()
         if folder is None:
             log.warning("no checkpoint yet: restarting the run from step 0")
             self.initialize_roles([n for n in STATEFUL_ROLES if n in self.named_clients()])
@@ -259,6 +278,16 @@ class PPORun:
             self.state.step = 0
             return
         self.load_checkpoint(folder)
+
+    def rewind_folder(self) -> Path | None:
+        """The newest of the run folder's latest checkpoint and the one the run resumed from:
+        `resume_mode=<path>` may name another run's folder, and before this run saves its own,
+        going back means going back there, not to step 0."""
+        candidates = [self.checkpoints.latest_valid()]
+        if self.resumed_from is not None and self.resumed_from.is_dir():  # not pruned since
+            candidates.append(self.resumed_from)
+        found = [f for f in candidates if f is not None]
+        return max(found, key=lambda f: self.checkpoints.load_state(f).step, default=None)
 
     # --- checkpoints ------------------------------------------------------------------
     def resume_folder(self) -> Path | None:
@@ -275,6 +304,7 @@ class PPORun:
         folder = self.resume_folder()
         if folder is not None:
             self.load_checkpoint(folder)
+            self.resumed_from = folder
 
     def load_checkpoint(self, folder: Path) -> None:
         saved = self.checkpoints.load_state(folder)
@@ -319,7 +349,9 @@ class PPORun:
     def train(self) -> dict[str, float]:
         cfg = self.cfg.trainer
         if cfg.val_before_train and self.val_set is not None:
-            self.log(self.state.step, self.validate())
+            before = self.validate_or_recover()
+            if before is not None:
+                self.log(self.state.step, before)
         bar = tqdm(
             total=self.total_steps,
             initial=self.state.step,
@@ -327,15 +359,20 @@ class PPORun:
             unit="step",
             dynamic_ncols=True,
         )
+
+        def went_back() -> None:  # to the last checkpoint after a crash
+            bar.reset(total=self.total_steps)
+            bar.update(self.state.step)
+
+        saved_step = None
         try:
             while self.state.step < self.total_steps and not self._stop.is_set():
                 epoch, records = self.loader.next_batch()
                 self.state.step += 1
                 self.state.epoch = epoch
                 metrics = self.run_step(records)
-                if metrics is None:  # went back to the last checkpoint after a crash
-                    bar.reset(total=self.total_steps)
-                    bar.update(self.state.step)
+                if metrics is None:
+                    went_back()
                     continue
                 metrics["training/global_step"] = float(self.state.step)
                 metrics["training/epoch"] = float(epoch)
@@ -345,10 +382,15 @@ class PPORun:
                     and cfg.test_freq > 0
                     and (self.state.step % cfg.test_freq == 0 or last)
                 ):
-                    metrics.update(self.validate())
+                    val = self.validate_or_recover()
+                    if val is None:
+                        went_back()
+                        continue
+                    metrics.update(val)
                 if self.should_save(last):
                     with_timer = time.perf_counter()
                     self.save_checkpoint()
+                    saved_step = self.state.step
                     metrics["timing_s/save_checkpoint"] = time.perf_counter() - with_timer
                 self.state.last_metrics = metrics
                 self.log(self.state.step, metrics)
@@ -356,10 +398,30 @@ class PPORun:
                 bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}")
         finally:
             bar.close()
-        if self._stop.is_set() and self.state.step < self.total_steps and self.state.step > 0:
+        stopped_early = self._stop.is_set() and 0 < self.state.step < self.total_steps
+        if stopped_early and saved_step != self.state.step:  # not twice for one step
             log.info("stopped at step %d; saving a checkpoint to resume from", self.state.step)
             self.save_checkpoint()
         return self.state.last_metrics
+
+    def validate_or_recover(self) -> dict[str, float] | None:
+        """Validation with bounded restarts of dead role servers, as a step has: rollout and
+        reward die mid-validation too. None when the run went back to its last checkpoint."""
+        while True:
+            try:
+                return self.validate()
+            except RoleCallError as err:
+                failures = self.count_failure(self.state.step, err)
+                log.warning(
+                    "validation at step %d failed (%s); recovering (attempt %d of %d)",
+                    self.state.step,
+                    err,
+                    failures,
+                    self.cfg.launcher.max_restarts,
+                )
+                # The actor holds step state.step's weights: its updates are done.
+                if self.recover(err, updated=True):
+                    return None
 
     def validate(self) -> dict[str, float]:
         start = time.perf_counter()

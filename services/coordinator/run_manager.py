@@ -23,6 +23,7 @@ import yaml
 from meshrl.config import ConfigError, RunConfig, build_config, config_to_yaml
 from meshrl.rpc.security import SecuritySettings
 from services.coordinator.metrics_sinks import ConsoleSink, JsonlSink, MetricsSink
+from services.coordinator.preflight import check_run_config
 from services.coordinator.run_types import RunEvent, RunState, RunStatus
 
 log = logging.getLogger(__name__)
@@ -222,6 +223,7 @@ def parse_run_config(config_yaml: str, overrides: list[str]) -> RunConfig:
     if not isinstance(tree, dict):
         raise ConfigError("config must hold a mapping at the top level")
     cfg = build_config(tree, overrides)
+    check_run_config(cfg)
     _check_security(cfg)
     return cfg
 

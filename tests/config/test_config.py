@@ -90,3 +90,69 @@ def test_critic_compute_dtype_follows_the_actors_unless_set():
     assert compute_dtype(build_config({}, ["actor_rollout_ref.model.dtype=bfloat16"])) == "bfloat16"
     both = ["actor_rollout_ref.model.dtype=bfloat16", "critic.model.dtype=float32"]
     assert compute_dtype(build_config({}, both)) == "float32"
+
+
+def test_kl_estimators_are_checked_at_start():
+    # Unchecked, a typo failed only in the first step's advantages or actor update.
+    for key in ("algorithm.kl_penalty", "actor_rollout_ref.actor.kl_loss_type"):
+        with pytest.raises(ConfigError, match=rf"{key}: Input should be 'kl'"):
+            build_config({}, [f"{key}=low_var"])
+    cfg = build_config({}, ["algorithm.kl_penalty=k3+", "actor_rollout_ref.actor.kl_loss_type=mse"])
+    assert cfg.algorithm.kl_penalty == "k3+"
+
+
+def test_config_kl_estimators_are_the_algorithms():
+    import typing
+
+    from meshrl.algorithms.kl import KL_ESTIMATOR_KINDS
+    from meshrl.config.schema import KLEstimator
+
+    assert set(typing.get_args(KLEstimator)) == set(KL_ESTIMATOR_KINDS)
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_max_ckpt_to_keep_must_keep_one(value):
+    # -1 made prune() remove the checkpoint just written (complete()[:1] when it is alone)
+    with pytest.raises(ConfigError, match=r"trainer\.max_ckpt_to_keep"):
+        build_config({}, [f"trainer.max_ckpt_to_keep={value}"])
+
+
+@pytest.mark.parametrize(
+    "override", ["n=0", "temperature=-0.5", "top_p=0", "top_p=1.5"], ids=lambda o: o
+)
+def test_validation_sampling_values_are_checked(override):
+    key = "actor_rollout_ref.rollout.val_kwargs." + override.split("=")[0]
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        build_config({}, [f"actor_rollout_ref.rollout.val_kwargs.{override}"])
+
+
+def test_numbers_given_to_text_keys_are_text():
+    cfg = build_config({}, ["trainer.experiment_name=2024", "trainer.project_name=1"])
+    assert cfg.trainer.experiment_name == "2024"
+    assert cfg.trainer.default_local_dir == "runs/1/2024"
+    with pytest.raises(ConfigError, match=r"algorithm\.kl_ctrl\.type"):
+        build_config({}, ["algorithm.kl_ctrl.type=1"])  # a choice stays a choice
+
+
+def test_overrides_leave_the_callers_tree_alone():
+    tree = {"actor_rollout_ref": {"model": {"path": "m"}}}
+    build_config(tree, ["actor_rollout_ref.model.use_remove_padding=true"])
+    assert tree == {"actor_rollout_ref": {"model": {"path": "m"}}}
+    assert not build_config(tree, []).actor_rollout_ref.model.use_remove_padding
+
+
+def test_float_and_null_overrides_parse():
+    # YAML 1.1 reads 1e-6 as a string; the float key still takes it as a number.
+    cfg = build_config(
+        {},
+        [
+            "actor_rollout_ref.actor.optim.lr=1e-6",
+            "actor_rollout_ref.actor.clip_ratio_high=2.8e-1",
+            "trainer.total_training_steps=null",
+            "actor_rollout_ref.actor.optim.betas=[0.9,0.95]",
+        ],
+    )
+    actor = cfg.actor_rollout_ref.actor
+    assert actor.optim.lr == 1e-6 and actor.clip_ratio_high == 0.28
+    assert actor.optim.betas == (0.9, 0.95)
+    assert cfg.trainer.total_training_steps is None

@@ -1,0 +1,55 @@
+"""Start-of-run config checks, and checkpoint pruning."""
+
+import pytest
+
+from meshrl.config import ConfigError, build_config
+from services.coordinator.checkpointing import CheckpointManager, CoordinatorState
+from services.coordinator.preflight import check_run_config
+from services.coordinator.run_manager import parse_run_config
+
+
+def test_gae_without_a_critic_fails_at_start():
+    # It used to fail in the first step's advantages, after a whole generation.
+    cfg = build_config({}, ["critic.enable=false"])
+    with pytest.raises(ConfigError, match=r"critic\.enable=false: algorithm\.adv_estimator=gae"):
+        check_run_config(cfg)
+    with pytest.raises(ConfigError, match=r"critic\.enable"):
+        parse_run_config("algorithm: {adv_estimator: gae}\n", ["critic.enable=false"])
+    check_run_config(build_config({}, ["critic.enable=false", "algorithm.adv_estimator=grpo"]))
+    check_run_config(build_config({}, []))  # gae with the critic it enables by default
+
+
+def _save(manager: CheckpointManager, step: int):
+    state = CoordinatorState.capture(step, {}, {}, step)
+    return manager.save(step, state, "", lambda tmp: None)
+
+
+@pytest.mark.parametrize("keep", [0, -1])
+def test_pruning_never_removes_the_new_checkpoint(tmp_path, keep):
+    # max_ckpt_to_keep=-1 once removed the checkpoint just written; the config now refuses
+    # it, and the manager keeps everything for a value that keeps nothing.
+    manager = CheckpointManager(tmp_path, max_to_keep=keep)
+    _save(manager, 1)
+    new = _save(manager, 2)
+    assert manager.latest_valid() == new
+    assert [p.name for p in manager.complete()] == ["global_step_1", "global_step_2"]
+
+
+def test_pruning_keeps_the_newest(tmp_path):
+    manager = CheckpointManager(tmp_path, max_to_keep=2)
+    for step in (1, 2, 3):
+        _save(manager, step)
+    assert [p.name for p in manager.complete()] == ["global_step_2", "global_step_3"]
+
+
+def test_too_few_prompts_for_one_batch_is_a_data_error_naming_the_keys():
+    # A plain ValueError printed a traceback from `meshrl run`; DataError prints one line.
+    from meshrl.data.errors import DataError
+    from services.coordinator.run import make_loader
+
+    cfg = build_config(
+        {}, ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
+    )
+    with pytest.raises(DataError, match=r"data\.train_files: .* 3 prompts.*data\.train_batch_size"):
+        make_loader(cfg, ["p"] * 3)
+    assert make_loader(cfg, ["p"] * 16).steps_per_epoch == 2

@@ -1,0 +1,174 @@
+"""PPORun's bookkeeping across resumes, rewinds, validation failures and stops, with the role
+servers replaced by stand-ins: no process starts here."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from meshrl.algorithms.kl import make_kl_controller
+from meshrl.config import build_config
+from meshrl.data.loader import PromptLoader
+from services.coordinator.checkpointing import CheckpointManager, CoordinatorState
+from services.coordinator.clients import RoleCallError
+from services.coordinator.run import Endpoints, PPORun
+
+ENDPOINTS = Endpoints(rollout=["127.0.0.1:1"], actor="127.0.0.1:2", reward="127.0.0.1:3")
+GRPO = ["algorithm.adv_estimator=grpo", "trainer.logger=[]", "trainer.plot=false"]
+
+
+class FakeActor:
+    def __init__(self):
+        self.loaded: list[str] = []
+
+    def load_checkpoint(self, path: str) -> None:
+        self.loaded.append(path)
+
+    def initialize(self, config_yaml: str, run_dir: str) -> None:
+        self.loaded.append("initialized from the model")
+
+
+class Unavailable(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):
+        return "connection refused"
+
+
+def make_run(run_dir, overrides=(), sinks=(), restarter=None) -> PPORun:
+    """A PPORun past setup(): fake actor, a loader over 1000 integers, no critic."""
+    run = PPORun(
+        build_config({}, [*GRPO, *overrides]), ENDPOINTS, run_dir, list(sinks), None, restarter
+    )
+    run.roles.actor = FakeActor()
+    run.loader = PromptLoader(list(range(1000)), 4, shuffle=False)
+    run.kl_ctrl = make_kl_controller("fixed")
+    run.checkpoints = CheckpointManager(run.run_dir)
+    run.total_steps = 25
+    run.val_set = None
+    return run
+
+
+def write_checkpoint(run_dir, step: int):
+    """What save_checkpoint leaves, without servers: coordinator state and an actor folder."""
+    loader = {"epoch": 0, "batch_in_epoch": step, "seed": 1}
+    state = CoordinatorState.capture(step, loader, {"type": "fixed", "value": 0.001}, step)
+    return CheckpointManager(run_dir).save(step, state, "", lambda tmp: (tmp / "actor").mkdir())
+
+
+def test_rewind_after_resuming_from_another_folder_goes_back_there(tmp_path):
+    # Resumed from step 50 of an earlier run's folder; the actor dies at step 53, before this
+    # run saved a checkpoint of its own: the run must go back to step 50, not to step 0.
+    earlier = write_checkpoint(tmp_path / "earlier", 50)
+    run = make_run(tmp_path / "now", [f"trainer.resume_mode={earlier}"])
+    run.resume()
+    run.state.step = 53
+    run.rewind()
+    assert run.state.step == 50
+    assert run.loader.state_dict()["batch_in_epoch"] == 50
+    assert run.roles.actor.loaded == [str(earlier / "actor")] * 2
+
+
+def test_rewind_prefers_the_run_folders_newer_checkpoint(tmp_path):
+    earlier = write_checkpoint(tmp_path / "earlier", 50)
+    run = make_run(tmp_path / "now", [f"trainer.resume_mode={earlier}"])
+    run.resume()
+    newer = write_checkpoint(tmp_path / "now", 60)
+    run.state.step = 63
+    run.rewind()
+    assert run.state.step == 60
+    assert run.roles.actor.loaded[-1] == str(newer / "actor")
+
+
+def _stub_steps(run: PPORun) -> None:
+    run.run_step = lambda records: {"critic/score/mean": 0.5}
+
+
+def test_a_dead_server_during_validation_is_recovered_not_fatal(tmp_path):
+    run = make_run(tmp_path, ["trainer.test_freq=1"], restarter=object())
+    _stub_steps(run)
+    run.total_steps, run.val_set = 2, ["a prompt"]
+    validations = []
+
+    def validate():
+        validations.append(run.state.step)
+        if len(validations) == 1:
+            raise RoleCallError("rollout", "127.0.0.1:1", "Generate", Unavailable())
+        return {"val-core/x/acc/mean@1": 1.0}
+
+    recovered = []
+    run.validate = validate
+    run.recover = lambda err, updated=False: recovered.append(updated) or False
+    last = run.train()
+    assert validations == [1, 1, 2]  # step 1's validation ran again after the restart
+    assert recovered == [True]  # rollout gets step 1's weights back: its updates are done
+    assert last["val-core/x/acc/mean@1"] == 1.0
+
+
+def test_validation_failure_without_a_restarter_still_fails_the_run(tmp_path):
+    run = make_run(tmp_path, ["trainer.test_freq=1"])
+    _stub_steps(run)
+    run.total_steps, run.val_set = 2, ["a prompt"]
+    run.validate = lambda: (_ for _ in ()).throw(
+        RoleCallError("rollout", "127.0.0.1:1", "Generate", Unavailable())
+    )
+    with pytest.raises(RoleCallError):
+        run.train()
+
+
+def test_a_stop_on_a_save_step_saves_once(tmp_path):
+    run = make_run(tmp_path, ["trainer.save_freq=2"])
+    saved = []
+    run.save_checkpoint = lambda: saved.append(run.state.step)
+
+    def step(records):
+        if run.state.step == 2:
+            run.stop()  # Ctrl-C during step 2, which is a save step
+        return {"critic/score/mean": 0.5}
+
+    run.run_step = step
+    run.train()
+    assert saved == [2]
+
+
+def test_a_stop_between_save_steps_saves_where_it_stopped(tmp_path):
+    run = make_run(tmp_path, ["trainer.save_freq=2"])
+    saved = []
+    run.save_checkpoint = lambda: saved.append(run.state.step)
+
+    def step(records):
+        if run.state.step == 3:
+            run.stop()
+        return {"critic/score/mean": 0.5}
+
+    run.run_step = step
+    run.train()
+    assert saved == [2, 3]
+
+
+def test_a_crash_that_recurs_after_each_rewind_ends_the_run(tmp_path):
+    # The actor dies in every step 2: each time the run goes back to step 0 and reaches step
+    # 2 again. The restart budget (launcher.max_restarts=2) must hold across those rewinds.
+    run = make_run(tmp_path, ["launcher.max_restarts=2"], restarter=object())
+    run.total_steps = 5
+    attempts = []
+
+    def step(records, number):
+        attempts.append(number)
+        if len(attempts) > 20:
+            raise AssertionError("restarted without end")
+        if number == 2:
+            raise RoleCallError("actor", "127.0.0.1:2", "UpdatePolicy", Unavailable())
+        return {"critic/score/mean": 0.5}
+
+    def rewind_to_start(err, updated=False):
+        run.state.step = 0
+        run.loader.load_state_dict({"epoch": 0, "batch_in_epoch": 0, "seed": 1})
+        return True
+
+    run.step_runner = type("Runner", (), {"run": staticmethod(step)})()
+    run.recover = rewind_to_start
+    with pytest.raises(RoleCallError, match="UpdatePolicy"):
+        run.train()
+    assert attempts == [1, 2, 1, 2, 1, 2]  # the first try and 2 restarts
