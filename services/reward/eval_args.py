@@ -18,5 +18,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--custom-function", default=None, help="path/to/file.py:function_name (in-process)"
     )
-    p.add_argument("--timeout-s", type=float, default=10.0, help="per-sample scorer limit")
+    p.add_argument(
+        "--timeout-s",
+        type=float,
+        default=10.0,
+        help="each sample's scoring limit, in process or sent with each call to --server",
+    )
     p.add_argument("--num-workers", type=int, default=2)

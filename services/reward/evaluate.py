@@ -31,6 +31,9 @@ from services.reward.types import ScoreItem, ScoreOutcome
 ACC_TOLERANCE = 1e-6
 CHUNK = 512
 """Items per Score call when scoring through a server."""
+WORKER_RESPAWN_S = 5.0
+"""Room per sample for the server's pool to replace a worker killed at its timeout (a spawned
+worker takes 1-3 s to import the scorers)."""
 
 
 @dataclass
@@ -132,7 +135,8 @@ def evaluate(
         SampleResult(i, k, rows[i].data_source, o.score, _acc(o), o.ok, o.reason)
         for (i, k), o in zip(keys, outcomes, strict=True)
     ]
-    report = summarize(samples, missing_rows=len(rows) - len(responses))
+    answered = sum(1 for r in responses.values() if r)  # "responses": [] answers nothing
+    report = summarize(samples, missing_rows=len(rows) - answered)
     if output is not None:
         write_report(report, output)
     return report
@@ -149,15 +153,22 @@ def _score(items: list[ScoreItem], server: str | None, cfg: RewardConfig) -> lis
     from services.reward.client import RewardClient
 
     out: list[ScoreOutcome] = []
-    with RewardClient(server) as client:
+    with RewardClient(server, timeout_s=score_deadline_s(CHUNK, cfg.timeout_s)) as client:
         for start in range(0, len(items), CHUNK):
             try:
-                out.extend(client.score(items[start : start + CHUNK]))
+                out.extend(client.score(items[start : start + CHUNK], cfg.timeout_s))
             except grpc.RpcError as e:
                 raise RuntimeError(
                     f"reward server {server}: {e.code().name}: {e.details()}"
                 ) from None
     return out
+
+
+def score_deadline_s(num_items: int, per_sample_timeout_s: float) -> float:
+    """A deadline for one Score call that only a dead or stuck server reaches: every sample
+    may run to its timeout, one after another on a single worker. A shorter one (the client's
+    300 s) failed the whole evaluation when a chunk held many slow samples."""
+    return 60.0 + num_items * (per_sample_timeout_s + WORKER_RESPAWN_S)
 
 
 def _acc(o: ScoreOutcome) -> float:

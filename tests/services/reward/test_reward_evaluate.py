@@ -84,6 +84,14 @@ def test_evaluate_in_process(files, tmp_path):
     assert "(1 rows of the data had no response)" in table
 
 
+def test_an_empty_responses_list_leaves_its_row_missing(files):
+    data, responses = files
+    with responses.open("a") as f:
+        f.write(json.dumps({"index": 3, "responses": []}) + "\n")
+    report = evaluate(data, responses, cfg=RewardConfig(num_workers=1))
+    assert report.missing_rows == 1 and report.overall.responses == 6
+
+
 def test_cli_main(files, tmp_path, capsys):
     data, responses = files
     assert main(["--data", str(data), "--responses", str(responses), "--num-workers", "1"]) == 0

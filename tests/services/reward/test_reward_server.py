@@ -16,9 +16,10 @@ import pytest
 
 from meshrl.api.v1 import reward_pb2, reward_pb2_grpc
 from meshrl.config import build_config, config_to_yaml
+from meshrl.config.schema import RewardConfig
 from meshrl.rpc.client import open_channel, wait_for_health
 from services.reward.client import RewardClient
-from services.reward.evaluate import evaluate
+from services.reward.evaluate import CHUNK, evaluate, score_deadline_s
 from services.reward.scorers.registry import known_data_sources
 from services.reward.server import SERVICE_NAME
 from services.reward.types import ScoreItem
@@ -173,6 +174,42 @@ def test_evaluate_through_server(server, tmp_path):
     )
     report = evaluate(data, tmp_path / "r.jsonl", server=server.address)
     assert (report.overall.responses, report.overall.acc, report.missing_rows) == (2, 1.0, 1)
+
+
+def test_evaluate_through_server_sends_its_sample_timeout(server, tmp_path):
+    """--timeout-s reaches the server: a hanging sample costs itself, after 1 s, not the call;
+    and the call's deadline covers a chunk whose every sample runs to its timeout."""
+    fn = tmp_path / "slow.py"
+    fn.write_text(
+        "import time\n"
+        "def score(data_source, solution_str, ground_truth, extra_info):\n"
+        "    if solution_str == 'hang':\n"
+        "        time.sleep(60)\n"
+        "    return 1.0\n"
+    )
+    data = tmp_path / "test.parquet"
+    rows = [
+        {
+            "data_source": "openai/gsm8k",
+            "prompt": "q",
+            "reward_model": {"style": "rule", "ground_truth": "1"},
+            "extra_info": {"index": i},
+        }
+        for i in range(2)
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    responses = tmp_path / "r.jsonl"
+    responses.write_text('{"index": 0, "response": "hang"}\n{"index": 1, "response": "x"}\n')
+    custom = build_config({"reward": {"custom_function": f"{fn}:score", "num_workers": 1}})
+    with RewardClient(server.address, timeout_s=90) as c:
+        c.initialize(config_to_yaml(custom))
+        try:
+            report = evaluate(data, responses, server=server.address, cfg=RewardConfig(timeout_s=1))
+        finally:
+            c.initialize(config_to_yaml(build_config({})))  # back to the rule scorers
+    hung, fine = report.samples
+    assert (hung.ok, hung.reason, fine.ok, fine.score) == (False, "timeout after 1.0s", True, 1.0)
+    assert score_deadline_s(CHUNK, 10.0) > CHUNK * 10.0
 
 
 def test_initialize_with_custom_function_then_bad_config(server, tmp_path):
