@@ -1,5 +1,7 @@
 """Validation: greedy (or `val_kwargs`) generation over the validation set, scored per
-data_source, reported as `val-core/<data_source>/acc/mean@1` like verl."""
+data_source, reported with verl's names: `val-core/<data_source>/acc/mean@n` (the core
+variable is the accuracy, which every scorer here reports) and
+`val-aux/<data_source>/reward/mean@n`."""
 
 from __future__ import annotations
 
@@ -67,7 +69,8 @@ def validate(
             acc_by_source[ds].append(result.extra.get("acc", float(result.score >= 1.0)))
     metrics = {}
     for ds in sorted(scores_by_source):
-        metrics[f"val-core/{ds}/reward/mean@{n}"] = sum(scores_by_source[ds]) / len(
+        # verl files the reward under val-aux when an acc variable exists, as it always does here
+        metrics[f"val-aux/{ds}/reward/mean@{n}"] = sum(scores_by_source[ds]) / len(
             scores_by_source[ds]
         )
         metrics[f"val-core/{ds}/acc/mean@{n}"] = sum(acc_by_source[ds]) / len(acc_by_source[ds])
