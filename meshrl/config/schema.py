@@ -439,18 +439,23 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _check_batch_shapes(self) -> RunConfig:
-        actor = self.actor_rollout_ref.actor
-        if actor.ppo_mini_batch_size > self.data.train_batch_size:
-            raise ValueError(
-                "actor_rollout_ref.actor.ppo_mini_batch_size "
-                f"({actor.ppo_mini_batch_size}) exceeds data.train_batch_size "
-                f"({self.data.train_batch_size})"
-            )
-        if self.data.train_batch_size % actor.ppo_mini_batch_size:
-            raise ValueError(
-                "data.train_batch_size must be a multiple of "
-                "actor_rollout_ref.actor.ppo_mini_batch_size"
-            )
+        # As verl: each optimizer step takes a whole mini-batch (a smaller last one would
+        # weigh its few prompts as much as a full one). The critic's only when it runs.
+        trained = [("actor_rollout_ref.actor", self.actor_rollout_ref.actor)]
+        if self.use_critic:
+            trained.append(("critic", self.critic))
+        batch = self.data.train_batch_size
+        for name, role in trained:
+            if role.ppo_mini_batch_size > batch:
+                raise ValueError(
+                    f"{name}.ppo_mini_batch_size ({role.ppo_mini_batch_size}) exceeds "
+                    f"data.train_batch_size ({batch})"
+                )
+            if batch % role.ppo_mini_batch_size:
+                raise ValueError(
+                    f"data.train_batch_size ({batch}) must be a multiple of "
+                    f"{name}.ppo_mini_batch_size ({role.ppo_mini_batch_size})"
+                )
         return self
 
     @property

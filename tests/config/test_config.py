@@ -54,6 +54,15 @@ def test_mini_batch_larger_than_batch_fails():
         )
 
 
+def test_critic_mini_batch_is_checked_when_the_critic_runs():
+    small = ["data.train_batch_size=32", "actor_rollout_ref.actor.ppo_mini_batch_size=32"]
+    with pytest.raises(ConfigError, match=r"critic\.ppo_mini_batch_size \(64\) exceeds"):
+        build_config({}, small)  # gae: the critic runs, with its default of 64
+    with pytest.raises(ConfigError, match=r"multiple of critic\.ppo_mini_batch_size \(12\)"):
+        build_config({}, [*small, "critic.ppo_mini_batch_size=12"])
+    build_config({}, [*small, "algorithm.adv_estimator=grpo"])  # no critic: not checked
+
+
 def test_interpolation_and_yaml_round_trip(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("trainer:\n  experiment_name: exp1\n")
