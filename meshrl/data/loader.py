@@ -2,17 +2,22 @@
 
 Each epoch's order is a permutation drawn from ``torch.Generator().manual_seed(seed + epoch)``,
 so the order of epoch e depends only on (seed, e): restoring ``{"epoch", "batch_in_epoch",
-"seed"}`` from a checkpoint gives the very batches an uninterrupted run would have seen.
+"seed"}`` from a checkpoint gives the very batches an uninterrupted run would have seen, as
+long as the prompts and the batch size are those of the saved run. The state also records
+these two, and a resume with others is logged as a warning: the batches then differ.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator, Sequence
 
 import torch
 
 from meshrl.data.dataset import PromptRecord
+
+log = logging.getLogger(__name__)
 
 
 class PromptLoader:
@@ -76,10 +81,25 @@ class PromptLoader:
             yield self.next_batch()
 
     def state_dict(self) -> dict[str, int]:
-        """Position of the next batch to serve."""
-        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "seed": self.seed}
+        """Position of the next batch to serve, and what the order was drawn over."""
+        return {
+            "epoch": self.epoch,
+            "batch_in_epoch": self.batch_in_epoch,
+            "seed": self.seed,
+            "prompts": len(self.dataset),
+            "batch_size": self.batch_size,
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        saved = (state.get("prompts"), state.get("batch_size"))  # absent in older checkpoints
+        now = (len(self.dataset), self.batch_size)
+        if saved[0] is not None and saved != now:
+            log.warning(
+                "resuming over %d prompts in batches of %d, but the checkpoint was saved over "
+                "%d prompts in batches of %d: the batches from here differ from the saved run's",
+                *now,
+                *saved,
+            )
         batch = int(state["batch_in_epoch"])
         if not 0 <= batch < self.steps_per_epoch:
             raise ValueError(

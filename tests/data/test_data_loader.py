@@ -51,6 +51,23 @@ def test_resume_gives_the_same_following_batches(k):
 def test_state_dict_keys_and_bad_position():
     loader = PromptLoader(DATA, 5)
     loader.next_batch()
-    assert loader.state_dict() == {"epoch": 0, "batch_in_epoch": 1, "seed": 1}
+    assert loader.state_dict() == {
+        "epoch": 0,
+        "batch_in_epoch": 1,
+        "seed": 1,
+        "prompts": len(DATA),
+        "batch_size": 5,
+    }
     with pytest.raises(ValueError, match="batch_in_epoch=7"):
         loader.load_state_dict({"epoch": 0, "batch_in_epoch": 7, "seed": 1})
+
+
+def test_resume_over_other_prompts_is_a_warning_naming_both(caplog):
+    state = PromptLoader(DATA, 5).state_dict()
+    with caplog.at_level("WARNING", logger="meshrl.data.loader"):
+        PromptLoader(DATA, 5).load_state_dict(state)
+        assert not caplog.records  # the same data: nothing to say
+        PromptLoader(DATA[:-5], 5).load_state_dict(state)
+    (record,) = caplog.records
+    assert f"over {len(DATA) - 5} prompts in batches of 5" in record.getMessage()
+    assert f"saved over {len(DATA)} prompts in batches of 5" in record.getMessage()
