@@ -104,7 +104,15 @@ class ActorRole(TrainedRole):
         model = shard_model(model, world.mesh, mixed_precision(arr.model.dtype))
         return ActorRole(
             model=model,
-            optimization=Optimization.from_config(model, arr.actor, cfg, arr.actor.use_dynamic_bsz),
+            optimization=Optimization.from_config(
+                model,
+                arr.actor,
+                cfg,
+                arr.actor.use_dynamic_bsz,
+                # The actor first updates after the critic-only steps (coordinator's
+                # ppo_step.updates): its warm-up starts there, as verl's scheduler does.
+                first_step=cfg.critic.critic_warmup + 1,
+            ),
             loss=PolicyLossSettings.from_config(cfg),
             temperature=rollout_temperature(cfg),
             log_prob=log_prob_settings(cfg, arr.rollout),

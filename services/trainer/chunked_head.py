@@ -99,6 +99,8 @@ class ChunkedLMHead(nn.Module):
         if self.bias is not None:
             raise ValueError("ChunkedLMHead: an LM head with bias is not supported")
         b, k, _ = hidden.shape
+        if b * k == 0:
+            return _no_scores(hidden, self.weight)
         flat_h = hidden.reshape(b * k, -1)
         flat_y = labels.reshape(b * k)
         parts = []
@@ -124,6 +126,15 @@ class ChunkedLMHead(nn.Module):
             ]
         # A fresh tensor, not a view: FSDP2 warns about views among module outputs.
         return torch.cat(parts).view(b, k, 2).clone()
+
+
+def _no_scores(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """(b, 0, h) -> (b, 0, 2): no position to score, as in a padding-free micro-batch whose
+    responses are all empty. The empty result still hangs off the hidden states and the
+    weight, so a backward through it reaches every FSDP unit (zero gradients): FSDP's
+    reduce after backward is a collective that all ranks must join."""
+    anchor = (hidden.sum() + weight.sum()).float() * 0.0  # () zero, with grad
+    return anchor.expand(hidden.shape[0], hidden.shape[1], 2).clone()
 
 
 def install_chunked_head(model: nn.Module, chunk_rows: int = 2048) -> ChunkedLMHead | None:

@@ -25,10 +25,12 @@ from services.trainer.trained_role import Optimization, TrainedRole
 class ValueLossSettings:
     cliprange_value: float
     loss_agg_mode: str
+    loss_width: int  # Dr. GRPO's constant T (max_response_length), as the actor's
 
     @staticmethod
     def from_config(cfg: RunConfig) -> ValueLossSettings:
-        return ValueLossSettings(cfg.critic.cliprange_value, cfg.critic.loss_agg_mode)
+        c = cfg.critic
+        return ValueLossSettings(c.cliprange_value, c.loss_agg_mode, cfg.data.max_response_length)
 
 
 def compute_dtype(cfg: RunConfig) -> str | None:
@@ -125,6 +127,8 @@ class CriticRole(TrainedRole):
                 loss_agg_mode=self.loss.loss_agg_mode,
                 global_token_count=mini.token_count,
                 global_seq_count=mini.seq_count,
+                # Not this batch's longest response: T must not change from step to step.
+                norm_length=max(self.loss.loss_width, width),
             )
             share = mask.sum() / max(mini.token_count, 1)
             return vl.loss, {

@@ -32,9 +32,10 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> t
 class LrSchedule:
     """Linear warm-up, then constant or cosine decay to ``min_lr_ratio * lr``.
 
-    A pure function of the PPO step (as verl counts it: one scheduler step per update
-    call), so a restarted or resumed trainer needs no scheduler state: the coordinator
-    sends ``global_step`` with every update.
+    A pure function of the PPO step, so a restarted or resumed trainer needs no scheduler
+    state: the coordinator sends ``global_step`` with every update. It counts the role's
+    own updates, as verl's scheduler does (one step per update call): ``first_step`` is
+    the PPO step of the role's first update (the actor's comes after ``critic_warmup``).
     """
 
     lr: float
@@ -42,9 +43,12 @@ class LrSchedule:
     kind: str = "constant"
     min_lr_ratio: float = 0.0
     total_steps: int | None = None
+    first_step: int = 1
 
     @staticmethod
-    def from_config(cfg: OptimConfig, run_total_steps: int | None) -> LrSchedule:
+    def from_config(
+        cfg: OptimConfig, run_total_steps: int | None, first_step: int = 1
+    ) -> LrSchedule:
         total = cfg.total_training_steps or run_total_steps
         if cfg.lr_scheduler_type == "cosine" and not total:
             raise ValueError(
@@ -52,7 +56,7 @@ class LrSchedule:
                 "or trainer.total_training_steps"
             )
         return LrSchedule(
-            cfg.lr, cfg.lr_warmup_steps, cfg.lr_scheduler_type, cfg.min_lr_ratio, total
+            cfg.lr, cfg.lr_warmup_steps, cfg.lr_scheduler_type, cfg.min_lr_ratio, total, first_step
         )
 
     def factor(self, step: int) -> float:
@@ -69,7 +73,7 @@ class LrSchedule:
 
     def lr_at(self, global_step: int) -> float:
         """lr of the update at 1-based PPO step ``global_step`` (verl's step counter)."""
-        return self.lr * self.factor(max(0, global_step - 1))
+        return self.lr * self.factor(max(0, global_step - self.first_step))
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

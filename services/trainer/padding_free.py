@@ -64,6 +64,10 @@ class FlatSequences:
         flat = outputs[0]
         if flat.shape[0] == self.input_ids.shape[1]:
             flat = flat[self.predictor_index]  # (n, ...)
+        if flat.shape[0] == 0:
+            # Every response is empty (n = 0): the slots (all 0, all masked) need one row
+            # to point at. A zero row joined to the outputs keeps the graph behind them.
+            flat = torch.cat([flat, flat.new_zeros(1, *flat.shape[1:])])
         return flat[self.response_slot]
 
     def to(self, device: torch.device) -> FlatSequences:

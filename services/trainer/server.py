@@ -80,6 +80,7 @@ class RankHandlers:
         self.role: ActorRole | CriticRole | RefRole | None = None
         self.publisher: WeightPublisher | None = None
         self.model_path = ""
+        self.vocab_size = 0  # of the loaded model: token ids of a request are checked against it
         self.gives_memory_back = False  # set by Initialize (launcher placement, config)
 
     def dispatch(self, method_id: int, payload: bytes):
@@ -121,6 +122,7 @@ class RankHandlers:
             )  # fmt: skip
         self.role = ROLES[self.role_name].build(cfg, world)
         self.model_path = _model_path(cfg, self.role_name)
+        self.vocab_size = _vocab_size(self.role.model)
         if isinstance(self.role, ActorRole):
             rollout = cfg.actor_rollout_ref.rollout
             self.publisher = WeightPublisher(
@@ -134,7 +136,9 @@ class RankHandlers:
 
     def ComputeLogProbs(self, req: common_pb2.LogProbsRequest) -> common_pb2.LogProbsResponse:
         logprobs, entropy = self.role.compute_log_probs(
-            _batch(req.batch), req.temperature if req.temperature > 0 else None, req.with_entropy
+            self._batch(req.batch),
+            req.temperature if req.temperature > 0 else None,
+            req.with_entropy,
         )
         return common_pb2.LogProbsResponse(
             logprobs=tensor_to_proto(logprobs.values),
@@ -143,15 +147,15 @@ class RankHandlers:
         )
 
     def ComputeValues(self, req: common_pb2.SequenceBatch) -> trainer_pb2.ValuesResponse:
-        values = self.role.compute_values(_batch(req))
+        values = self.role.compute_values(self._batch(req))
         return trainer_pb2.ValuesResponse(values=tensor_to_proto(values.values))
 
     def UpdatePolicy(self, req: trainer_pb2.PolicyUpdateRequest) -> trainer_pb2.UpdateResponse:
-        batch = _batch(req.batch)
+        batch = self._batch(req.batch)
         metrics = self.role.update_policy(
             batch,
-            _per_token(batch, req.old_logprobs, "old_logprobs"),
-            _per_token(batch, req.advantages, "advantages"),
+            _required_per_token(batch, req.old_logprobs, "old_logprobs"),
+            _required_per_token(batch, req.advantages, "advantages"),
             _per_token(batch, req.ref_logprobs, "ref_logprobs"),
             _per_token(batch, req.rollout_logprobs, "rollout_logprobs"),
             req.global_step,
@@ -159,14 +163,19 @@ class RankHandlers:
         return trainer_pb2.UpdateResponse(metrics=metrics)
 
     def UpdateValue(self, req: trainer_pb2.ValueUpdateRequest) -> trainer_pb2.UpdateResponse:
-        batch = _batch(req.batch)
+        batch = self._batch(req.batch)
         metrics = self.role.update_value(
             batch,
-            _per_token(batch, req.old_values, "old_values"),
-            _per_token(batch, req.returns, "returns"),
+            _required_per_token(batch, req.old_values, "old_values"),
+            _required_per_token(batch, req.returns, "returns"),
             req.global_step,
         )
         return trainer_pb2.UpdateResponse(metrics=metrics)
+
+    def _batch(self, msg: common_pb2.SequenceBatch) -> SequenceBatch:
+        batch = _batch(msg)
+        batch.check_token_ids(self.vocab_size)
+        return batch
 
     def PrepareWeights(self, req: trainer_pb2.PrepareWeightsRequest) -> common_pb2.WeightManifest:
         return self.publisher.prepare(req.version, req.dtype, req.bucket_bytes).to_proto()
@@ -341,6 +350,20 @@ def _per_token(batch: SequenceBatch, msg: common_pb2.Tensor, name: str) -> Ragge
             f"{name} has {values.numel()} values for {batch.num_response_tokens} response tokens"
         )
     return batch.responses.with_values(values)
+
+
+def _required_per_token(batch: SequenceBatch, msg: common_pb2.Tensor, name: str) -> Ragged:
+    """As :func:`_per_token`, for a field the update cannot run without."""
+    values = _per_token(batch, msg, name)
+    if values is None:
+        raise ValueError(f"{name} is missing: it needs one float per response token")
+    return values
+
+
+def _vocab_size(model: torch.nn.Module) -> int:
+    """Rows of the model's input embedding (a causal LM, or the critic's wrapped decoder)."""
+    config = getattr(model, "config", None) or model.model.config
+    return config.vocab_size
 
 
 def _checkpoint_path(req: trainer_pb2.CheckpointRequest) -> str:

@@ -34,9 +34,11 @@ class Optimization:
         role: ActorConfig | CriticConfig,
         cfg: RunConfig,
         dynamic_bsz: bool,
+        first_step: int = 1,
     ) -> Optimization:
         """``role`` is ``actor_rollout_ref.actor`` or ``critic`` (the same field names);
-        ``dynamic_bsz`` is the role's resolved ``use_dynamic_bsz``."""
+        ``dynamic_bsz`` is the role's resolved ``use_dynamic_bsz``; ``first_step`` the PPO
+        step of the role's first update, where its lr schedule starts."""
         update = UpdateSettings(
             mini_batch_rows=role.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n,
             micro_batch_rows=role.ppo_micro_batch_size_per_gpu,
@@ -48,7 +50,9 @@ class Optimization:
         )
         return Optimization(
             optimizer=build_optimizer(model.parameters(), role.optim),
-            schedule=LrSchedule.from_config(role.optim, cfg.trainer.total_training_steps),
+            schedule=LrSchedule.from_config(
+                role.optim, cfg.trainer.total_training_steps, first_step
+            ),
             update=update,
         )
 

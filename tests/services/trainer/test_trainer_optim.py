@@ -155,3 +155,12 @@ def test_fused_adamw_skips_a_non_finite_step_on_the_device():
         assert torch.equal(opt.state[p]["exp_avg"].full_tensor(), moment)
         assert float(opt.state[p]["step"]) == 2
         assert p.grad is None
+
+
+def test_schedule_counts_from_the_roles_first_update():
+    # A role whose first update is at PPO step 3 (the actor after critic_warmup=2) warms
+    # up over its own updates 3, 4, 5, 6, not over the PPO steps.
+    s = LrSchedule(lr=1.0, warmup_steps=4, first_step=3)
+    assert [s.lr_at(step) for step in range(3, 9)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    cfg = OptimConfig(lr=1.0, lr_warmup_steps=4)
+    assert LrSchedule.from_config(cfg, None, first_step=3) == s

@@ -303,3 +303,35 @@ def test_reference_follows_the_actors_dynamic_batching(world, tiny_model_dir):
     got, _ = ref.compute_log_probs(batch)
     want, _ = RefRole.build(_config(tiny_model_dir, "rows_padded"), world).compute_log_probs(batch)
     torch.testing.assert_close(got.values, want.values, atol=1e-5, rtol=0)
+
+
+def test_padding_free_handles_empty_responses(world, tiny_model_dir):
+    # A response of no tokens (row 1): in a micro-batch of its own, its padding-free row
+    # keeps no position for the LM head at all. That used to fail in the chunked head
+    # (reshape of 0 rows) and in mapping the outputs back; the padded layout always worked.
+    prompts = [torch.tensor([5]), torch.tensor([5, 6]), torch.tensor([7])]
+    responses = [torch.tensor([4, 5]), torch.zeros(0, dtype=torch.int64), torch.tensor([9, 10])]
+    batch = SequenceBatch(Ragged.from_tensors(prompts), Ragged.from_tensors(responses))
+    one_row = ["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1"]
+    results = {}
+    for layout in ("rows_padded", "rows_padding_free"):
+        cfg = trainer_config(tiny_model_dir, one_row + LAYOUTS[layout])
+        actor = ActorRole.build(cfg, world)
+        old, entropy = actor.compute_log_probs(batch, with_entropy=True)
+        adv = old.with_values(torch.linspace(-1, 1, old.values.numel()))
+        metrics = actor.update_policy(batch, old, adv, None, None, global_step=1)
+        results[layout] = (old.values, entropy.values, metrics, _params(actor))
+    base_old, base_ent, base_metrics, base_params = results["rows_padded"]
+    old, ent, metrics, params = results["rows_padding_free"]
+    assert old.numel() == 4
+    torch.testing.assert_close(old, base_old, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, base_ent, atol=1e-5, rtol=0)
+    _assert_same_update("rows_padding_free", metrics, params, base_metrics, base_params)
+    # Only empty responses: nothing to score, and an update that changes nothing.
+    empty = batch.select(torch.tensor([1]))
+    flat = flatten_sequences(empty, response_width=3)
+    model = load_policy_model(str(tiny_model_dir), remove_padding=True)
+    scores = response_logprobs(model, flat, 1.0, with_entropy=True)
+    assert scores.logprobs.shape == (1, 3)
+    scores.logprobs.sum().backward()  # the graph reaches the weights (FSDP's reduce needs it)
+    assert model.lm_head.weight.grad is not None

@@ -298,3 +298,58 @@ def test_weights_kept_gathered_across_mini_batches_train_like_gathering_again(
     assert fallback[0] == gathered_again[0]
     for name, value in gathered_again[1].items():
         assert torch.equal(fallback[1][name], value), name
+
+
+def test_seq_mean_token_sum_norm_divides_by_max_response_length(world, tiny_model_dir):
+    # Dr. GRPO's T is a constant, data.max_response_length (8 here), for both roles; the
+    # critic used to divide by the batch's longest response instead (a T that changed from
+    # step to step). One mini-batch of 4 rows, epochs 1: the metric is the loss before the
+    # step. By hand: actor, ratio 1 and A = 1: every token's loss is -1; critic, values 0
+    # (zero head) and returns 1: 0.5 * (0 - 1)^2 per token. Both sums over N_seq * T.
+    mode = "seq-mean-token-sum-norm"
+    cfg = trainer_config(
+        tiny_model_dir,
+        [f"actor_rollout_ref.actor.loss_agg_mode={mode}", f"critic.loss_agg_mode={mode}"],
+    )
+    batch = make_batch(4, seed=9)
+    n_tokens, longest = batch.num_response_tokens, int(batch.response_lengths.max())
+    assert longest < cfg.data.max_response_length
+    per_seq_and_t = 4 * cfg.data.max_response_length
+
+    actor = ActorRole.build(cfg, world)
+    old, _ = actor.compute_log_probs(batch)
+    adv = old.with_values(torch.ones_like(old.values))
+    metrics = actor.update_policy(batch, old, adv, None, None, global_step=1)
+    assert metrics["actor/pg_loss"] == pytest.approx(-n_tokens / per_seq_and_t, rel=1e-6)
+
+    critic = CriticRole.build(cfg, world)
+    values = critic.compute_values(batch)
+    returns = values.with_values(torch.ones_like(values.values))
+    metrics = critic.update_value(batch, values, returns, global_step=1)
+    assert metrics["critic/vf_loss"] == pytest.approx(0.5 * n_tokens / per_seq_and_t, rel=1e-6)
+
+
+def test_actor_lr_schedule_starts_at_its_first_update_after_critic_warmup(world, tiny_model_dir):
+    # critic_warmup=2: steps 1 and 2 train only the critic, the actor first updates at step
+    # 3. Its warm-up (4 updates) starts there, as verl's scheduler counts the actor's own
+    # updates; it used to count PPO steps, so the first update ran at 3/4 of the lr.
+    overrides = [
+        "critic.critic_warmup=2",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=4",
+        "critic.optim.lr_warmup_steps=4",
+    ]
+    cfg = trainer_config(tiny_model_dir, overrides)
+    batch = make_batch(4, seed=10)
+    actor = ActorRole.build(cfg, world)
+    old, _ = actor.compute_log_probs(batch)
+    adv = old.with_values(torch.ones_like(old.values))
+    lrs = [
+        actor.update_policy(batch, old, adv, None, None, global_step=step)["actor/lr"]
+        for step in (3, 4)
+    ]
+    assert lrs == pytest.approx([1e-3 / 4, 1e-3 / 2])
+    # The critic trains from step 1: its schedule is not shifted.
+    critic = CriticRole.build(cfg, world)
+    values = critic.compute_values(batch)
+    metrics = critic.update_value(batch, values, values, global_step=1)
+    assert metrics["critic/lr"] == pytest.approx(1e-2 / 4)
