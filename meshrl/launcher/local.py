@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from meshrl.config import RunConfig
 from meshrl.launcher.ports import free_port
+from meshrl.launcher.server_processes import stop_server
 from meshrl.rpc.client import wait_for_health
 from meshrl.rpc.security import SecuritySettings
 from meshrl.rpc.server import INSTANCE_ENV, instance_health_name
@@ -224,20 +223,8 @@ class LocalLauncher:
 
     @staticmethod
     def _terminate(proc: RoleProcess, grace_s: float = 5.0) -> None:
-        if proc.popen is None or proc.popen.poll() is not None:
-            return
-        try:
-            os.killpg(proc.popen.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and proc.popen.poll() is None:
-            time.sleep(0.05)
-        try:
-            os.killpg(proc.popen.pid, signal.SIGKILL)  # also any torchrun child left behind
-        except ProcessLookupError:
-            pass
-        proc.popen.wait()
+        if proc.popen is not None:
+            stop_server(proc.popen, proc.instance_id, grace_s)
 
     def stop(self) -> None:
         for proc in self.processes.values():

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,6 +145,7 @@ class RoleServerActor:
         self.log_path = ""
         self.address = ""
         self.env: dict[str, str] = {}
+        self.instance_id = ""
 
     def start(
         self, spec: RoleSpec, log_path: str, timeout_s: float, env: dict[str, str]
@@ -211,18 +210,12 @@ class RoleServerActor:
         return self.popen is not None and self.popen.poll() is None
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """SIGTERM to the server's process group, SIGKILL after `grace_s`."""
-        if not self.alive():
-            return
-        os.killpg(self.popen.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and self.popen.poll() is None:
-            time.sleep(0.05)
-        try:
-            os.killpg(self.popen.pid, signal.SIGKILL)  # torchrun ranks left behind too
-        except ProcessLookupError:
-            pass
-        self.popen.wait()
+        """SIGTERM to the server's process group, SIGKILL after `grace_s`; what it started
+        is stopped even when the server itself already died."""
+        from meshrl.launcher.server_processes import stop_server
+
+        if self.popen is not None:
+            stop_server(self.popen, self.instance_id, grace_s)
 
 
 class RayLauncher:

@@ -9,7 +9,28 @@ from __future__ import annotations
 
 import os
 
-MAX_MESSAGE_BYTES = int(float(os.environ.get("MESHRL_GRPC_MAX_MESSAGE_MB", "512")) * 1024 * 1024)
+MAX_MESSAGE_ENV = "MESHRL_GRPC_MAX_MESSAGE_MB"
+
+_GRPC_CEILING = 2**31 - 1
+"""gRPC takes the limits as a C int (2048 MiB raised OverflowError when a server or channel was
+built), and protobuf cannot encode a message of 2 GiB or more anyway."""
+
+
+def max_message_bytes(raw: str | None) -> int:
+    """The limit in bytes from the variable's text (MiB, default 512); a bad value fails
+    naming the variable, and one past gRPC's ceiling becomes the ceiling."""
+    try:
+        mib = float(raw or "512")
+    except ValueError:
+        raise ValueError(
+            f"{MAX_MESSAGE_ENV}={raw!r}: expected a number of MiB, e.g. 1024"
+        ) from None
+    if not mib > 0:  # NaN too
+        raise ValueError(f"{MAX_MESSAGE_ENV}={raw!r}: the limit must be more than 0 MiB")
+    return int(min(mib * 1024 * 1024, _GRPC_CEILING))
+
+
+MAX_MESSAGE_BYTES = max_message_bytes(os.environ.get(MAX_MESSAGE_ENV))
 """MESHRL_GRPC_MAX_MESSAGE_MB overrides the limit (same value on every process of a run).
 A message over it is refused with RESOURCE_EXHAUSTED; the receiving server lives on."""
 

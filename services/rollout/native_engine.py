@@ -61,11 +61,23 @@ class NativeEngine:
         device: str = "cpu",
         max_num_seqs: int = 256,
         logprob_batch_size: int = 16,
+        max_model_len: int | None = None,
     ):
+        """``max_model_len``: positions a prompt and its response may take together (the run
+        gives data.max_prompt_length + data.max_response_length); None: the model's
+        ``max_position_embeddings``, or no limit when its config has none."""
         if max_num_seqs < 1 or logprob_batch_size < 1:
             raise ValueError("max_num_seqs and logprob_batch_size must be >= 1")
         self.runner = ModelRunner(model_path, dtype_from_name(dtype), device)
         self.model_path = model_path
+        self.max_model_len = max_model_len or getattr(
+            self.runner.model.config, "max_position_embeddings", None
+        )
+        self._max_len_source = (
+            "data.max_prompt_length + data.max_response_length"
+            if max_model_len
+            else "the model's max_position_embeddings"
+        )
         self.max_num_seqs = max_num_seqs
         self.logprob_batch_size = logprob_batch_size
         self.eos_token_ids = eos_token_ids(self.runner.model, tokenizer_path or model_path)
@@ -101,6 +113,7 @@ class NativeEngine:
     def generate(self, prompts: Ragged, params: SamplingParams) -> GenerationResult:
         self._check_memory()
         self._check_tokens(prompts, "prompts")
+        self._check_length(prompts, params.max_tokens)
         sampling = self._sampling(params)
         total = len(prompts) * params.n
         tokens: list[torch.Tensor] = []
@@ -254,6 +267,21 @@ class NativeEngine:
     def _check_memory(self) -> None:
         if self._released:
             raise MemoryReleasedError("rollout memory is released: resume it before generating")
+
+    def _check_length(self, prompts: Ragged, max_tokens: int) -> None:
+        """Every prompt plus max_tokens within max_model_len. Past it the model would run on
+        positions it never saw (rope extrapolates silently), and the GPU engines refuse it:
+        the same request must fail the same way on a CPU."""
+        if self.max_model_len is None or len(prompts) == 0:
+            return
+        lengths = prompts.lengths  # (b,)
+        i = int(lengths.argmax())
+        if int(lengths[i]) + max_tokens > self.max_model_len:
+            raise ValueError(
+                f"prompts[{i}] has {int(lengths[i])} tokens; with sampling.max_tokens "
+                f"{max_tokens} that exceeds max_model_len {self.max_model_len} "
+                f"({self._max_len_source})"
+            )
 
     def _check_tokens(self, rows: Ragged, field: str, allow_empty: bool = False) -> None:
         """Token ids inside the vocabulary, and no empty rows unless allowed."""

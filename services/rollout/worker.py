@@ -76,6 +76,7 @@ def build_engine(cfg: RunConfig) -> RolloutEngine:
         )
     from services.rollout.native_engine import NativeEngine  # torch + transformers: heavy
 
+    max_model_len = cfg.data.max_prompt_length + cfg.data.max_response_length
     kwargs = dict(
         tokenizer_path=model.tokenizer_path,
         dtype=rollout.dtype,
@@ -94,11 +95,11 @@ def build_engine(cfg: RunConfig) -> RolloutEngine:
                 model.path,
                 gpu_memory_utilization=rollout.gpu_memory_utilization,
                 enforce_eager=rollout.enforce_eager,
-                max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+                max_model_len=max_model_len,
                 **kwargs,
             )
         log.warning("rollout fast path off (%s): using the plain engine", reason)
-    return NativeEngine(model.path, **kwargs)
+    return NativeEngine(model.path, max_model_len=max_model_len, **kwargs)
 
 
 class RolloutWorker:

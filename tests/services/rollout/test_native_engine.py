@@ -196,6 +196,23 @@ def test_bad_prompts_are_rejected(engine):
         engine.compute_logprobs(Ragged.from_lists([[1], [1]]), Ragged.from_lists([[4]]), 1.0)
 
 
+def test_prompt_over_the_model_length_is_refused_naming_it(model_dir):
+    # Without a limit the engine ran the model on positions past max_model_len without a word.
+    short = NativeEngine(model_dir, max_model_len=20)
+    prompts = Ragged.from_lists([[1, 4], [1] * 15])
+    with pytest.raises(
+        ValueError, match=r"prompts\[1\] has 15 tokens.*max_tokens 6.*max_model_len 20"
+    ):
+        short.generate(prompts, SamplingParams(temperature=0, max_tokens=6))
+    assert len(short.generate(prompts, SamplingParams(temperature=0, max_tokens=5)).responses) == 2
+
+
+def test_model_length_defaults_to_the_models_positions(engine):
+    assert engine.max_model_len == 256  # tiny_llama_config's max_position_embeddings
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        engine.generate(Ragged.from_lists([[1] * 250]), SamplingParams(max_tokens=7))
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [

@@ -81,6 +81,17 @@ def test_initialize_rejects_a_missing_model_folder(tmp_path):
         RolloutWorker().initialize(cfg)
 
 
+def test_plain_engine_takes_the_runs_length_limit(model_dirs):
+    # The plain engine (CPU, and GPU models off the fast path) used to take any length.
+    data = {"max_prompt_length": 4, "max_response_length": 8}
+    cfg = build_config({"actor_rollout_ref": {"model": {"path": model_dirs[0]}}, "data": data})
+    worker = RolloutWorker()
+    worker.initialize(cfg)
+    assert worker.engine.max_model_len == 12
+    with pytest.raises(ValueError, match="max_model_len 12 .data.max_prompt_length"):
+        worker.generate(Ragged.from_lists([[1, 4, 5, 6, 7]]), GREEDY)
+
+
 def test_receive_without_group_fails_precondition(model_dirs):
     worker = _worker(model_dirs[0])
     with pytest.raises(NoWeightGroupError, match="JoinWeightGroup"):

@@ -1,0 +1,61 @@
+"""Stopping a role server with every process it started, even after it died alone.
+
+A launcher starts each server in a session of its own, so one signal to the process group
+reaches its torchrun ranks and scorer workers too. When the server itself is already gone
+(the OOM killer or a segfault took it alone), those processes are still running, holding
+memory, GPUs and the server's port; its group id may be handed to an unrelated process once
+that group is empty, so they are found by the instance id every process of the server
+inherits (``MESHRL_INSTANCE_ID``), never by a recycled number.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from contextlib import suppress
+from pathlib import Path
+
+from meshrl.rpc.server import INSTANCE_ENV
+
+_PROC = Path("/proc")
+
+
+def stop_server(popen: subprocess.Popen, instance_id: str, grace_s: float = 5.0) -> None:
+    """SIGTERM to the server's process group, SIGKILL after ``grace_s``; then SIGKILL any
+    process left that was started with ``instance_id``."""
+    if popen.poll() is None:
+        _signal_group(popen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and popen.poll() is None:
+            time.sleep(0.05)
+        _signal_group(popen.pid, signal.SIGKILL)  # also any torchrun child left behind
+        popen.wait()
+    for pid in leftover_pids(instance_id):
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def leftover_pids(instance_id: str) -> list[int]:
+    """Running processes started with ``instance_id`` in their environment (Linux /proc;
+    none found elsewhere)."""
+    if not instance_id or not _PROC.is_dir():
+        return []
+    marker = f"{INSTANCE_ENV}={instance_id}".encode()
+    found = []
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()  # empty for a zombie
+        except OSError:  # gone meanwhile, or another user's
+            continue
+        if marker in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
