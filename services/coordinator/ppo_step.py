@@ -70,7 +70,10 @@ def generate_split(
     k = min(len(rollouts), max(b, 1))
     bounds = [b * i // k for i in range(k + 1)]
     parts = [prompts.select(range(bounds[i], bounds[i + 1])) for i in range(k)]
-    futures = [pool.submit(r.generate, p, sampling) for r, p in zip(rollouts, parts, strict=False)]
+    futures = [
+        pool.submit(r.generate, p, replica_sampling(sampling, i))
+        for i, (r, p) in enumerate(zip(rollouts, parts, strict=False))
+    ]
     results = [f.result() for f in futures]
     versions = {r.weight_version for r in results}
     if len(versions) != 1:
@@ -85,6 +88,22 @@ def generate_split(
         finish_reasons=[x for r in results for x in r.finish_reasons],
         weight_version=versions.pop(),
     )
+
+
+REPLICA_SEED_STRIDE = 1_000_033
+"""Seed offset between replicas: far apart from the step seeds (seed * 1_000_003 + step)."""
+
+
+def replica_sampling(sampling: rollout_pb2.SamplingParams, i: int) -> rollout_pb2.SamplingParams:
+    """Replica i's sampling: the same, with a seed of its own. With one seed everywhere, row r
+    of every replica drew the same noise: a prompt that two replicas both got sampled the
+    very same responses, and the others correlated ones."""
+    if i == 0 or not sampling.HasField("seed"):
+        return sampling
+    own = rollout_pb2.SamplingParams()
+    own.CopyFrom(sampling)
+    own.seed = sampling.seed + i * REPLICA_SEED_STRIDE
+    return own
 
 
 def reward_failure_summary(results: list, data_sources: list[str]) -> str | None:

@@ -83,14 +83,16 @@ def _rollout_rpc(fn: Callable) -> Callable:
 
 
 def sampling_from_proto(msg: rollout_pb2.SamplingParams) -> SamplingParams:
-    """Proto3 has no "unset": top_p 0 means off (1.0) and top_k 0 means off (-1)."""
+    """top_p 0 means off (1.0) and top_k 0 means off (-1): proto3 has no "unset" for them. The
+    seed has presence: unset draws a fresh one each call (as vLLM), instead of every call
+    without one sampling the same tokens with seed 0."""
     return SamplingParams(
         temperature=msg.temperature,
         top_p=msg.top_p if msg.top_p > 0 else 1.0,
         top_k=msg.top_k if msg.top_k > 0 else -1,
         max_tokens=msg.max_tokens,
         n=msg.n,
-        seed=msg.seed,
+        seed=msg.seed if msg.HasField("seed") else None,
         stop_token_ids=tuple(msg.stop_token_ids),
     )
 

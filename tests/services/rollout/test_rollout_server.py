@@ -20,7 +20,7 @@ from meshrl.weight_sync import GroupSpec, WeightGroup, WeightManifest, plan_buck
 from meshrl.wire import ragged_from_proto, ragged_to_proto, tensor_from_proto
 from services.rollout.engine import SamplingParams
 from services.rollout.native_engine import NativeEngine
-from services.rollout.server import SERVICE_NAME
+from services.rollout.server import SERVICE_NAME, sampling_from_proto
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -272,3 +272,10 @@ def test_coordinator_releases_and_takes_back_the_cache(server):
     finally:
         client.set_memory_state(release=False)
         client.channel.close()
+
+
+def test_an_unset_seed_is_a_fresh_one_and_zero_is_a_seed():
+    """Without presence an unset seed read as 0: every call without one sampled the same."""
+    assert sampling_from_proto(rollout_pb2.SamplingParams(max_tokens=4, n=1)).seed is None
+    assert sampling_from_proto(rollout_pb2.SamplingParams(max_tokens=4, n=1, seed=0)).seed == 0
+    assert sampling_from_proto(rollout_pb2.SamplingParams(max_tokens=4, n=1, seed=7)).seed == 7
