@@ -82,6 +82,16 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
     return kwargs
 
 
+def per_prompt_kwargs(params: SamplingParams, num_prompts: int) -> list[dict[str, Any]]:
+    """``vllm.SamplingParams`` keywords for each prompt of a request: prompt i gets seed
+    ``seed + i``. vLLM seeds a generator per request, so one seed for all would draw the same
+    noise for every prompt (and the very same samples for a prompt given twice)."""
+    kwargs = sampling_kwargs(params)
+    if params.seed is None:
+        return [kwargs] * num_prompts
+    return [{**kwargs, "seed": params.seed + i} for i in range(num_prompts)]
+
+
 def scoring_kwargs() -> dict[str, Any]:
     """``vllm.SamplingParams`` keywords that score a prompt: one token out, the log-prob of
     every prompt token (``prompt_logprobs=0``: the actual token's only)."""
@@ -217,7 +227,10 @@ class VllmEngine:
 
     def generate(self, prompts: Ragged, params: SamplingParams) -> GenerationResult:
         self._check_memory()
-        sampling = self._vllm.SamplingParams(**sampling_kwargs(params))
+        sampling = [
+            self._vllm.SamplingParams(**kwargs)
+            for kwargs in per_prompt_kwargs(params, len(prompts))
+        ]
         outputs = self.llm.generate(token_prompts(prompts), sampling, use_tqdm=False)
         tokens, logprobs, reasons = results_from_outputs(outputs, params.n)
         return GenerationResult(

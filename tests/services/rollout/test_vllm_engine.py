@@ -64,6 +64,13 @@ def test_sampling_params_map_to_vllm_keywords():
     assert greedy["temperature"] == 0 and greedy["top_k"] == 20 and "seed" not in greedy
 
 
+def test_each_prompt_gets_a_seed_of_its_own():
+    seeded = vllm_engine.per_prompt_kwargs(SamplingParams(seed=11, n=2), 3)
+    assert [k["seed"] for k in seeded] == [11, 12, 13] and {k["n"] for k in seeded} == {2}
+    unseeded = vllm_engine.per_prompt_kwargs(SamplingParams(), 2)
+    assert len(unseeded) == 2 and all("seed" not in k for k in unseeded)
+
+
 def _completion(index, ids, lps, reason):
     logprobs = [{tok: SimpleNamespace(logprob=lp)} for tok, lp in zip(ids, lps, strict=True)]
     return SimpleNamespace(index=index, token_ids=ids, logprobs=logprobs, finish_reason=reason)
