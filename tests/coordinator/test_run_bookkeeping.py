@@ -117,34 +117,24 @@ def test_validation_failure_without_a_restarter_still_fails_the_run(tmp_path):
         run.train()
 
 
-def test_a_stop_on_a_save_step_saves_once(tmp_path):
+@pytest.mark.parametrize(
+    ("stop_at", "saved_steps"),
+    [(2, [2]), (3, [2, 3])],  # on a save step: once, not twice; between: where it stopped
+    ids=["on_a_save_step_saves_once", "between_save_steps_saves_where_it_stopped"],
+)
+def test_a_stop_saves_each_step_once(tmp_path, stop_at, saved_steps):
     run = make_run(tmp_path, ["trainer.save_freq=2"])
     saved = []
     run.save_checkpoint = lambda: saved.append(run.state.step)
 
     def step(records):
-        if run.state.step == 2:
-            run.stop()  # Ctrl-C during step 2, which is a save step
+        if run.state.step == stop_at:
+            run.stop()  # Ctrl-C during this step
         return {"critic/score/mean": 0.5}
 
     run.run_step = step
     run.train()
-    assert saved == [2]
-
-
-def test_a_stop_between_save_steps_saves_where_it_stopped(tmp_path):
-    run = make_run(tmp_path, ["trainer.save_freq=2"])
-    saved = []
-    run.save_checkpoint = lambda: saved.append(run.state.step)
-
-    def step(records):
-        if run.state.step == 3:
-            run.stop()
-        return {"critic/score/mean": 0.5}
-
-    run.run_step = step
-    run.train()
-    assert saved == [2, 3]
+    assert saved == saved_steps
 
 
 def test_a_crash_that_recurs_after_each_rewind_ends_the_run(tmp_path):

@@ -33,6 +33,18 @@ def _alive(pid: int) -> bool:
         return f.read().split(")")[-1].split()[0] != "Z"
 
 
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+def _kill_if_alive(pid: int) -> None:
+    if _alive(pid):
+        os.kill(pid, 9)
+
+
 def _start(launcher: LocalLauncher, tmp_path) -> tuple[RoleProcess, int]:
     pid_file = tmp_path / "child.pid"
     proc = RoleProcess(
@@ -56,13 +68,9 @@ def test_children_of_a_server_killed_alone_are_stopped(tmp_path):
         proc.popen.wait()
         assert _alive(child)
         launcher.stop()  # used to return at once: the server was already gone
-        deadline = time.monotonic() + 10
-        while _alive(child) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _alive(child)
+        assert _gone_within(child, 10)
     finally:
-        if _alive(child):
-            os.kill(child, 9)
+        _kill_if_alive(child)
 
 
 def test_stop_of_a_live_server_stops_its_children(tmp_path):
@@ -71,10 +79,6 @@ def test_stop_of_a_live_server_stops_its_children(tmp_path):
     try:
         launcher.stop()
         assert proc.popen.poll() is not None
-        deadline = time.monotonic() + 10
-        while _alive(child) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _alive(child)
+        assert _gone_within(child, 10)
     finally:
-        if _alive(child):
-            os.kill(child, 9)
+        _kill_if_alive(child)

@@ -23,20 +23,16 @@ def test_an_update_without_a_required_field_names_it(world, tiny_model_dir):
     # has no attribute 'shape'" (INTERNAL), naming nothing.
     batch = make_batch(4, seed=1)
     per_token = tensor_to_proto(torch.zeros(batch.num_response_tokens))
-    actor = _handlers("actor", tiny_model_dir)
-    request = trainer_pb2.PolicyUpdateRequest(batch=batch_to_proto(batch), advantages=per_token)
-    with pytest.raises(ValueError, match="old_logprobs is missing"):
-        actor.UpdatePolicy(request)
-    request = trainer_pb2.PolicyUpdateRequest(batch=batch_to_proto(batch), old_logprobs=per_token)
-    with pytest.raises(ValueError, match="advantages is missing"):
-        actor.UpdatePolicy(request)
-    critic = _handlers("critic", tiny_model_dir)
-    request = trainer_pb2.ValueUpdateRequest(batch=batch_to_proto(batch), returns=per_token)
-    with pytest.raises(ValueError, match="old_values is missing"):
-        critic.UpdateValue(request)
-    request = trainer_pb2.ValueUpdateRequest(batch=batch_to_proto(batch), old_values=per_token)
-    with pytest.raises(ValueError, match="returns is missing"):
-        critic.UpdateValue(request)
+    actor, critic = _handlers("actor", tiny_model_dir), _handlers("critic", tiny_model_dir)
+    cases = [
+        (actor.UpdatePolicy, trainer_pb2.PolicyUpdateRequest, "old_logprobs", "advantages"),
+        (critic.UpdateValue, trainer_pb2.ValueUpdateRequest, "old_values", "returns"),
+    ]
+    for update, request_type, first, second in cases:
+        for missing, given in ((first, second), (second, first)):
+            request = request_type(batch=batch_to_proto(batch), **{given: per_token})
+            with pytest.raises(ValueError, match=f"{missing} is missing"):
+                update(request)
 
 
 def test_token_ids_outside_the_vocabulary_are_named(world, tiny_model_dir):
