@@ -9,6 +9,7 @@ the whole model: the export works the same for a model saved by 1 rank or by 64.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -17,9 +18,9 @@ import torch.distributed.checkpoint as dcp
 import yaml
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-from transformers import AutoConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
-from services.coordinator.checkpointing import verify
+from services.coordinator.checkpointing import MANIFEST, PREFIX, step_of, verify
 
 # Small files of a model folder that describe it (not weights).
 HF_SIDE_FILES = (
@@ -35,6 +36,7 @@ HF_SIDE_FILES = (
     "added_tokens.json",
 )
 SHARD_BYTES = 2 * 1024**3
+ROLES = ("actor", "critic")
 
 
 class ExportError(ValueError):
@@ -61,10 +63,13 @@ def _rename(role: str, key: str) -> str | None:
     return name
 
 
-def _groups(items: list[tuple[str, TensorStorageMetadata]], limit: int):
+def _groups(items: list[tuple[str, TensorStorageMetadata]], limit: int, dtype: torch.dtype | None):
+    """Tensors in groups of at most `limit` bytes as written (in `dtype`, when it is set)."""
     group, size = [], 0
     for key, meta in items:
-        nbytes = meta.size.numel() * torch.empty(0, dtype=meta.properties.dtype).element_size()
+        saved = dtype if dtype is not None and meta.properties.dtype.is_floating_point else None
+        element = torch.empty(0, dtype=saved or meta.properties.dtype).element_size()
+        nbytes = meta.size.numel() * element
         if group and size + nbytes > limit:
             yield group
             group, size = [], 0
@@ -74,38 +79,165 @@ def _groups(items: list[tuple[str, TensorStorageMetadata]], limit: int):
         yield group
 
 
-def export_checkpoint(
-    checkpoint: str | Path, role: str, out_dir: str | Path, shard_bytes: int = SHARD_BYTES
-) -> Path:
-    checkpoint, out = Path(checkpoint), Path(out_dir)
-    if role not in ("actor", "critic"):
-        raise ExportError(f"--role must be actor or critic, not {role!r}")
-    verify(checkpoint)
-    shards_dir = checkpoint / role
-    if not shards_dir.is_dir():
-        raise ExportError(f"{checkpoint} holds no {role}/ folder")
-    side = checkpoint / "hf"
-    if not (side / "config.json").is_file():  # older checkpoint: use the run's model folder
-        run_cfg = yaml.safe_load((checkpoint / "config.yaml").read_text())
-        side = Path(run_cfg["actor_rollout_ref"]["model"]["path"])
-    copy_side_files(side, out)
+# --- what is exported, from where -----------------------------------------------------
+
+
+def _check_checkpoint(checkpoint: Path, role: str) -> None:
+    """A complete step checkpoint holding `role`; otherwise an error that says what the path
+    is (a run folder, a role's sub-folder, nothing) before the manifest's verdict."""
+    if not checkpoint.is_dir():
+        raise ExportError(f"{checkpoint}: no such folder")
+    if not (checkpoint / MANIFEST).is_file() and (hint := _checkpoint_hint(checkpoint)):
+        raise ExportError(f"{checkpoint} is not a step checkpoint: {hint}")
+    verify(checkpoint)  # CheckpointError naming the missing or altered file
+    if not (checkpoint / role).is_dir():
+        raise ExportError(f"{checkpoint} holds no {role}/ folder (the run had no {role})")
+
+
+def _checkpoint_hint(path: Path) -> str | None:
+    # verl's model merger takes `global_step_<k>/actor`, so engineers coming from it pass that.
+    if path.name in ROLES and (path.parent / MANIFEST).is_file():
+        return f"pass its step folder, {path.parent}, with --role {path.name}"
+    root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    steps = [p for p in root.glob(f"{PREFIX}*") if p.is_dir() and p.name[len(PREFIX) :].isdigit()]
+    if steps:
+        return f"pass one of its {PREFIX}<k> folders, e.g. the latest, {max(steps, key=step_of)}"
+    return None
+
+
+def _run_config(checkpoint: Path) -> dict:
+    path = checkpoint / "config.yaml"
+    return (yaml.safe_load(path.read_text()) if path.is_file() else None) or {}
+
+
+def _model_path(run_cfg: dict, *keys: str) -> str:
+    node = run_cfg
+    for key in keys:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node or ""
+
+
+def _side_folder(checkpoint: Path) -> Path:
+    """Config, tokenizer and generation config: the checkpoint's hf/, or for checkpoints
+    older than hf/ the run's model folder (which must still exist)."""
+    if (checkpoint / "hf" / "config.json").is_file():
+        return checkpoint / "hf"
+    model = _model_path(_run_config(checkpoint), "actor_rollout_ref", "model", "path")
+    if not (Path(model) / "config.json").is_file():
+        raise ExportError(
+            f"{checkpoint} holds no hf/config.json, and the run's model folder "
+            f"(actor_rollout_ref.model.path = {model!r}) has none either: without the "
+            "model's config.json the weights cannot be exported"
+        )
+    return Path(model)
+
+
+def _critic_config_folder(checkpoint: Path, side: Path) -> Path:
+    """A critic started from a model of its own (critic.model.path) has that model's shapes,
+    not the actor's; the exported config must come from there."""
+    run_cfg = _run_config(checkpoint)
+    own = _model_path(run_cfg, "critic", "model", "path")
+    if not own or own == _model_path(run_cfg, "actor_rollout_ref", "model", "path"):
+        return side
+    if not (Path(own) / "config.json").is_file():
+        raise ExportError(
+            f"the critic of {checkpoint} started from its own model (critic.model.path = "
+            f"{own!r}), whose config.json is needed for its shapes and is not there"
+        )
+    return Path(own)
+
+
+def _hf_config(role: str, config_folder: Path):
+    config = AutoConfig.from_pretrained(config_folder, local_files_only=True)
     if role == "critic":
-        config = AutoConfig.from_pretrained(out)
         base = config.architectures[0].replace("ForCausalLM", "")
         config.architectures = [f"{base}ForTokenClassification"]
         config.num_labels = 1
-        config.save_pretrained(out)
-        (out / "generation_config.json").unlink(missing_ok=True)
+    return config
 
+
+def _saved_dtype(config) -> torch.dtype | None:
+    """The dtype config.json declares (`dtype`, formerly `torch_dtype`): the trainer's float32
+    masters are written in it, so a bfloat16 model comes back as bfloat16 (the size of the
+    folder it started from, and what `from_pretrained` would load it as anyway)."""
+    dtype = getattr(config, "dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else None
+
+
+def _tied_copies(config) -> tuple[str, ...]:
+    """Names that are the same tensor as another one under tied embeddings: left out, as
+    `save_pretrained` leaves them out (the loader ties them again); otherwise the folder
+    would carry the embedding twice (272 MB more for Qwen2.5-0.5B)."""
+    return ("lm_head.weight",) if getattr(config, "tie_word_embeddings", False) else ()
+
+
+def _check_shapes(role: str, config, shapes: dict[str, torch.Size]) -> None:
+    """The tensors must be the ones the config's architecture has, with its shapes: a
+    mismatch would load as randomly initialised weights, or not at all."""
+    auto = AutoModelForTokenClassification if role == "critic" else AutoModelForCausalLM
+    with torch.device("meta"):  # shapes only: no memory, no init
+        expected = {k: v.shape for k, v in auto.from_config(config).state_dict().items()}
+    problems = [
+        f"{k}: {tuple(s)} in the checkpoint, {tuple(expected[k])} in config.json"
+        for k, s in shapes.items()
+        if k in expected and expected[k] != s
+    ]
+    arch = (config.architectures or [config.model_type])[0]
+    problems += [f"{k}: not a weight of {arch}" for k in shapes if k not in expected]
+    problems += [
+        f"{k}: missing from the checkpoint"
+        for k in expected
+        if k not in shapes and k not in _tied_copies(config)
+    ]
+    if problems:
+        raise ExportError(
+            f"the {role}'s weights do not fit its config.json ({len(problems)} problems): "
+            + "; ".join(problems[:5])
+        )
+
+
+# --- the output folder --------------------------------------------------------------
+
+
+def _check_output(out: Path) -> None:
+    # Never mix with what is there: stale shards and their index beside new ones are loaded
+    # by vLLM (it follows the index), and an actor and a critic would overwrite each other.
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(
+            f"{out} already exists and is not empty: export into a new or empty folder"
+        )
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """The finished folder takes the output's name at once: an interrupted export never
+    leaves a folder that looks complete."""
+    if out.is_dir():
+        out.rmdir()  # empty (checked before the export began)
+    os.replace(tmp, out)
+
+
+def _write_weights(
+    shards_dir: Path,
+    role: str,
+    dest: Path,
+    config,
+    shard_bytes: int,
+) -> None:
     reader = dcp.FileSystemReader(str(shards_dir))
     metadata = reader.read_metadata().state_dict_metadata
     tensors = [
         (k, m)
         for k, m in metadata.items()
-        if isinstance(m, TensorStorageMetadata) and _rename(role, k) is not None
+        if isinstance(m, TensorStorageMetadata)
+        and _rename(role, k) not in (None, *_tied_copies(config))
     ]
+    _check_shapes(role, config, {_rename(role, k): m.size for k, m in tensors})
+    dtype = _saved_dtype(config)
     index: dict[str, str] = {}
-    groups = list(_groups(tensors, shard_bytes))
+    total = 0
+    groups = list(_groups(tensors, shard_bytes, dtype))
     for i, group in enumerate(groups):
         state = {
             "model": {
@@ -118,15 +250,46 @@ def export_checkpoint(
             if len(groups) == 1
             else f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
         )
-        shard = {_rename(role, "model." + k): v.contiguous() for k, v in state["model"].items()}
-        save_file(shard, str(out / name), metadata={"format": "pt"})
+        shard = {
+            _rename(role, "model." + k): _as_saved(v, dtype) for k, v in state["model"].items()
+        }
+        save_file(shard, str(dest / name), metadata={"format": "pt"})
         index.update({k: name for k in shard})
+        total += sum(v.numel() * v.element_size() for v in shard.values())
     if len(groups) > 1:
-        total = sum(
-            m.size.numel() * torch.empty(0, dtype=m.properties.dtype).element_size()
-            for _, m in tensors
-        )
-        (out / "model.safetensors.index.json").write_text(
+        (dest / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {"total_size": total}, "weight_map": index}, indent=1)
         )
+
+
+def _as_saved(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    if dtype is not None and t.is_floating_point():
+        t = t.to(dtype)
+    return t.contiguous()
+
+
+def export_checkpoint(
+    checkpoint: str | Path, role: str, out_dir: str | Path, shard_bytes: int = SHARD_BYTES
+) -> Path:
+    checkpoint, out = Path(checkpoint), Path(out_dir).resolve()
+    if role not in ROLES:
+        raise ExportError(f"--role must be actor or critic, not {role!r}")
+    _check_checkpoint(checkpoint, role)
+    _check_output(out)
+    side = _side_folder(checkpoint)
+    config_folder = _critic_config_folder(checkpoint, side) if role == "critic" else side
+    config = _hf_config(role, config_folder)
+
+    tmp = out.parent / f".tmp-export-{out.name}"
+    shutil.rmtree(tmp, ignore_errors=True)  # a leftover of an export that was killed
+    try:
+        copy_side_files(side, tmp)  # the run's tokenizer, whichever model the role started from
+        if role == "critic":
+            config.save_pretrained(tmp)
+            (tmp / "generation_config.json").unlink(missing_ok=True)
+        _write_weights(checkpoint / role, role, tmp, config, shard_bytes)
+        _publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return out
