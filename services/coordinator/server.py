@@ -13,6 +13,8 @@ import argparse
 import importlib.metadata
 import logging
 import os
+import signal
+import threading
 from pathlib import Path
 
 import grpc
@@ -54,6 +56,15 @@ def _package_version() -> str:
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
     def __init__(self, manager: RunManager):
         self.manager = manager
+        self.closing = False
+        # Held by StartRun and by close(): a run is either accepted before the service
+        # begins to shut down (and then stopped by it) or refused, never started behind it.
+        self._starting = threading.Lock()
+
+    def close(self) -> None:
+        """From now on StartRun answers UNAVAILABLE."""
+        with self._starting:
+            self.closing = True
 
     def _run_call(self, fn, *args):
         try:
@@ -78,7 +89,14 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
 
     @rpc_method
     def StartRun(self, request, context):
-        status = self._run_call(self.manager.start, request.config_yaml, list(request.overrides))
+        with self._starting:
+            if self.closing:
+                raise ServiceError(
+                    grpc.StatusCode.UNAVAILABLE, "the coordinator is shutting down: no new runs"
+                )
+            status = self._run_call(
+                self.manager.start, request.config_yaml, list(request.overrides)
+            )
         return status_to_proto(status)
 
     def WatchRun(self, request, context):
@@ -108,10 +126,9 @@ def serve(host: str = "127.0.0.1", port: int = 50050, workdir: str = ".") -> Non
     """Runs the coordinator until SIGTERM/SIGINT; live runs are stopped on the way out."""
     os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars suit a terminal, not a service log
     manager = RunManager(Path(workdir))
+    servicer = CoordinatorServicer(manager)
     server = GrpcServer(SERVICE_NAME, host, port, max_workers=32)  # each watcher holds a thread
-    server.add(
-        coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server, CoordinatorServicer(manager)
-    )
+    server.add(coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server, servicer)
     server.start()
     server.mark_ready()
     print(
@@ -119,9 +136,26 @@ def serve(host: str = "127.0.0.1", port: int = 50050, workdir: str = ".") -> Non
         flush=True,
     )
     try:
-        server.wait()
+        _wait_for_signal()
     finally:
-        manager.shutdown()
+        shut_down(server, servicer, manager)
+
+
+def _wait_for_signal() -> None:
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+
+
+def shut_down(server: GrpcServer, servicer: CoordinatorServicer, manager: RunManager) -> None:
+    """Runs first, the server after: while the runs stop, their watchers still get the
+    events (`meshrl run --coordinator` prints "STOPPED" and exits 3 instead of losing the
+    coordinator mid-stream), and no new run slips in behind the shutdown."""
+    servicer.close()
+    server.mark_ready(False)
+    manager.shutdown()
+    server.stop()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,95 @@
+"""The coordinator service shutting down (SIGTERM, `docker stop`) while a client follows a
+run: the run is stopped first and its watcher hears it, then the server goes. The service
+runs in this process with stand-ins for the launcher and PPO: no role server starts."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import grpc
+import pytest
+
+from meshrl.api.v1 import coordinator_pb2_grpc
+from meshrl.rpc.server import GrpcServer
+from services.coordinator.remote import CoordinatorClient, CoordinatorError, submit
+from services.coordinator.run_manager import RunManager
+from services.coordinator.server import SERVICE_NAME, CoordinatorServicer, shut_down
+
+RUN_YAML = "algorithm: {adv_estimator: grpo}\ntrainer: {logger: [], plot: false}\n"
+
+
+class FakeLauncher:
+    def start(self):
+        return "fake endpoints"
+
+    def stop(self):
+        pass
+
+
+class FakePPO:
+    """Logs a step every 50 ms until stopped (PPORun checks for a stop between steps)."""
+
+    def __init__(self, cfg, endpoints, run_dir, sinks, restarter):
+        self.sinks, self.total_steps = sinks, 10_000
+        self.state = SimpleNamespace(step=0)
+        self.stopped = threading.Event()
+
+    def setup(self):
+        pass
+
+    def stop(self):
+        self.stopped.set()
+
+    def train(self):
+        while self.state.step < self.total_steps and not self.stopped.is_set():
+            time.sleep(0.05)
+            self.state.step += 1
+            for sink in self.sinks:
+                sink.log(self.state.step, {"critic/score/mean": 0.5})
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def service(tmp_path):
+    manager = RunManager(tmp_path, lambda cfg, run_dir: FakeLauncher(), FakePPO)
+    servicer = CoordinatorServicer(manager)
+    server = GrpcServer(SERVICE_NAME, "127.0.0.1", 0)
+    server.add(coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server, servicer)
+    server.start()
+    yield server, servicer, manager
+    server.stop(0)
+
+
+def test_a_follower_hears_its_run_stopped_when_the_service_shuts_down(service, tmp_path):
+    server, servicer, manager = service
+    config = tmp_path / "run.yaml"
+    config.write_text(RUN_YAML)
+    lines: list[str] = []
+
+    def shut_down_at_step_3():
+        while not any(line.startswith("step 3:") for line in lines):
+            time.sleep(0.02)
+        shut_down(server, servicer, manager)
+
+    threading.Thread(target=shut_down_at_step_3, daemon=True).start()
+    rc = submit(f"127.0.0.1:{server.port}", str(config), [], write=lines.append)
+    assert rc == 3, lines[-3:]  # stopped: not "coordinator unreachable" (2)
+    assert "STOPPED" in lines[-1], lines[-3:]
+
+
+def test_no_run_starts_once_the_service_is_closing(service):
+    server, servicer, manager = service
+    servicer.close()
+    client = CoordinatorClient(f"127.0.0.1:{server.port}")
+    try:
+        with pytest.raises(CoordinatorError) as err:
+            client.start_run(RUN_YAML, [])
+    finally:
+        client.close()
+    assert err.value.code == grpc.StatusCode.UNAVAILABLE
+    assert "shutting down" in err.value.details
+    assert manager.list() == []
