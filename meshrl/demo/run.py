@@ -12,7 +12,7 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from meshrl.config import build_config
+from meshrl.config import ConfigError, build_config
 from meshrl.demo.arithmetic import write_arithmetic_parquet
 from meshrl.demo.warm_start import warm_start
 from meshrl.testing.tiny_model import make_tiny_model_dir
@@ -61,23 +61,51 @@ def demo_config(out_dir: Path, overrides: list[str], config_path: str | None = N
     return build_config(tree, base + list(overrides))
 
 
+def _scores_by_step(rows: list[dict]) -> list[float]:
+    """`critic/score/mean` of each step in step order; a step run again after a rewind is
+    logged again, and its later line counts (docs/checkpoints.md)."""
+    by_step = {r["step"]: r["critic/score/mean"] for r in rows if "critic/score/mean" in r}
+    return [by_step[s] for s in sorted(by_step)]
+
+
 def summarize(run_dir: Path) -> float:
-    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "critic/score/mean" in r]
-    scores = [r["critic/score/mean"] for r in rows]
-    first, last = sum(scores[:5]) / 5, sum(scores[-5:]) / 5
+    metrics_file = run_dir / "metrics.jsonl"
+    # absent when trainer.logger leaves out jsonl
+    rows = read_jsonl(metrics_file) if metrics_file.is_file() else []
+    scores = _scores_by_step(rows)
+    if not scores:
+        print(f"\nno training steps logged in {metrics_file}")
+        return 0.0
+    n = min(5, len(scores))  # a short run (e.g. total_training_steps=3) averages what it has
+    first, last = sum(scores[:n]) / n, sum(scores[-n:]) / n
     val = [
         (r["step"], v)
-        for r in read_jsonl(run_dir / "metrics.jsonl")
+        for r in rows
         for k, v in r.items()
         if k.startswith("val-core/") and "/acc/" in k
     ]
     print(
-        f"\nscore: first 5 steps {first:.3f} -> last 5 steps {last:.3f} (rise {last - first:+.3f})"
+        f"\nscore: first {n} steps {first:.3f} -> last {n} steps {last:.3f} "
+        f"(rise {last - first:+.3f})"
     )
     if val:
         print("greedy validation accuracy by step: " + ", ".join(f"{s}: {v:.2f}" for s, v in val))
-    print(f"metrics: {run_dir / 'metrics.jsonl'}\nplot:    {run_dir / 'metrics.png'}")
+    print(f"metrics: {metrics_file}\nplot:    {run_dir / 'metrics.png'}")
     return last - first
+
+
+def clear_run_dir(run_dir: Path, out: Path) -> None:
+    """A fresh run each time (no resume, metrics of this run only). Only the demo's own
+    folders are removed: a run folder given elsewhere (trainer.default_local_dir=...) may
+    hold another run's checkpoints, so it must be new or empty."""
+    run_dir = run_dir.resolve()
+    if run_dir.is_relative_to(out) and run_dir != out:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    elif run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(
+            f"trainer.default_local_dir={run_dir} is not empty: the demo starts a fresh run "
+            f"and removes only run folders under --out ({out}); give a new or empty folder"
+        )
 
 
 def run_demo(
@@ -88,7 +116,7 @@ def run_demo(
     torch.set_num_threads(2)
     out = Path(out_dir).resolve()
     cfg = demo_config(out, overrides or [], config_path)
-    shutil.rmtree(cfg.trainer.default_local_dir, ignore_errors=True)  # a fresh run each time
+    clear_run_dir(Path(cfg.trainer.default_local_dir), out)
     data = write_arithmetic_parquet(out / "data")
     import pyarrow.parquet as pq
 
