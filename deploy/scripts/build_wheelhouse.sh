@@ -15,15 +15,23 @@ PY="${PYTHON:-$REPO/.venv/bin/python}"
 TORCH_PIN="${TORCH_PIN:-torch==2.13.0}"
 EXTRAS="${MESHRL_EXTRAS:-}"          # e.g. "[ray]"; the CPU image needs none
 WHEELS="$BUILD/wheelhouse"
-STAMP="$WHEELS/.deps-$(cat "$REPO/pyproject.toml" <(echo "$TORCH_PIN$EXTRAS") | sha256sum | cut -c1-16)"
+CONSTRAINTS="$BUILD/constraints.txt"
 mkdir -p "$WHEELS"
 quiet() { grep -v "is ignored: it is neither a file nor a directory" || true; }
+
+# The image gets the versions the host's venv runs (and was tested with), not whatever the
+# index offers on the day of the build: every installed distribution pinned. torch is
+# pinned by TORCH_PIN; installs from a local file (`name @ file://...`) cannot be constraints.
+"$PY" -m pip freeze --exclude-editable > "$BUILD/freeze.txt"
+grep -v -e '^torch==' -e ' @ ' "$BUILD/freeze.txt" > "$CONSTRAINTS" || true
+STAMP="$WHEELS/.deps-$(cat "$REPO/pyproject.toml" "$CONSTRAINTS" <(echo "$TORCH_PIN$EXTRAS") | sha256sum | cut -c1-16)"
 
 if [ ! -f "$STAMP" ]; then
   rm -f "$WHEELS"/*.whl "$WHEELS"/.deps-*
   # torch first, by its pin: the CPU build from the local wheel folder, not a CUDA one.
   "$PY" -m pip download -q --no-deps -d "$WHEELS" "$TORCH_PIN" 2>&1 | quiet
-  "$PY" -m pip wheel -q --wheel-dir "$WHEELS" --find-links "$WHEELS" "$TORCH_PIN" "$REPO$EXTRAS" 2>&1 | quiet
+  "$PY" -m pip wheel -q --wheel-dir "$WHEELS" --find-links "$WHEELS" -c "$CONSTRAINTS" \
+    "$TORCH_PIN" "$REPO$EXTRAS" 2>&1 | quiet
   rm -f "$WHEELS"/meshrl-*.whl
   touch "$STAMP"
 fi
