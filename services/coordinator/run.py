@@ -20,7 +20,7 @@ from meshrl.config import RunConfig, config_to_yaml
 from meshrl.data.dataset import PromptDataset
 from meshrl.data.errors import DataError
 from meshrl.data.loader import PromptLoader
-from meshrl.export import copy_side_files
+from meshrl.export import copy_model_files
 from services.coordinator.checkpointing import (
     CheckpointError,
     CheckpointManager,
@@ -328,9 +328,8 @@ class PPORun:
         def save_roles(tmp: Path) -> None:
             model = self.cfg.actor_rollout_ref.model
             if Path(model.path).is_dir():  # config + tokenizer make the checkpoint exportable alone
-                copy_side_files(Path(model.path), tmp / "hf")
-                if model.tokenizer_path:
-                    copy_side_files(Path(model.tokenizer_path), tmp / "hf")
+                tokenizer = Path(model.tokenizer_path) if model.tokenizer_path else None
+                copy_model_files(Path(model.path), tokenizer, tmp / "hf")
             jobs = [
                 self.pool.submit(c.save_checkpoint, str(tmp / name))
                 for name, c in (("actor", self.roles.actor), ("critic", self.roles.critic))

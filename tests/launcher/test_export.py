@@ -204,3 +204,18 @@ def test_a_run_without_a_critic_says_so(llama_checkpoint, tmp_path):
     write_manifest(grpo)
     with pytest.raises(ExportError, match="holds no critic/ folder"):
         export_checkpoint(grpo, "critic", tmp_path / "hf")
+
+
+def test_a_separate_tokenizer_folder_gives_its_tokenizer_files_only(tmp_path):
+    """`model.tokenizer_path` names another folder: its tokenizer joins the model's config,
+    and its own config.json (often another model's) does not replace the model's."""
+    from meshrl.export import copy_model_files
+
+    model, tokenizer, dest = tmp_path / "model", tmp_path / "tok", tmp_path / "hf"
+    model.mkdir(), tokenizer.mkdir()
+    (model / "config.json").write_text('{"model": "the policy"}')
+    (tokenizer / "config.json").write_text('{"model": "another"}')
+    (tokenizer / "tokenizer.json").write_text("{}")
+    copy_model_files(model, tokenizer, dest)
+    assert (dest / "config.json").read_text() == '{"model": "the policy"}'
+    assert (dest / "tokenizer.json").is_file()
