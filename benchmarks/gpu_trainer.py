@@ -84,7 +84,6 @@ def _actor_tree(
             },
             "rollout": {"n": 1, "temperature": 1.0, "log_prob_micro_batch_size_per_gpu": rows},
         },
-        "critic": {"ppo_mini_batch_size": rows},  # gae's critic: one mini-batch, as the actor
     }
 
 

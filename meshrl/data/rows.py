@@ -14,6 +14,7 @@ Files written by verl's preprocess scripts (via Hugging Face `datasets`) load as
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from meshrl.data.errors import DataError
+
+log = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("data_source", "reward_model")
 OPTIONAL_COLUMNS = ("ability", "extra_info")
@@ -78,11 +81,32 @@ def read_rows(files: list[str | Path], prompt_key: str = "prompt") -> list[RawRo
     if not files:
         raise DataError("no data files given")
     rows: list[RawRow] = []
+    without_truth: list[str] = []  # rule rows with no ground_truth
     for path in files:
         table = read_table(path, [prompt_key, *REQUIRED_COLUMNS])
         for i, rec in enumerate(table.to_pylist()):
             rows.append(_to_row(rec, str(path), i, len(rows), prompt_key))
+            if _rule_without_truth(rec):
+                without_truth.append(f"{rows[-1].where} (reward_model keys: {_keys(rec)})")
+    if without_truth:
+        # A warning, not an error: a custom function or a reward model may need none. For the
+        # rule scorers every response of such a row scores 0, e.g. after a misspelt key.
+        log.warning(
+            "%d rows of style 'rule' have no reward_model.ground_truth, which the rule scorers "
+            "compare with (they score them 0); the first: %s",
+            len(without_truth),
+            without_truth[0],
+        )
     return rows
+
+
+def _rule_without_truth(rec: dict) -> bool:
+    reward_model = rec.get("reward_model") or {}
+    return reward_model.get("style") == "rule" and reward_model.get("ground_truth") is None
+
+
+def _keys(rec: dict) -> str:
+    return ", ".join(k for k, v in (rec.get("reward_model") or {}).items() if v is not None)
 
 
 def _to_row(rec: dict, path: str, row_in_file: int, index: int, prompt_key: str) -> RawRow:
@@ -99,13 +123,6 @@ def _to_row(rec: dict, path: str, row_in_file: int, index: int, prompt_key: str)
     if reward_model.get("choices") is not None and "choices" not in extra_info:
         extra_info["choices"] = list(reward_model["choices"])
     gt = reward_model.get("ground_truth")
-    if gt is None and reward_model.get("style") == "rule":
-        # A rule scorer compares every response with it: without one, each scores 0, silently.
-        keys = ", ".join(k for k, v in reward_model.items() if v is not None)
-        raise DataError(
-            f"{where}: reward_model has no ground_truth, which style 'rule' scores against "
-            f"(keys present: {keys})"
-        )
     return RawRow(
         index=index,
         source_file=path,

@@ -200,9 +200,13 @@ def test_prompt_of_no_tokens_names_row(tmp_path, tok):
     assert len(PromptDataset([path], tok)) == 2  # the template writes a BOS: not empty
 
 
-def test_rule_row_without_ground_truth_names_row(tmp_path, tok):
-    # A misspelt key ("answer" for "ground_truth") would score every response 0, silently.
+def test_rule_row_without_ground_truth_is_a_warning_naming_row(tmp_path, tok, caplog):
+    # A misspelt key ("answer" for "ground_truth") would score every response 0, silently;
+    # not an error: a custom function or a reward model may need no ground truth.
     rows = [verl_row("1"), verl_row("2") | {"reward_model": {"style": "rule", "answer": "2"}}]
     path = write(tmp_path / "gt.parquet", rows)
-    with pytest.raises(DataError, match=r"gt.parquet row 1: reward_model has no ground_truth"):
-        PromptDataset([path], tok)
+    with caplog.at_level("WARNING", logger="meshrl.data.rows"):
+        assert len(PromptDataset([path], tok)) == 2
+    (record,) = caplog.records
+    assert "1 rows of style 'rule' have no reward_model.ground_truth" in record.getMessage()
+    assert "gt.parquet row 1 (reward_model keys: style, answer)" in record.getMessage()
