@@ -226,7 +226,8 @@ class CriticConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     """Empty path = start from the actor's model with a fresh value head."""
     world_size: int = Field(1, ge=1)
-    ppo_mini_batch_size: int = Field(64, gt=0)
+    ppo_mini_batch_size: int | None = Field(None, gt=0)
+    """Prompts per critic optimizer step; None = the actor's (as verl's interpolation)."""
     ppo_micro_batch_size_per_gpu: int = Field(8, gt=0)
     use_dynamic_bsz: bool | None = None
     """Critic micro-batches by token budget; None = actor_rollout_ref.actor.use_dynamic_bsz."""
@@ -306,8 +307,8 @@ class TrainerConfig(Section):
     val_before_train: bool = False
     save_freq: int = -1
     """Checkpoint every this many steps and at the last step; -1 = never (as verl)."""
-    max_ckpt_to_keep: int | None = Field(None, ge=1)
-    """Keep the newest N checkpoints; None = all."""
+    max_ckpt_to_keep: int | None = Field(None, ge=0)
+    """Keep the newest N checkpoints; None or 0 = all."""
     resume_mode: str = "auto"
     """auto (latest complete checkpoint of the run folder), disable, or a checkpoint path."""
     default_local_dir: str = "runs/${trainer.project_name}/${trainer.experiment_name}"
@@ -441,6 +442,8 @@ class RunConfig(Section):
     def _check_batch_shapes(self) -> RunConfig:
         # As verl: each optimizer step takes a whole mini-batch (a smaller last one would
         # weigh its few prompts as much as a full one). The critic's only when it runs.
+        if self.critic.ppo_mini_batch_size is None:
+            self.critic.ppo_mini_batch_size = self.actor_rollout_ref.actor.ppo_mini_batch_size
         trained = [("actor_rollout_ref.actor", self.actor_rollout_ref.actor)]
         if self.use_critic:
             trained.append(("critic", self.critic))

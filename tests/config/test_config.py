@@ -54,13 +54,14 @@ def test_mini_batch_larger_than_batch_fails():
         )
 
 
-def test_critic_mini_batch_is_checked_when_the_critic_runs():
-    small = ["data.train_batch_size=32", "actor_rollout_ref.actor.ppo_mini_batch_size=32"]
+def test_critic_mini_batch_follows_the_actor_and_is_checked_when_the_critic_runs():
+    small = ["data.train_batch_size=32", "actor_rollout_ref.actor.ppo_mini_batch_size=16"]
+    assert build_config({}, small).critic.ppo_mini_batch_size == 16  # unset: the actor's
     with pytest.raises(ConfigError, match=r"critic\.ppo_mini_batch_size \(64\) exceeds"):
-        build_config({}, small)  # gae: the critic runs, with its default of 64
+        build_config({}, [*small, "critic.ppo_mini_batch_size=64"])  # gae: the critic runs
     with pytest.raises(ConfigError, match=r"multiple of critic\.ppo_mini_batch_size \(12\)"):
         build_config({}, [*small, "critic.ppo_mini_batch_size=12"])
-    build_config({}, [*small, "algorithm.adv_estimator=grpo"])  # no critic: not checked
+    build_config({}, [*small, "critic.ppo_mini_batch_size=64", "algorithm.adv_estimator=grpo"])
 
 
 def test_interpolation_and_yaml_round_trip(tmp_path):
@@ -119,11 +120,11 @@ def test_config_kl_estimators_are_the_algorithms():
     assert set(typing.get_args(KLEstimator)) == set(KL_ESTIMATOR_KINDS)
 
 
-@pytest.mark.parametrize("value", ["0", "-1"])
-def test_max_ckpt_to_keep_must_keep_one(value):
+def test_max_ckpt_to_keep_is_a_count_or_all():
     # -1 made prune() remove the checkpoint just written (complete()[:1] when it is alone)
     with pytest.raises(ConfigError, match=r"trainer\.max_ckpt_to_keep"):
-        build_config({}, [f"trainer.max_ckpt_to_keep={value}"])
+        build_config({}, ["trainer.max_ckpt_to_keep=-1"])
+    assert build_config({}, ["trainer.max_ckpt_to_keep=0"]).trainer.max_ckpt_to_keep == 0  # all
 
 
 @pytest.mark.parametrize(

@@ -49,11 +49,7 @@ def test_too_few_prompts_for_one_batch_is_a_data_error_naming_the_keys():
 
     cfg = build_config(
         {},
-        [
-            "data.train_batch_size=8",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-            "critic.ppo_mini_batch_size=8",
-        ],
+        ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"],
     )
     with pytest.raises(DataError, match=r"data\.train_files: .* 3 prompts.*data\.train_batch_size"):
         make_loader(cfg, ["p"] * 3)
