@@ -37,6 +37,8 @@ TOKENIZER_FILES = (
 )
 HF_SIDE_FILES = MODEL_FILES + TOKENIZER_FILES
 SHARD_BYTES = 2 * 1024**3
+PARTIAL = ".partial-export"
+"""An export being written inside an existing, empty output folder."""
 ROLES = ("actor", "critic")
 
 
@@ -214,18 +216,33 @@ def _check_shapes(role: str, config, shapes: dict[str, torch.Size]) -> None:
 def _check_output(out: Path) -> None:
     # Never mix with what is there: stale shards and their index beside new ones are loaded
     # by vLLM (it follows the index), and an actor and a critic would overwrite each other.
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and (
+        not out.is_dir() or any(p.name != PARTIAL for p in out.iterdir())  # a killed export's
+    ):
         raise ExportError(
             f"{out} already exists and is not empty: export into a new or empty folder"
         )
 
 
-def _publish(tmp: Path, out: Path) -> None:
-    """The finished folder takes the output's name at once: an interrupted export never
-    leaves a folder that looks complete."""
+def _staging_folder(out: Path) -> Path:
+    """Where the export is written before it takes the output's name: beside the output, or
+    inside it when it exists (empty: a mount point such as `docker run -v host:/out` cannot
+    be removed or replaced, and its parent may not be writable)."""
     if out.is_dir():
-        out.rmdir()  # empty (checked before the export began)
-    os.replace(tmp, out)
+        return out / PARTIAL
+    return out.parent / f".tmp-export-{out.name}"
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """The finished export takes the output's name; config.json comes last, so an interrupted
+    export never leaves a folder that looks complete."""
+    if tmp.parent != out:
+        os.replace(tmp, out)
+        return
+    names = sorted(p.name for p in tmp.iterdir())
+    for name in sorted(names, key=lambda n: n == "config.json"):
+        os.replace(tmp / name, out / name)
+    tmp.rmdir()
 
 
 def _write_weights(
@@ -290,7 +307,7 @@ def export_checkpoint(
     config_folder = _critic_config_folder(checkpoint, side) if role == "critic" else side
     config = _hf_config(role, config_folder)
 
-    tmp = out.parent / f".tmp-export-{out.name}"
+    tmp = _staging_folder(out)
     shutil.rmtree(tmp, ignore_errors=True)  # a leftover of an export that was killed
     try:
         copy_side_files(side, tmp)  # the run's tokenizer, whichever model the role started from

@@ -147,7 +147,12 @@ def test_an_output_folder_that_is_not_empty_is_refused_and_left_alone(
 def test_an_empty_output_folder_is_used(llama_checkpoint, tmp_path):
     ck, _, _ = llama_checkpoint
     (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / ".partial-export").mkdir()  # left by an export that was killed
+    inode = (tmp_path / "hf").stat().st_ino
     out = export_checkpoint(ck, "actor", tmp_path / "hf", shard_bytes=100_000)
+    # written inside, not renamed over: the folder may be a mount point (docker run -v)
+    assert out.stat().st_ino == inode and sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+    assert not (out / ".partial-export").exists()
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"].values()) == {p.name for p in out.glob("model-*.safetensors")}
     AutoModelForCausalLM.from_pretrained(out)
