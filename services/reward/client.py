@@ -13,9 +13,9 @@ from services.reward.types import ScoreItem, ScoreOutcome
 
 
 class RewardClient:
-    """Blocking calls with a deadline of `timeout_s` each."""
+    """Blocking calls with a deadline of `timeout_s` each (None: no deadline)."""
 
-    def __init__(self, address: str, timeout_s: float = 300.0):
+    def __init__(self, address: str, timeout_s: float | None = 300.0):
         self.address = address
         self.timeout_s = timeout_s
         self._channel = open_channel(address)

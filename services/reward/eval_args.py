@@ -21,7 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timeout-s",
         type=float,
-        default=10.0,
-        help="each sample's scoring limit, in process or sent with each call to --server",
+        default=None,
+        help="each sample's scoring limit in seconds (default: 10 in process, the server's own "
+        "with --server)",
     )
     p.add_argument("--num-workers", type=int, default=2)

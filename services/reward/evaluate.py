@@ -123,14 +123,16 @@ def evaluate(
     *,
     output: str | Path | None = None,
     cfg: RewardConfig | None = None,
+    sample_timeout_s: float | None = None,
 ) -> EvalReport:
-    """Scores the responses (through `server` if given, else in this process with `cfg`)."""
+    """Scores the responses (through `server` if given, else in this process with `cfg`).
+    `sample_timeout_s`: each sample's limit sent to the server; None keeps the server's own."""
     files = data_path if isinstance(data_path, list) else [data_path]
     rows = read_rows(files)
     responses = read_responses(responses_path, len(rows))
     keys = [(i, k) for i in sorted(responses) for k in range(len(responses[i]))]
     items = [to_item(rows[i], responses[i][k]) for i, k in keys]
-    outcomes = _score(items, server, cfg or RewardConfig())
+    outcomes = _score(items, server, cfg or RewardConfig(), sample_timeout_s)
     samples = [
         SampleResult(i, k, rows[i].data_source, o.score, _acc(o), o.ok, o.reason)
         for (i, k), o in zip(keys, outcomes, strict=True)
@@ -142,7 +144,9 @@ def evaluate(
     return report
 
 
-def _score(items: list[ScoreItem], server: str | None, cfg: RewardConfig) -> list[ScoreOutcome]:
+def _score(
+    items: list[ScoreItem], server: str | None, cfg: RewardConfig, sample_timeout_s: float | None
+) -> list[ScoreOutcome]:
     if server is None:
         from services.reward.scoring import RewardScorer
 
@@ -153,10 +157,13 @@ def _score(items: list[ScoreItem], server: str | None, cfg: RewardConfig) -> lis
     from services.reward.client import RewardClient
 
     out: list[ScoreOutcome] = []
-    with RewardClient(server, timeout_s=score_deadline_s(CHUNK, cfg.timeout_s)) as client:
+    # Without a limit of our own the server's applies, which we do not know: no deadline then
+    # (the server's per-sample timeouts bound each call; a dead server still fails at once).
+    deadline = None if sample_timeout_s is None else score_deadline_s(CHUNK, sample_timeout_s)
+    with RewardClient(server, timeout_s=deadline) as client:
         for start in range(0, len(items), CHUNK):
             try:
-                out.extend(client.score(items[start : start + CHUNK], cfg.timeout_s))
+                out.extend(client.score(items[start : start + CHUNK], sample_timeout_s or 0.0))
             except grpc.RpcError as e:
                 raise RuntimeError(
                     f"reward server {server}: {e.code().name}: {e.details()}"
@@ -227,11 +234,17 @@ def write_report(report: EvalReport, path: str | Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Scores, prints the table; 1 with the error on stderr for bad input or a dead server."""
-    cfg = RewardConfig(
-        custom_function=args.custom_function, timeout_s=args.timeout_s, num_workers=args.num_workers
-    )
+    limit = {} if args.timeout_s is None else {"timeout_s": args.timeout_s}
+    cfg = RewardConfig(custom_function=args.custom_function, num_workers=args.num_workers, **limit)
     try:
-        report = evaluate(args.data, args.responses, args.server, output=args.output, cfg=cfg)
+        report = evaluate(
+            args.data,
+            args.responses,
+            args.server,
+            output=args.output,
+            cfg=cfg,
+            sample_timeout_s=args.timeout_s,
+        )
     except (ValueError, RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

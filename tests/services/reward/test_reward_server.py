@@ -16,7 +16,6 @@ import pytest
 
 from meshrl.api.v1 import reward_pb2, reward_pb2_grpc
 from meshrl.config import build_config, config_to_yaml
-from meshrl.config.schema import RewardConfig
 from meshrl.rpc.client import open_channel, wait_for_health
 from services.reward.client import RewardClient
 from services.reward.evaluate import CHUNK, evaluate, score_deadline_s
@@ -204,7 +203,7 @@ def test_evaluate_through_server_sends_its_sample_timeout(server, tmp_path):
     with RewardClient(server.address, timeout_s=90) as c:
         c.initialize(config_to_yaml(custom))
         try:
-            report = evaluate(data, responses, server=server.address, cfg=RewardConfig(timeout_s=1))
+            report = evaluate(data, responses, server=server.address, sample_timeout_s=1)
         finally:
             c.initialize(config_to_yaml(build_config({})))  # back to the rule scorers
     hung, fine = report.samples
