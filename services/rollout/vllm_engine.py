@@ -82,14 +82,20 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
     return kwargs
 
 
+PROMPT_SEED_SPREAD = 0x9E3779B97F4A7C15  # odd: distinct request seeds stay distinct mod 2^63
+
+
 def per_prompt_kwargs(params: SamplingParams, num_prompts: int) -> list[dict[str, Any]]:
-    """``vllm.SamplingParams`` keywords for each prompt of a request: prompt i gets seed
-    ``seed + i``. vLLM seeds a generator per request, so one seed for all would draw the same
-    noise for every prompt (and the very same samples for a prompt given twice)."""
+    """``vllm.SamplingParams`` keywords for each prompt of a request: a seed of its own each.
+    vLLM seeds a generator per request, so one seed for all would draw the same noise for
+    every prompt (and the very same samples for a prompt given twice). The request's seed is
+    spread by a large odd multiplier first: with ``seed + i`` alone, prompt i of the next
+    step (whose seed is one more) would reuse prompt i + 1's stream."""
     kwargs = sampling_kwargs(params)
     if params.seed is None:
         return [kwargs] * num_prompts
-    return [{**kwargs, "seed": params.seed + i} for i in range(num_prompts)]
+    base = (params.seed * PROMPT_SEED_SPREAD) % 2**63
+    return [{**kwargs, "seed": (base + i) % 2**63} for i in range(num_prompts)]
 
 
 def scoring_kwargs() -> dict[str, Any]:

@@ -66,7 +66,12 @@ def test_sampling_params_map_to_vllm_keywords():
 
 def test_each_prompt_gets_a_seed_of_its_own():
     seeded = vllm_engine.per_prompt_kwargs(SamplingParams(seed=11, n=2), 3)
-    assert [k["seed"] for k in seeded] == [11, 12, 13] and {k["n"] for k in seeded} == {2}
+    seeds = [k["seed"] for k in seeded]
+    assert len(set(seeds)) == 3 and {k["n"] for k in seeded} == {2}
+    assert all(0 <= s < 2**63 for s in seeds)  # vLLM takes an int64
+    # the next step's seed (12) shares no stream with this step's prompts
+    after = [k["seed"] for k in vllm_engine.per_prompt_kwargs(SamplingParams(seed=12), 3)]
+    assert not set(seeds) & set(after)
     unseeded = vllm_engine.per_prompt_kwargs(SamplingParams(), 2)
     assert len(unseeded) == 2 and all("seed" not in k for k in unseeded)
 
