@@ -24,10 +24,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         return submit(args.coordinator, args.config, overrides, detach=args.detach)
     from meshrl.config import load_config
-    from services.coordinator.preflight import check_run_config
 
     cfg = load_config(args.config, overrides)
-    check_run_config(cfg)  # before any role server starts
     from meshrl.launcher.run_local import run_local
 
     run_local(cfg)

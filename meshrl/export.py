@@ -129,12 +129,12 @@ def _model_path(run_cfg: dict, *keys: str) -> str:
     return node or ""
 
 
-def _side_folder(checkpoint: Path) -> Path:
+def _side_folder(checkpoint: Path, run_cfg: dict) -> Path:
     """Config, tokenizer and generation config: the checkpoint's hf/, or for checkpoints
     older than hf/ the run's model folder (which must still exist)."""
     if (checkpoint / "hf" / "config.json").is_file():
         return checkpoint / "hf"
-    model = _model_path(_run_config(checkpoint), "actor_rollout_ref", "model", "path")
+    model = _model_path(run_cfg, "actor_rollout_ref", "model", "path")
     if not (Path(model) / "config.json").is_file():
         raise ExportError(
             f"{checkpoint} holds no hf/config.json, and the run's model folder "
@@ -144,10 +144,9 @@ def _side_folder(checkpoint: Path) -> Path:
     return Path(model)
 
 
-def _critic_config_folder(checkpoint: Path, side: Path) -> Path:
+def _critic_config_folder(checkpoint: Path, run_cfg: dict, side: Path) -> Path:
     """A critic started from a model of its own (critic.model.path) has that model's shapes,
     not the actor's; the exported config must come from there."""
-    run_cfg = _run_config(checkpoint)
     own = _model_path(run_cfg, "critic", "model", "path")
     if not own or own == _model_path(run_cfg, "actor_rollout_ref", "model", "path"):
         return side
@@ -303,8 +302,12 @@ def export_checkpoint(
         raise ExportError(f"--role must be actor or critic, not {role!r}")
     _check_checkpoint(checkpoint, role)
     _check_output(out)
-    side = _side_folder(checkpoint)
-    config_folder = _critic_config_folder(checkpoint, side) if role == "critic" else side
+    run_cfg = _run_config(checkpoint)  # the run's config.yaml, saved with the checkpoint
+    side = _side_folder(checkpoint, run_cfg)
+    if role == "critic":
+        config_folder = _critic_config_folder(checkpoint, run_cfg, side)
+    else:
+        config_folder = side
     config = _hf_config(role, config_folder)
 
     tmp = _staging_folder(out)

@@ -93,3 +93,16 @@ class Ragged:
     def with_values(self, values: torch.Tensor) -> Ragged:
         """Same layout, other per-element values (e.g. log-probs aligned with token ids)."""
         return Ragged(values, self.offsets)
+
+    def check_token_ids(self, field: str, vocab_size: int) -> None:
+        """Raises ValueError naming the row and id of the first token id outside
+        ``[0, vocab_size)``: checked before a forward, where the embedding lookup would fail
+        with an unnamed IndexError (on a GPU, a device-side assert that ruins the process)."""
+        bad = (self.values < 0) | (self.values >= vocab_size)
+        if self.values.numel() and bool(bad.any()):
+            flat = int(bad.nonzero()[0])
+            row = int(torch.searchsorted(self.offsets, flat, right=True)) - 1
+            raise ValueError(
+                f"{field}[{row}] holds token id {int(self.values[flat])}, outside the model's "
+                f"vocabulary [0, {vocab_size})"
+            )

@@ -439,11 +439,15 @@ class RunConfig(Section):
     security: SecurityConfig = Field(default_factory=SecurityConfig)
 
     @model_validator(mode="after")
+    def _critic_mini_batch_defaults_to_the_actors(self) -> RunConfig:
+        if self.critic.ppo_mini_batch_size is None:  # verl's ${actor...ppo_mini_batch_size}
+            self.critic.ppo_mini_batch_size = self.actor_rollout_ref.actor.ppo_mini_batch_size
+        return self
+
+    @model_validator(mode="after")
     def _check_batch_shapes(self) -> RunConfig:
         # As verl: each optimizer step takes a whole mini-batch (a smaller last one would
         # weigh its few prompts as much as a full one). The critic's only when it runs.
-        if self.critic.ppo_mini_batch_size is None:
-            self.critic.ppo_mini_batch_size = self.actor_rollout_ref.actor.ppo_mini_batch_size
         trained = [("actor_rollout_ref.actor", self.actor_rollout_ref.actor)]
         if self.use_critic:
             trained.append(("critic", self.critic))

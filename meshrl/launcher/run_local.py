@@ -16,6 +16,7 @@ from pathlib import Path
 from meshrl.config import RunConfig, config_to_yaml
 from meshrl.launcher.factory import make_launcher
 from meshrl.rpc.security import SecuritySettings
+from services.coordinator.preflight import check_run_config
 from services.coordinator.run import PPORun
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ def run_local(cfg: RunConfig) -> dict[str, float]:
     # (config values over the environment's), checked now: a bad path fails here, named.
     os.environ.update(SecuritySettings.from_config(cfg.security).to_env())
     SecuritySettings.from_env().verify()
+    check_run_config(cfg)  # before any role server starts
     run_dir = Path(cfg.trainer.default_local_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(config_to_yaml(cfg))

@@ -152,10 +152,7 @@ class GrpcServer:
 
     def wait(self) -> None:
         """Blocks until SIGTERM/SIGINT, then stops gracefully."""
-        done = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: done.set())
-        done.wait()
+        wait_for_stop_signal()
         self.stop()
 
 
@@ -192,3 +189,11 @@ def _bind_problem(host: str, port: int) -> str:
     except (socket.gaierror, UnicodeError) as e:
         return f"host {host!r} does not resolve ({e})"
     return "gRPC refused the address (port in use, or not an address of this machine)"
+
+
+def wait_for_stop_signal() -> None:
+    """Blocks (in the main thread) until SIGTERM or SIGINT."""
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()

@@ -36,7 +36,7 @@ from services.coordinator.clients import (
 from services.coordinator.metrics_sinks import ConsoleSink, JsonlSink, MetricsSink
 from services.coordinator.plot import plot_metrics
 from services.coordinator.ppo_step import PPOStep, Roles, WeightSyncFailed
-from services.coordinator.preflight import check_data_sources, check_run_config, load_tokenizer
+from services.coordinator.preflight import check_data_sources, load_tokenizer
 from services.coordinator.recovery import STATEFUL_ROLES, Restarter, find_dead
 from services.coordinator.validation import validate
 from services.coordinator.weight_sync import WeightSyncer
@@ -148,7 +148,6 @@ class PPORun:
     # --- set-up -----------------------------------------------------------------------
     def setup(self) -> None:
         cfg = self.cfg
-        check_run_config(cfg)
         model = cfg.actor_rollout_ref.model
         self.tokenizer = load_tokenizer(model)  # ConfigError naming the key if absent
         self.train_set = make_dataset(cfg, cfg.data.train_files, self.tokenizer)
@@ -209,37 +208,26 @@ class PPORun:
             try:
                 return self.step_runner.run(records, step)
             except WeightSyncFailed as failed:  # the updates are done: never run them twice
-                failures = self.count_failure(step, failed.error)
-                log.warning(
-                    "step %d: updated, but its weight sync failed (%s); recovering "
-                    "(attempt %d of %d)",
-                    step,
-                    failed.error,
-                    failures,
-                    self.cfg.launcher.max_restarts,
+                self.count_failure(
+                    step, failed.error, f"step {step}: updated, but its weight sync failed"
                 )
                 if self.recover(failed.error, updated=True):
                     return None
                 return failed.metrics  # rollout now serves this step's weights
             except RoleCallError as err:
-                failures = self.count_failure(step, err)
-                log.warning(
-                    "step %d failed (%s); recovering (attempt %d of %d)",
-                    step,
-                    err,
-                    failures,
-                    self.cfg.launcher.max_restarts,
-                )
+                self.count_failure(step, err, f"step {step} failed")
                 if self.recover(err):
                     return None
 
-    def count_failure(self, step: int, err: RoleCallError) -> int:
-        """Counts a failure of ``step`` (its validation included) and returns the count;
+    def count_failure(self, step: int, err: RoleCallError, what: str) -> None:
+        """Counts a failure of ``step`` (its validation included) and logs it as ``what``;
         re-raises ``err`` when there is no restarter or the restarts are spent."""
         self.step_failures[step] += 1
-        if self.restarter is None or self.step_failures[step] > self.cfg.launcher.max_restarts:
+        limit = self.cfg.launcher.max_restarts
+        if self.restarter is None or self.step_failures[step] > limit:
             raise err
-        return self.step_failures[step]
+        attempt = self.step_failures[step]
+        log.warning("%s (%s); recovering (attempt %d of %d)", what, err, attempt, limit)
 
     def recover(self, err: RoleCallError, updated: bool = False) -> bool:
         """Restarts dead role servers; True when the run went back to a checkpoint.
@@ -410,14 +398,8 @@ class PPORun:
             try:
                 return self.validate()
             except RoleCallError as err:
-                failures = self.count_failure(self.state.step, err)
-                log.warning(
-                    "validation at step %d failed (%s); recovering (attempt %d of %d)",
-                    self.state.step,
-                    err,
-                    failures,
-                    self.cfg.launcher.max_restarts,
-                )
+                step = self.state.step
+                self.count_failure(step, err, f"validation at step {step} failed")
                 # The actor holds step state.step's weights: its updates are done.
                 if self.recover(err, updated=True):
                     return None

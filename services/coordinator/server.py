@@ -13,14 +13,13 @@ import argparse
 import importlib.metadata
 import logging
 import os
-import signal
 import threading
 from pathlib import Path
 
 import grpc
 
 from meshrl.api.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
-from meshrl.rpc.server import GrpcServer, ServiceError, rpc_method
+from meshrl.rpc.server import GrpcServer, ServiceError, rpc_method, wait_for_stop_signal
 from services.coordinator.run_manager import RunConflict, RunManager, UnknownRun
 from services.coordinator.run_types import RunEvent, RunStatus
 
@@ -136,16 +135,9 @@ def serve(host: str = "127.0.0.1", port: int = 50050, workdir: str = ".") -> Non
         flush=True,
     )
     try:
-        _wait_for_signal()
+        wait_for_stop_signal()
     finally:
         shut_down(server, servicer, manager)
-
-
-def _wait_for_signal() -> None:
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
-    done.wait()
 
 
 def shut_down(server: GrpcServer, servicer: CoordinatorServicer, manager: RunManager) -> None:

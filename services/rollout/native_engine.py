@@ -288,16 +288,7 @@ class NativeEngine:
         if not allow_empty and len(rows) and int(rows.lengths.min()) == 0:
             i = int((rows.lengths == 0).nonzero()[0])
             raise ValueError(f"{field}[{i}] is empty")
-        if rows.values.numel() == 0:
-            return
-        bad = (rows.values < 0) | (rows.values >= self.vocab_size)
-        if bool(bad.any()):
-            flat = int(bad.nonzero()[0])
-            row = int(torch.searchsorted(rows.offsets, flat, right=True)) - 1
-            raise ValueError(
-                f"{field}[{row}] holds token id {int(rows.values[flat])}, outside the "
-                f"vocabulary [0, {self.vocab_size})"
-            )
+        rows.check_token_ids(field, self.vocab_size)
 
 
 def eos_token_ids(model, tokenizer_dir: str) -> list[int]:

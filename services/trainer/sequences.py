@@ -45,19 +45,9 @@ class SequenceBatch:
         return SequenceBatch(self.prompts.select(rows), self.responses.select(rows))
 
     def check_token_ids(self, vocab_size: int) -> None:
-        """Raises ValueError naming the first id outside ``[0, vocab_size)``. Checked before
-        any forward: on a GPU the embedding lookup of such an id is a device-side assert,
-        which leaves the process's CUDA context unusable for every later call."""
-        for field, rows in (("prompts", self.prompts), ("responses", self.responses)):
-            ids = rows.values
-            bad = (ids < 0) | (ids >= vocab_size)
-            if ids.numel() and bool(bad.any()):
-                flat = int(bad.nonzero()[0])
-                row = int(torch.searchsorted(rows.offsets, flat, right=True)) - 1
-                raise ValueError(
-                    f"{field}[{row}] holds token id {int(ids[flat])}, outside the model's "
-                    f"vocabulary [0, {vocab_size})"
-                )
+        """Prompt and response ids inside the model's vocabulary (Ragged.check_token_ids)."""
+        self.prompts.check_token_ids("prompts", vocab_size)
+        self.responses.check_token_ids("responses", vocab_size)
 
 
 @dataclass(frozen=True)

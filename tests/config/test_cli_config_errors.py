@@ -10,10 +10,10 @@ from meshrl import cli
 def no_launch(monkeypatch):
     import meshrl.launcher.run_local as run_local
 
-    def refuse(cfg):
+    def refuse(cfg, run_dir):
         raise AssertionError("role servers started for a config that cannot run")
 
-    monkeypatch.setattr(run_local, "run_local", refuse)
+    monkeypatch.setattr(run_local, "make_launcher", refuse)
 
 
 def test_gae_without_a_critic_exits_2_naming_the_keys(tmp_path, capsys, no_launch):
