@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -118,6 +119,27 @@ class CheckpointManager:
             except CheckpointError as e:
                 log.warning("skipping checkpoint: %s", e)
         return None
+
+    def set_aside_after(self, step: int) -> Path | None:
+        """Moves the checkpoints past ``step`` into ``abandoned-<UTC time>/`` and returns that
+        folder (None when there were none). A run that starts at ``step`` (0 with
+        ``resume_mode=disable``, or an older checkpoint named in it) makes them another
+        history: left in place, `auto` would resume from them and pruning by step would
+        delete this run's own newer saves first. Moved, not deleted: nothing is lost."""
+        later = [f for f in self.complete() if step_of(f) > step]
+        if not later:
+            return None
+        aside = self.root / f"abandoned-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+        aside.mkdir(exist_ok=True)
+        for folder in later:
+            os.replace(folder, aside / folder.name)
+        log.warning(
+            "this run starts at step %d: moved the later checkpoints %s of an earlier history to %s",
+            step,
+            ", ".join(f.name for f in later),
+            aside,
+        )
+        return aside
 
     def save(
         self,

@@ -129,6 +129,7 @@ class PPORun:
         self.roles = connect(cfg, endpoints)
         self.state = RunState()
         self.resumed_from: Path | None = None  # the checkpoint this run started from, if any
+        self.last_saved: Path | None = None  # the checkpoint this run wrote last, if any
         # Recoveries per step number, kept across rewinds: a crash that recurs each time the
         # run gets back to a step ends the run after launcher.max_restarts, not never.
         self.step_failures: Counter[int] = Counter()
@@ -268,14 +269,14 @@ class PPORun:
         self.load_checkpoint(folder)
 
     def rewind_folder(self) -> Path | None:
-        """The newest of the run folder's latest checkpoint and the one the run resumed from:
-        `resume_mode=<path>` may name another run's folder, and before this run saves its own,
-        going back means going back there, not to step 0."""
-        candidates = [self.checkpoints.latest_valid()]
-        if self.resumed_from is not None and self.resumed_from.is_dir():  # not pruned since
-            candidates.append(self.resumed_from)
-        found = [f for f in candidates if f is not None]
-        return max(found, key=lambda f: self.checkpoints.load_state(f).step, default=None)
+        """The checkpoint this run saved last, else the one it resumed from (which
+        `resume_mode=<path>` may take from another run's folder). Not simply the folder's
+        newest: after resuming from an older step, a newer one left there by the abandoned
+        history is not this run's past."""
+        for folder in (self.last_saved, self.resumed_from):
+            if folder is not None and folder.is_dir():  # not pruned since
+                return folder
+        return None
 
     # --- checkpoints ------------------------------------------------------------------
     def resume_folder(self) -> Path | None:
@@ -293,6 +294,7 @@ class PPORun:
         if folder is not None:
             self.load_checkpoint(folder)
             self.resumed_from = folder
+        self.checkpoints.set_aside_after(self.state.step)
 
     def load_checkpoint(self, folder: Path) -> None:
         saved = self.checkpoints.load_state(folder)
@@ -326,7 +328,9 @@ class PPORun:
             for f in jobs:
                 f.result()
 
-        return self.checkpoints.save(self.state.step, state, config_to_yaml(self.cfg), save_roles)
+        saved = self.checkpoints.save(self.state.step, state, config_to_yaml(self.cfg), save_roles)
+        self.last_saved = saved
+        return saved
 
     def should_save(self, last: bool) -> bool:
         freq = self.cfg.trainer.save_freq

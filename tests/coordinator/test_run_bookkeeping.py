@@ -3,6 +3,8 @@ servers replaced by stand-ins: no process starts here."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 import pytest
 
@@ -26,6 +28,9 @@ class FakeActor:
 
     def initialize(self, config_yaml: str, run_dir: str) -> None:
         self.loaded.append("initialized from the model")
+
+    def save_checkpoint(self, path: str, with_optimizer: bool = True) -> None:
+        Path(path).mkdir(parents=True)
 
 
 class Unavailable(grpc.RpcError):
@@ -70,15 +75,49 @@ def test_rewind_after_resuming_from_another_folder_goes_back_there(tmp_path):
     assert run.roles.actor.loaded == [str(earlier / "actor")] * 2
 
 
-def test_rewind_prefers_the_run_folders_newer_checkpoint(tmp_path):
+def test_rewind_prefers_the_checkpoint_the_run_saved(tmp_path):
     earlier = write_checkpoint(tmp_path / "earlier", 50)
     run = make_run(tmp_path / "now", [f"trainer.resume_mode={earlier}"])
     run.resume()
-    newer = write_checkpoint(tmp_path / "now", 60)
+    run.state.step = 60
+    newer = run.save_checkpoint()
     run.state.step = 63
     run.rewind()
     assert run.state.step == 60
     assert run.roles.actor.loaded[-1] == str(newer / "actor")
+
+
+def test_resuming_an_older_step_sets_the_later_history_aside(tmp_path):
+    # The folder holds steps 10 and 20; the user resumes from 10. Step 20 is another
+    # history: a crash must not rewind to it, `auto` must not resume from it, and pruning
+    # (max_ckpt_to_keep=1) must not delete this run's own step-15 save in its favour.
+    step10, step20 = write_checkpoint(tmp_path, 10), write_checkpoint(tmp_path, 20)
+    run = make_run(tmp_path, [f"trainer.resume_mode={step10}"])
+    run.checkpoints = CheckpointManager(run.run_dir, max_to_keep=1)
+    run.resume()
+    assert not step20.exists()
+    (aside,) = run.checkpoints.root.glob("abandoned-*")
+    assert (aside / "global_step_20" / "actor").is_dir()  # moved, not deleted
+    run.state.step = 13
+    run.rewind()
+    assert run.state.step == 10
+    run.state.step = 15
+    own = run.save_checkpoint()
+    assert own.is_dir() and run.checkpoints.latest_valid() == own
+    run.state.step = 17
+    run.rewind()
+    assert run.state.step == 15
+
+
+def test_starting_over_in_a_used_folder_never_rewinds_into_its_old_checkpoints(tmp_path):
+    write_checkpoint(tmp_path, 40)
+    run = make_run(tmp_path, ["trainer.resume_mode=disable"])
+    run.resume()
+    assert run.checkpoints.latest_valid() is None
+    run.state.step = 3
+    run.rewind()
+    assert run.state.step == 0
+    assert run.roles.actor.loaded == ["initialized from the model"]
 
 
 def _stub_steps(run: PPORun) -> None:
