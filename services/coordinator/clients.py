@@ -236,6 +236,7 @@ class ScoredSample:
     ok: bool
     reason: str
     extra: dict[str, float]
+    pred: str | None = None  # the answer the scorer read; None when it does not say
 
 
 class RewardRoleClient(_RoleClient):
@@ -253,7 +254,12 @@ class RewardRoleClient(_RoleClient):
 
         req = reward_pb2.ScoreRequest(items=[reward_pb2.ScoreItem(**it) for it in items])
         resp = self._call("Score", req)
-        return [ScoredSample(r.score, r.ok, r.reason, dict(r.extra)) for r in resp.results]
+        return [
+            ScoredSample(
+                r.score, r.ok, r.reason, dict(r.extra), r.pred if r.HasField("pred") else None
+            )
+            for r in resp.results
+        ]
 
     def list_scorers(self) -> list[str]:
         """data_source names the server scores ("*" = any)."""

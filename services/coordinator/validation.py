@@ -1,12 +1,12 @@
 """Validation: greedy (or `val_kwargs`) generation over the validation set, scored per
 data_source, reported with verl's names: `val-core/<data_source>/acc/mean@n` (the core
 variable is the accuracy, which every scorer here reports) and
-`val-aux/<data_source>/reward/mean@n`."""
+`val-aux/<data_source>/reward/mean@n`; with `val_kwargs.n` > 1 also best@k, worst@k and
+maj@k (:mod:`services.coordinator.validation_metrics`)."""
 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 
 import torch
 
@@ -16,6 +16,7 @@ from meshrl.ragged import Ragged
 from services.coordinator.clients import RewardRoleClient, RolloutClient
 from services.coordinator.ppo_step import generate_split, reward_failure_summary
 from services.coordinator.rollout_batch import RolloutBatch
+from services.coordinator.validation_metrics import SampleResult, validation_metrics
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +44,7 @@ def validate(
     sampling = validation_sampling(cfg)
     n = sampling.n
     size = cfg.data.val_batch_size or len(records)
-    scores_by_source: dict[str, list[float]] = defaultdict(list)
-    acc_by_source: dict[str, list[float]] = defaultdict(list)
+    samples: list[SampleResult] = []
     for start in range(0, len(records), size):
         chunk = records[start : start + size]
         prompts = Ragged.from_lists([r.prompt_ids for r in chunk])
@@ -64,14 +64,8 @@ def validate(
         results = reward.score(batch.reward_items(tokenizer))
         if summary := reward_failure_summary(results, batch.data_sources):
             log.warning("validation reward: %s", summary)
-        for ds, result in zip(batch.data_sources, results, strict=True):
-            scores_by_source[ds].append(result.score)
-            acc_by_source[ds].append(result.extra.get("acc", float(result.score >= 1.0)))
-    metrics = {}
-    for ds in sorted(scores_by_source):
-        # verl files the reward under val-aux when an acc variable exists, as it always does here
-        metrics[f"val-aux/{ds}/reward/mean@{n}"] = sum(scores_by_source[ds]) / len(
-            scores_by_source[ds]
-        )
-        metrics[f"val-core/{ds}/acc/mean@{n}"] = sum(acc_by_source[ds]) / len(acc_by_source[ds])
-    return metrics
+        for i, ds, result in zip(repeat, batch.data_sources, results, strict=True):
+            acc = result.extra.get("acc", float(result.score >= 1.0))
+            values = {"acc": acc, "reward": result.score}
+            samples.append(SampleResult(ds, start + i, values, result.pred))
+    return validation_metrics(samples, seed=cfg.trainer.seed)

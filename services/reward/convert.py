@@ -44,9 +44,19 @@ def item_to_proto(item: ScoreItem) -> reward_pb2.ScoreItem:
 
 def outcome_to_proto(outcome: ScoreOutcome) -> reward_pb2.ScoreResult:
     return reward_pb2.ScoreResult(
-        score=outcome.score, ok=outcome.ok, reason=outcome.reason, extra=outcome.extra
+        score=outcome.score,
+        ok=outcome.ok,
+        reason=outcome.reason,
+        extra=outcome.extra,
+        pred=outcome.pred,  # None leaves the optional field unset
     )
 
 
 def outcome_from_proto(msg: reward_pb2.ScoreResult) -> ScoreOutcome:
-    return ScoreOutcome(score=msg.score, ok=msg.ok, reason=msg.reason, extra=dict(msg.extra))
+    return ScoreOutcome(
+        score=msg.score,
+        ok=msg.ok,
+        reason=msg.reason,
+        extra=dict(msg.extra),
+        pred=msg.pred if msg.HasField("pred") else None,
+    )

@@ -110,10 +110,9 @@ class ScorerPool:
 
 def _outcome(future, timeout_s: float) -> ScoreOutcome:
     try:
-        score, extra = future.result()
+        return future.result()
     except Exception as e:  # noqa: BLE001 - every failure is this sample's only
         return failed(_reason(e, timeout_s))
-    return ScoreOutcome(score=score, ok=True, extra=extra)
 
 
 def _reason(e: BaseException, timeout_s: float) -> str:

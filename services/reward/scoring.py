@@ -120,6 +120,7 @@ def _combine(rule: ScoreOutcome | None, rm: float | None, weight: float) -> Scor
         return rule
     out = ScoreOutcome(score=0.0)
     if rule is not None:
+        out.pred = rule.pred
         out.extra.update(rule.extra)
         out.extra["rule_score"] = rule.score
         out.extra.setdefault("acc", float(rule.score >= 1.0 - ACC_TOLERANCE))

@@ -35,6 +35,9 @@ class ScoreOutcome:
     reason: str = ""
     extra: dict[str, float] = field(default_factory=dict)
     """e.g. "rule_score", "rm_score", "acc"."""
+    pred: str | None = None
+    """The answer the scorer read from the response, for majority votes over a prompt's
+    samples ("" when it found none; None when the scorer does not say)."""
 
 
 def failed(reason: str) -> ScoreOutcome:

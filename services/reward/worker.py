@@ -13,7 +13,8 @@ import resource
 from typing import Any
 
 from services.reward.scorers.custom import CustomFunctionError, load_custom_function
-from services.reward.scorers.registry import get_scorer
+from services.reward.scorers.registry import get_answer_reader, get_scorer
+from services.reward.types import ScoreOutcome
 
 
 class BadScore(Exception):
@@ -72,22 +73,27 @@ def score_sample(
     ground_truth: str,
     extra_info: dict[str, Any],
     custom_function: str | None,
-) -> tuple[float, dict[str, float]]:
-    """(score, extra) of one sample; raises ScorerError (what the scorer raised) or BadScore."""
+) -> ScoreOutcome:
+    """One sample's outcome; raises ScorerError (what the scorer raised) or BadScore."""
     try:
         if custom_function:
             fn = load_custom_function(custom_function)
-            value = fn(data_source, response, ground_truth, extra_info)
-        else:
-            value = get_scorer(data_source)(response, ground_truth, extra_info)
+            return coerce(fn(data_source, response, ground_truth, extra_info))
+        outcome = coerce(get_scorer(data_source)(response, ground_truth, extra_info))
+        if outcome.pred is None:
+            outcome.pred = get_answer_reader(data_source)(response, extra_info) or ""
+        return outcome
+    except BadScore:
+        raise
     except BaseException as e:  # noqa: BLE001 - any failure is this sample's; see ScorerError
         raise ScorerError.of(e) from None
-    return coerce(value)
 
 
-def coerce(value: Any) -> tuple[float, dict[str, float]]:
-    """A scorer's return value as (finite score, numeric extras)."""
+def coerce(value: Any) -> ScoreOutcome:
+    """A scorer's return value as an outcome: a finite score, its numeric extras, and its
+    ``pred`` (verl's key for the extracted answer) when it gives one."""
     extra: dict[str, float] = {}
+    pred = None
     if isinstance(value, dict):
         if "score" not in value:
             raise BadScore(f"returned a dict without 'score' (keys: {', '.join(map(str, value))})")
@@ -95,15 +101,17 @@ def coerce(value: Any) -> tuple[float, dict[str, float]]:
         extra = {
             str(k): float(v)
             for k, v in value.items()
-            if k != "score" and _is_number(v) and math.isfinite(float(v))
+            if k not in ("score", "pred") and _is_number(v) and math.isfinite(float(v))
         }
+        if value.get("pred") is not None:
+            pred = str(value["pred"])
         value = value["score"]
     if not _is_number(value):
         raise BadScore(f"returned {type(value).__name__}, expected a number")
     score = float(value)
     if not math.isfinite(score):
         raise BadScore(f"returned {score}, expected a finite number")
-    return score, extra
+    return ScoreOutcome(score=score, extra=extra, pred=pred)
 
 
 def _is_number(v: Any) -> bool:

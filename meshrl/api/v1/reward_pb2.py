@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from meshrl.api.v1 import common_pb2 as meshrl_dot_api_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ameshrl/api/v1/reward.proto\x12\rmeshrl.api.v1\x1a\x1ameshrl/api/v1/common.proto\"q\n\tScoreItem\x12\x13\n\x0b\x64\x61ta_source\x18\x01 \x01(\t\x12\x10\n\x08response\x18\x02 \x01(\t\x12\x14\n\x0cground_truth\x18\x03 \x01(\t\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12\x17\n\x0f\x65xtra_info_json\x18\x05 \x01(\t\"J\n\x0cScoreRequest\x12\'\n\x05items\x18\x01 \x03(\x0b\x32\x18.meshrl.api.v1.ScoreItem\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\"\x9c\x01\n\x0bScoreResult\x12\r\n\x05score\x18\x01 \x01(\x01\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x34\n\x05\x65xtra\x18\x04 \x03(\x0b\x32%.meshrl.api.v1.ScoreResult.ExtraEntry\x1a,\n\nExtraEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"<\n\rScoreResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.meshrl.api.v1.ScoreResult\"\x14\n\x12ListScorersRequest\"+\n\x13ListScorersResponse\x12\x14\n\x0c\x64\x61ta_sources\x18\x01 \x03(\t2\xc1\x02\n\rRewardService\x12\x43\n\x07GetInfo\x12\x1d.meshrl.api.v1.GetInfoRequest\x1a\x19.meshrl.api.v1.ServerInfo\x12Q\n\nInitialize\x12 .meshrl.api.v1.InitializeRequest\x1a!.meshrl.api.v1.InitializeResponse\x12\x42\n\x05Score\x12\x1b.meshrl.api.v1.ScoreRequest\x1a\x1c.meshrl.api.v1.ScoreResponse\x12T\n\x0bListScorers\x12!.meshrl.api.v1.ListScorersRequest\x1a\".meshrl.api.v1.ListScorersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ameshrl/api/v1/reward.proto\x12\rmeshrl.api.v1\x1a\x1ameshrl/api/v1/common.proto\"q\n\tScoreItem\x12\x13\n\x0b\x64\x61ta_source\x18\x01 \x01(\t\x12\x10\n\x08response\x18\x02 \x01(\t\x12\x14\n\x0cground_truth\x18\x03 \x01(\t\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12\x17\n\x0f\x65xtra_info_json\x18\x05 \x01(\t\"J\n\x0cScoreRequest\x12\'\n\x05items\x18\x01 \x03(\x0b\x32\x18.meshrl.api.v1.ScoreItem\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\"\xb8\x01\n\x0bScoreResult\x12\r\n\x05score\x18\x01 \x01(\x01\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x34\n\x05\x65xtra\x18\x04 \x03(\x0b\x32%.meshrl.api.v1.ScoreResult.ExtraEntry\x12\x11\n\x04pred\x18\x05 \x01(\tH\x00\x88\x01\x01\x1a,\n\nExtraEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x07\n\x05_pred\"<\n\rScoreResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.meshrl.api.v1.ScoreResult\"\x14\n\x12ListScorersRequest\"+\n\x13ListScorersResponse\x12\x14\n\x0c\x64\x61ta_sources\x18\x01 \x03(\t2\xc1\x02\n\rRewardService\x12\x43\n\x07GetInfo\x12\x1d.meshrl.api.v1.GetInfoRequest\x1a\x19.meshrl.api.v1.ServerInfo\x12Q\n\nInitialize\x12 .meshrl.api.v1.InitializeRequest\x1a!.meshrl.api.v1.InitializeResponse\x12\x42\n\x05Score\x12\x1b.meshrl.api.v1.ScoreRequest\x1a\x1c.meshrl.api.v1.ScoreResponse\x12T\n\x0bListScorers\x12!.meshrl.api.v1.ListScorersRequest\x1a\".meshrl.api.v1.ListScorersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,15 +39,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SCOREREQUEST']._serialized_start=188
   _globals['_SCOREREQUEST']._serialized_end=262
   _globals['_SCORERESULT']._serialized_start=265
-  _globals['_SCORERESULT']._serialized_end=421
-  _globals['_SCORERESULT_EXTRAENTRY']._serialized_start=377
-  _globals['_SCORERESULT_EXTRAENTRY']._serialized_end=421
-  _globals['_SCORERESPONSE']._serialized_start=423
-  _globals['_SCORERESPONSE']._serialized_end=483
-  _globals['_LISTSCORERSREQUEST']._serialized_start=485
-  _globals['_LISTSCORERSREQUEST']._serialized_end=505
-  _globals['_LISTSCORERSRESPONSE']._serialized_start=507
-  _globals['_LISTSCORERSRESPONSE']._serialized_end=550
-  _globals['_REWARDSERVICE']._serialized_start=553
-  _globals['_REWARDSERVICE']._serialized_end=874
+  _globals['_SCORERESULT']._serialized_end=449
+  _globals['_SCORERESULT_EXTRAENTRY']._serialized_start=396
+  _globals['_SCORERESULT_EXTRAENTRY']._serialized_end=440
+  _globals['_SCORERESPONSE']._serialized_start=451
+  _globals['_SCORERESPONSE']._serialized_end=511
+  _globals['_LISTSCORERSREQUEST']._serialized_start=513
+  _globals['_LISTSCORERSREQUEST']._serialized_end=533
+  _globals['_LISTSCORERSRESPONSE']._serialized_start=535
+  _globals['_LISTSCORERSRESPONSE']._serialized_end=578
+  _globals['_REWARDSERVICE']._serialized_start=581
+  _globals['_REWARDSERVICE']._serialized_end=902
 # @@protoc_insertion_point(module_scope)

@@ -30,7 +30,7 @@ class ScoreRequest(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[ScoreItem, _Mapping]]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class ScoreResult(_message.Message):
-    __slots__ = ("score", "ok", "reason", "extra")
+    __slots__ = ("score", "ok", "reason", "extra", "pred")
     class ExtraEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -42,11 +42,13 @@ class ScoreResult(_message.Message):
     OK_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     EXTRA_FIELD_NUMBER: _ClassVar[int]
+    PRED_FIELD_NUMBER: _ClassVar[int]
     score: float
     ok: bool
     reason: str
     extra: _containers.ScalarMap[str, float]
-    def __init__(self, score: _Optional[float] = ..., ok: _Optional[bool] = ..., reason: _Optional[str] = ..., extra: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    pred: str
+    def __init__(self, score: _Optional[float] = ..., ok: _Optional[bool] = ..., reason: _Optional[str] = ..., extra: _Optional[_Mapping[str, float]] = ..., pred: _Optional[str] = ...) -> None: ...
 
 class ScoreResponse(_message.Message):
     __slots__ = ("results",)

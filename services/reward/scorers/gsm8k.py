@@ -40,6 +40,11 @@ def extract_answer(solution_str: str, method: str = "strict") -> str | None:
     return None
 
 
+def read_answer(solution_str: str, extra_info: dict[str, Any] | None = None) -> str | None:
+    """The answer :func:`compute_score` judges with its default method."""
+    return extract_answer(solution_str, "strict")
+
+
 def compute_score(
     solution_str: str,
     ground_truth: str,

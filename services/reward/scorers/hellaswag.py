@@ -63,12 +63,18 @@ def extract_choice(response: str, endings: list[str] | None = None) -> int | Non
     return _by_text(response, endings) if endings else None
 
 
-def compute_score(
-    solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
-) -> float:
+def read_answer(solution_str: str, extra_info: dict[str, Any] | None = None) -> str | None:
+    """The index of the ending the response picks, as text ("2"); None when it picks none."""
     extra_info = extra_info or {}
     endings = extra_info.get("endings") or extra_info.get("choices")
     choice = extract_choice(solution_str, list(endings) if endings else None)
+    return None if choice is None else str(choice)
+
+
+def compute_score(
+    solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
+) -> float:
+    choice = read_answer(solution_str, extra_info)
     if choice is None:
         return 0.0
-    return 1.0 if choice == int(str(ground_truth).strip()) else 0.0
+    return 1.0 if int(choice) == int(str(ground_truth).strip()) else 0.0

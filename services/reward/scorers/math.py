@@ -34,14 +34,22 @@ def extract_answer(solution_str: str) -> str | None:
     return last_boxed(solution_str)
 
 
+def read_answer(solution_str: str, extra_info: dict[str, Any] | None = None) -> str | None:
+    """The boxed answer :func:`compute_score` judges, stripped; None when there is none."""
+    answer = extract_answer(solution_str)
+    if answer is None or not answer.strip() or len(answer) > MAX_ANSWER_CHARS:
+        return None
+    return answer.strip()
+
+
 def compute_score(
     solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
 ) -> float:
-    answer = extract_answer(solution_str)
-    if answer is None or not answer.strip() or len(answer) > MAX_ANSWER_CHARS:
+    answer = read_answer(solution_str)
+    if answer is None:
         return 0.0
     gold = last_boxed(ground_truth) or ground_truth  # a ground truth may come boxed
-    return 1.0 if equivalent(gold.strip(), answer.strip()) else 0.0
+    return 1.0 if equivalent(gold.strip(), answer) else 0.0
 
 
 @lru_cache(maxsize=16384)

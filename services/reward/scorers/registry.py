@@ -25,6 +25,7 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
 DATA_SOURCES: dict[str, str] = {name: fam for fam, (_, names) in FAMILIES.items() for name in names}
 
 ScoreFn = Callable[..., float]
+AnswerFn = Callable[..., "str | None"]
 
 
 class UnknownDataSource(ValueError):
@@ -57,3 +58,11 @@ def get_scorer(data_source: str) -> ScoreFn:
     """The ``compute_score(solution_str, ground_truth, extra_info)`` of `data_source`."""
     module, fn = FAMILIES[family_of(data_source)][0].split(":")
     return getattr(importlib.import_module(module), fn)
+
+
+@cache
+def get_answer_reader(data_source: str) -> AnswerFn:
+    """The ``read_answer(solution_str, extra_info)`` of `data_source`'s scorer module: the
+    answer its ``compute_score`` judges, for majority votes (None: no answer found)."""
+    module = FAMILIES[family_of(data_source)][0].split(":")[0]
+    return importlib.import_module(module).read_answer

@@ -6,9 +6,10 @@ import time
 import pytest
 
 from meshrl.config.schema import RewardConfig
+from services.reward.convert import outcome_from_proto, outcome_to_proto
 from services.reward.pool import ScorerPool
 from services.reward.scoring import ANY_SOURCE, RewardScorer
-from services.reward.types import ScoreItem
+from services.reward.types import ScoreItem, ScoreOutcome
 from services.reward.worker import BadScore, coerce
 
 pytestmark = pytest.mark.timeout(120)
@@ -156,16 +157,48 @@ def test_pool_directly_and_empty_batch():
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
-        (1, (1.0, {})),
-        (True, (1.0, {})),
-        (0.5, (0.5, {})),
-        ({"score": 2, "x": 1.5}, (2.0, {"x": 1.5})),
+        (1, (1.0, {}, None)),
+        (True, (1.0, {}, None)),
+        (0.5, (0.5, {}, None)),
+        ({"score": 2, "x": 1.5}, (2.0, {"x": 1.5}, None)),
         # an extra that is no finite number is dropped: a NaN "acc" made every mean NaN
-        ({"score": 1, "acc": float("nan"), "n": float("inf"), "ok": 1}, (1.0, {"ok": 1.0})),
+        ({"score": 1, "acc": float("nan"), "n": float("inf"), "ok": 1}, (1.0, {"ok": 1.0}, None)),
+        # verl's "pred" (the extracted answer) is kept as text, not as an extra
+        ({"score": 1, "acc": 1, "pred": "42"}, (1.0, {"acc": 1.0}, "42")),
+        ({"score": 0, "pred": 7}, (0.0, {}, "7")),
+        ({"score": 0, "pred": None}, (0.0, {}, None)),
     ],
 )
 def test_coerce(value, expected):
-    assert coerce(value) == expected
+    out = coerce(value)
+    assert (out.score, out.extra, out.pred) == expected
+
+
+def test_rule_scorers_give_the_answer_they_judged():
+    with RewardScorer(RewardConfig(num_workers=1)) as s:
+        out = s.score(
+            [
+                ScoreItem("openai/gsm8k", "so #### 1,000", "1000"),
+                ScoreItem("openai/gsm8k", "no number here", "3"),
+                ScoreItem("lighteval/MATH", "it is \\boxed{ \\frac{1}{2} }", "0.5"),
+                ScoreItem("hellaswag", "Answer: C", "2", extra_info={"endings": list("wxyz")}),
+            ]
+        )
+    assert [o.pred for o in out] == ["1000", "", "\\frac{1}{2}", "2"]
+    assert [o.score for o in out] == [1.0, 0.0, 1.0, 1.0]
+
+
+def test_a_custom_functions_pred_reaches_the_client(tmp_path):
+    module = tmp_path / "votes.py"
+    module.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return {'score': 1.0, 'pred': solution_str.strip()}\n"
+    )
+    with RewardScorer(RewardConfig(num_workers=1, custom_function=f"{module}:compute_score")) as s:
+        (out,) = s.score([ScoreItem("anything", " 12 ", "12")])
+    assert out.pred == "12"
+    assert outcome_from_proto(outcome_to_proto(out)).pred == "12"
+    assert outcome_from_proto(outcome_to_proto(ScoreOutcome(0.0))).pred is None  # unset
 
 
 @pytest.mark.parametrize("value", [None, "1", [1], float("inf"), {"score": "1"}])

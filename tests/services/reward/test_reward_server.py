@@ -111,6 +111,24 @@ def client(server):
         yield c
 
 
+def test_answers_reach_the_coordinators_client_for_majority_votes(server):
+    from services.coordinator.clients import RewardRoleClient
+
+    role = RewardRoleClient(server.address, timeout_s=60)
+    try:
+        out = role.score(
+            [
+                {"data_source": "openai/gsm8k", "response": "#### 7", "ground_truth": "7"},
+                {"data_source": "openai/gsm8k", "response": "none", "ground_truth": "7"},
+                {"data_source": "math", "response": "\\boxed{9^{999999999}}", "ground_truth": "5"},
+            ]
+        )
+    finally:
+        role.close()
+    assert [o.pred for o in out] == ["7", "", None]  # the timed-out sample says nothing
+    assert [o.ok for o in out] == [True, True, False]
+
+
 def test_info_and_scorers(client):
     info = client.info()
     assert info.service == "reward" and info.ready and info.api_version == "meshrl.api.v1"
