@@ -6,6 +6,13 @@ import argparse
 import logging
 import sys
 
+# Exit codes of every command, `meshrl run` with or without --coordinator alike.
+EXIT_SUCCEEDED = 0
+EXIT_FAILED = 1
+EXIT_BAD_REQUEST = 2
+EXIT_STOPPED = 3
+EXIT_INTERRUPTED = 130
+
 
 def _launcher_overrides(args: argparse.Namespace) -> list[str]:
     """--launcher / --ray-address as config overrides (after the user's, so they win)."""
@@ -28,8 +35,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     from meshrl.launcher.run_local import run_local
 
-    run_local(cfg)
-    return 0
+    result = run_local(cfg)
+    return EXIT_SUCCEEDED if result.finished else EXIT_STOPPED
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -213,25 +220,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Errors whose message says all a user needs: printed without a traceback."""
+def _bad_request_errors() -> tuple[type[BaseException], ...]:
+    """The request itself is wrong (exit 2): its message names what to change."""
     from meshrl.config import ConfigError
     from meshrl.data.errors import DataError
     from meshrl.export import ExportError
+
+    return (ConfigError, DataError, ExportError)
+
+
+def _failure_errors() -> tuple[type[BaseException], ...]:
+    """The work could not go on (exit 1): a role failing past its restarts, a lost service, a
+    checkpoint that cannot be read or written. The message says all a user needs."""
     from meshrl.rpc.client import ServiceUnavailable
     from services.coordinator.checkpointing import CheckpointError
     from services.coordinator.clients import RoleCallError
     from services.coordinator.remote import CoordinatorError
 
-    return (
-        ConfigError,
-        DataError,
-        ExportError,
-        CheckpointError,
-        ServiceUnavailable,
-        RoleCallError,
-        CoordinatorError,
-    )
+    return (CheckpointError, ServiceUnavailable, RoleCallError, CoordinatorError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,12 +248,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return args.fn(args)
-    except _user_errors() as e:
+    except _bad_request_errors() as e:
         print(f"meshrl: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_REQUEST
+    except _failure_errors() as e:
+        print(f"meshrl: {e}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print("meshrl: interrupted; all role servers stopped", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

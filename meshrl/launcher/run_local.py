@@ -53,8 +53,17 @@ class GracefulStop:
             signal.signal(sig, handler)
 
 
-def run_local(cfg: RunConfig) -> dict[str, float]:
-    """Runs the whole PPO job; returns the last step's metrics."""
+class RunResult(dict):
+    """The last step's metrics (a dict, as before), and whether every step ran: False when
+    a stop (Ctrl-C, SIGTERM) ended the run early, after its checkpoint."""
+
+    def __init__(self, metrics: dict[str, float], finished: bool):
+        super().__init__(metrics)
+        self.finished = finished
+
+
+def run_local(cfg: RunConfig) -> RunResult:
+    """Runs the whole PPO job; returns the last step's metrics and whether it finished."""
     # This process's own clients (and health probes) use the run's TLS / token settings
     # (config values over the environment's), checked now: a bad path fails here, named.
     os.environ.update(SecuritySettings.from_config(cfg.security).to_env())
@@ -73,6 +82,7 @@ def run_local(cfg: RunConfig) -> dict[str, float]:
         with GracefulStop(run):
             try:
                 run.setup()
-                return run.train()
+                metrics = run.train()
+                return RunResult(metrics, finished=run.state.step >= run.total_steps)
             finally:
                 run.close()
