@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
-from services.coordinator.checkpointing import MANIFEST, PREFIX, step_of, verify
+from services.coordinator.checkpointing import MANIFEST, PREFIX, CheckpointError, step_of, verify
 
 # Small files of a model folder that describe it (not weights): the model's, then the
 # tokenizer's.
@@ -101,7 +101,10 @@ def _check_checkpoint(checkpoint: Path, role: str) -> None:
         raise ExportError(f"{checkpoint}: no such folder")
     if not (checkpoint / MANIFEST).is_file() and (hint := _checkpoint_hint(checkpoint)):
         raise ExportError(f"{checkpoint} is not a step checkpoint: {hint}")
-    verify(checkpoint)  # CheckpointError naming the missing or altered file
+    try:
+        verify(checkpoint)
+    except CheckpointError as e:  # the path the user named: a wrong request (exit 2)
+        raise ExportError(str(e)) from None
     if not (checkpoint / role).is_dir():
         raise ExportError(f"{checkpoint} holds no {role}/ folder (the run had no {role})")
 

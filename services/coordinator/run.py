@@ -16,7 +16,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from meshrl.algorithms.kl import make_kl_controller
-from meshrl.config import RunConfig, config_to_yaml
+from meshrl.config import ConfigError, RunConfig, config_to_yaml
 from meshrl.data.dataset import PromptDataset
 from meshrl.data.errors import DataError
 from meshrl.data.loader import PromptLoader
@@ -286,7 +286,10 @@ class PPORun:
         if mode == "auto":
             return self.checkpoints.latest_valid()
         folder = Path(mode)
-        verify(folder)  # an explicit path must be whole; no silent fallback
+        try:
+            verify(folder)  # an explicit path must be whole; no silent fallback
+        except CheckpointError as e:  # the config names it: a wrong request (exit 2)
+            raise ConfigError(f"trainer.resume_mode: {e}") from None
         return folder
 
     def resume(self) -> None:

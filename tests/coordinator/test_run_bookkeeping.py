@@ -201,3 +201,13 @@ def test_a_crash_that_recurs_after_each_rewind_ends_the_run(tmp_path):
     with pytest.raises(RoleCallError, match="UpdatePolicy"):
         run.train()
     assert attempts == [1, 2, 1, 2, 1, 2]  # the first try and 2 restarts
+
+
+def test_a_resume_path_that_does_not_verify_is_a_config_error_naming_the_key(tmp_path):
+    from meshrl.config import ConfigError
+
+    partial = write_checkpoint(tmp_path / "earlier", 5)
+    (partial / "MANIFEST.json").unlink()
+    run = make_run(tmp_path / "now", [f"trainer.resume_mode={partial}"])
+    with pytest.raises(ConfigError, match=r"trainer.resume_mode: .*no MANIFEST.json"):
+        run.resume()
