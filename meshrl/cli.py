@@ -235,9 +235,16 @@ def _failure_errors() -> tuple[type[BaseException], ...]:
     from meshrl.rpc.client import ServiceUnavailable
     from services.coordinator.checkpointing import CheckpointError
     from services.coordinator.clients import RoleCallError
+    from services.coordinator.dynamic_sampling import FilterGroupsExhausted
     from services.coordinator.remote import CoordinatorError
 
-    return (CheckpointError, ServiceUnavailable, RoleCallError, CoordinatorError)
+    return (
+        CheckpointError,
+        ServiceUnavailable,
+        RoleCallError,
+        CoordinatorError,
+        FilterGroupsExhausted,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,6 +56,17 @@ class Ragged:
         offsets[1:] = torch.cumsum(lengths.to(torch.int64), 0)
         return Ragged(padded[mask], offsets)
 
+    @staticmethod
+    def concat(parts: Sequence[Ragged]) -> Ragged:
+        """The rows of ``parts``, one after another (all of one dtype)."""
+        if not parts:
+            raise ValueError("concat of no Ragged batches")
+        values = torch.cat([p.values for p in parts])
+        lengths = torch.cat([p.lengths for p in parts])
+        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+        offsets[1:] = torch.cumsum(lengths, 0)
+        return Ragged(values, offsets)
+
     def __len__(self) -> int:
         return self.offsets.numel() - 1
 

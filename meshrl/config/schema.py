@@ -279,6 +279,20 @@ class KLCtrlConfig(Section):
     """Adaptive: responses over which β moves by at most 20%."""
 
 
+class FilterGroupsConfig(Section):
+    """DAPO's dynamic sampling: drop the prompts whose n samples all got the same value of
+    ``metric`` (all right, or all wrong: a group-relative advantage of zero), and generate
+    from further batches of prompts until ``data.train_batch_size`` prompts remain."""
+
+    enable: bool = False
+    metric: Literal["acc", "score", "seq_reward"] = "acc"
+    """The per-sample value whose spread within a group decides: the reward's ``acc``, or
+    the score (``seq_reward`` is verl's name for the same, before any KL penalty)."""
+    max_num_gen_batches: int = Field(10, ge=0)
+    """Generation batches a step may take before the run fails, naming the shortfall
+    (0 = no limit: a data set the model has fully solved would then loop for ever)."""
+
+
 class AlgorithmConfig(Section):
     adv_estimator: Literal[
         "gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"
@@ -294,6 +308,7 @@ class AlgorithmConfig(Section):
     kl_ctrl: KLCtrlConfig = Field(default_factory=KLCtrlConfig)
     whiten_advantages: bool = True
     """Whiten GAE advantages over the batch."""
+    filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig)
 
 
 class TrainerConfig(Section):

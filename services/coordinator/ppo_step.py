@@ -3,12 +3,16 @@
     generate -> (score | ref log-probs | values | old log-probs, in parallel)
              -> advantages -> update critic, update actor (in parallel) -> sync weights
 
+With dynamic sampling (``algorithm.filter_groups``), generate and score repeat over further
+batches of prompts until enough groups differ; the other phases then run on what is kept.
+
 Each phase is a small method around one call, timed under verl's name.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -26,12 +30,21 @@ from services.coordinator.clients import (
     RolloutClient,
     TrainerClient,
 )
+from services.coordinator.dynamic_sampling import (
+    FilterGroupsExhausted,
+    filter_values,
+    varied_groups,
+)
 from services.coordinator.rollout_batch import RolloutBatch, padded
 from services.coordinator.rollout_memory import RolloutMemory
 from services.coordinator.timing import PhaseTimer
 from services.coordinator.weight_sync import WeightSyncer
 
 log = logging.getLogger(__name__)
+
+GEN_BATCH_SEED_STRIDE = 100_000_007
+"""Seed distance between a step's generation batches: past every step number and replica
+stride (:func:`replica_sampling`), so no two batches of a run share a sampling stream."""
 
 
 class WeightSyncFailed(Exception):
@@ -148,7 +161,9 @@ class PPOStep:
         self.memory = RolloutMemory.for_run(cfg, roles.rollouts)
 
     # --- step 1: generate -------------------------------------------------------------
-    def sampling_params(self, step: int) -> rollout_pb2.SamplingParams:
+    def sampling_params(self, step: int, gen_batch: int = 0) -> rollout_pb2.SamplingParams:
+        """gen_batch: the step's generation batch (dynamic sampling takes several), each
+        with a seed of its own."""
         r = self.cfg.actor_rollout_ref.rollout
         return rollout_pb2.SamplingParams(
             temperature=r.temperature,
@@ -156,13 +171,14 @@ class PPOStep:
             top_k=r.top_k,
             max_tokens=self.cfg.data.max_response_length,
             n=r.n,
-            seed=self.cfg.trainer.seed * 1_000_003 + step,
+            seed=self.cfg.trainer.seed * 1_000_003 + step + gen_batch * GEN_BATCH_SEED_STRIDE,
         )
 
-    def generate(self, records: list, step: int) -> RolloutBatch:
+    def generate(self, records: list, step: int, gen_batch: int = 0) -> RolloutBatch:
         n = self.cfg.actor_rollout_ref.rollout.n
         prompts = Ragged.from_lists([rec.prompt_ids for rec in records])
-        out = generate_split(self.roles.rollouts, prompts, self.sampling_params(step), self.pool)
+        sampling = self.sampling_params(step, gen_batch)
+        out = generate_split(self.roles.rollouts, prompts, sampling, self.pool)
         repeat = [i for i in range(len(records)) for _ in range(n)]
         return RolloutBatch(
             prompts=prompts.select(repeat),
@@ -209,8 +225,57 @@ class PPOStep:
         items = batch.reward_items(self.tokenizer, out.responses.select(repeat))
         batch.baseline_scores = torch.tensor([r.score for r in self.roles.reward.score(items)])
 
+    def generate_varied(
+        self, records: list, step: int, timer: PhaseTimer, draw_records: Callable[[int], list]
+    ) -> tuple[RolloutBatch, dict[str, float]]:
+        """Dynamic sampling: generates and scores batch after batch of prompts (the step's
+        own, then ``draw_records(1)``, ``draw_records(2)``, ...) and keeps the groups whose
+        samples differ, until ``data.train_batch_size`` prompts are kept; the first that many
+        make the batch. Raises FilterGroupsExhausted past ``max_num_gen_batches``."""
+        fg = self.cfg.algorithm.filter_groups
+        wanted = self.cfg.data.train_batch_size
+        kept: list[RolloutBatch] = []
+        have = generated = gen_batches = 0
+        while True:
+            with timer("gen"):
+                batch = self.generate(records, step, gen_batches)
+            gen_batches += 1
+            with timer("reward"):
+                self.score(batch)
+            values = filter_values(fg.metric, batch.scores, batch.reward_extra)
+            groups = varied_groups(values, batch.group_ids)
+            kept.append(batch.select_groups(groups))
+            have, generated = have + len(groups), generated + len(records)
+            if have >= wanted:
+                break
+            if 0 < fg.max_num_gen_batches <= gen_batches:
+                raise FilterGroupsExhausted(
+                    f"step {step}: {have} of the {wanted} prompts a batch needs had samples "
+                    f"that differ in {fg.metric} after {gen_batches} generation batches "
+                    f"(algorithm.filter_groups.max_num_gen_batches={fg.max_num_gen_batches}); "
+                    "the data is too easy or too hard for the model: raise the limit, "
+                    "change the data, or set algorithm.filter_groups.enable=false"
+                )
+            log.info(
+                "step %d: %d of %d prompts with varied %s after %d generation batches; "
+                "generating more",
+                step,
+                have,
+                wanted,
+                fg.metric,
+                gen_batches,
+            )
+            records = draw_records(gen_batches)
+        merged = RolloutBatch.concat(kept)
+        batch = merged.select_groups(list(range(wanted)))
+        return batch, {
+            "train/num_gen_batches": float(gen_batches),
+            "train/kept_prompts_ratio": have / generated,
+        }
+
     def score_and_infer(self, batch: RolloutBatch, timer: PhaseTimer) -> None:
-        phases = [("reward", self.score), ("old_log_prob", self.old_log_probs)]
+        phases = [] if batch.scores is not None else [("reward", self.score)]  # scored already
+        phases.append(("old_log_prob", self.old_log_probs))
         if self.roles.ref is not None:
             phases.append(("ref", self.ref_log_probs))
         if self.roles.critic is not None:
@@ -304,13 +369,22 @@ class PPOStep:
         return metrics
 
     # --- the step -----------------------------------------------------------------------
-    def run(self, records: list, step: int) -> dict[str, float]:
-        """step counts from 1. Returns the step's metrics (verl names)."""
+    def run(
+        self, records: list, step: int, draw_records: Callable[[int], list] | None = None
+    ) -> dict[str, float]:
+        """step counts from 1; ``draw_records(i)``: the step's i-th further batch of prompts,
+        for dynamic sampling. Returns the step's metrics (verl names)."""
         timer = PhaseTimer()
+        sampling_metrics: dict[str, float] = {}
         with timer("step"):
-            with timer("gen"):
-                self.memory.wake()
-                batch = self.generate(records, step)
+            self.memory.wake()
+            if self.cfg.algorithm.filter_groups.enable:
+                if draw_records is None:
+                    raise ValueError("dynamic sampling needs draw_records")
+                batch, sampling_metrics = self.generate_varied(records, step, timer, draw_records)
+            else:
+                with timer("gen"):
+                    batch = self.generate(records, step)
             if self.cfg.algorithm.adv_estimator == "remax":
                 with timer("gen_max"):
                     self.remax_baseline(records, batch, step)
@@ -325,7 +399,13 @@ class PPOStep:
                     sync_metrics = self.syncer.sync(version=step)
             except RoleCallError as err:
                 sync_error = err
-        metrics = {**adv_metrics, **update_metrics, **sync_metrics, **timer.metrics()}
+        metrics = {
+            **adv_metrics,
+            **update_metrics,
+            **sync_metrics,
+            **sampling_metrics,
+            **timer.metrics(),
+        }
         metrics.update(self.batch_metrics(batch, timer.seconds["step"]))
         for warning in skipped_update_warnings(metrics):
             log.warning("step %d: %s", step, warning)

@@ -33,6 +33,19 @@ def check_run_config(cfg: RunConfig) -> None:
             "critic or pick a critic-free estimator (grpo, rloo, reinforce_plus_plus, "
             "reinforce_plus_plus_baseline, remax)"
         )
+    if cfg.algorithm.filter_groups.enable:
+        n = cfg.actor_rollout_ref.rollout.n
+        if n < 2:
+            raise ConfigError(
+                f"algorithm.filter_groups.enable=true needs groups to filter: "
+                f"actor_rollout_ref.rollout.n={n} gives one sample a prompt; set it to 2 or more"
+            )
+        if cfg.algorithm.adv_estimator == "remax":
+            raise ConfigError(
+                "algorithm.filter_groups.enable=true with algorithm.adv_estimator=remax: ReMax's "
+                "greedy baseline is generated for the step's prompts before any are filtered; "
+                "pick grpo, rloo or another estimator"
+            )
 
 
 def load_tokenizer(model: ModelConfig):

@@ -35,6 +35,52 @@ class RolloutBatch:
     def __len__(self) -> int:
         return len(self.responses)
 
+    def select_groups(self, groups: list[int]) -> RolloutBatch:
+        """The samples of ``groups`` (in that order), renumbered 0..len(groups)-1: what the
+        generation and reward phases filled in, before any later phase ran."""
+        position = {g: i for i, g in enumerate(groups)}
+        rows = [r for g in groups for r in (self.group_ids == g).nonzero().flatten().tolist()]
+        pick = lambda items: [items[r] for r in rows]  # noqa: E731 - one line per field
+        return RolloutBatch(
+            prompts=self.prompts.select(rows),
+            responses=self.responses.select(rows),
+            rollout_logprobs=self.rollout_logprobs.select(rows),
+            finish_reasons=pick(self.finish_reasons),
+            group_ids=torch.tensor(
+                [position[g] for g in self.group_ids[rows].tolist()], dtype=torch.int64
+            ),
+            data_sources=pick(self.data_sources),
+            ground_truths=pick(self.ground_truths),
+            extra_infos=pick(self.extra_infos),
+            weight_version=self.weight_version,
+            scores=self.scores[rows] if self.scores is not None else None,
+            reward_extra=pick(self.reward_extra) if self.reward_extra else [],
+            reward_failed=self.reward_failed,
+        )
+
+    @staticmethod
+    def concat(parts: list[RolloutBatch]) -> RolloutBatch:
+        """Generated (and scored) batches one after another, their groups numbered on."""
+        group_ids, first = [], 0
+        for p in parts:
+            group_ids.append(p.group_ids + first)
+            first += int(p.group_ids.max()) + 1 if len(p) else 0
+        scored = all(p.scores is not None for p in parts)
+        return RolloutBatch(
+            prompts=Ragged.concat([p.prompts for p in parts]),
+            responses=Ragged.concat([p.responses for p in parts]),
+            rollout_logprobs=Ragged.concat([p.rollout_logprobs for p in parts]),
+            finish_reasons=[x for p in parts for x in p.finish_reasons],
+            group_ids=torch.cat(group_ids),
+            data_sources=[x for p in parts for x in p.data_sources],
+            ground_truths=[x for p in parts for x in p.ground_truths],
+            extra_infos=[x for p in parts for x in p.extra_infos],
+            weight_version=parts[-1].weight_version,
+            scores=torch.cat([p.scores for p in parts]) if scored else None,
+            reward_extra=[x for p in parts for x in p.reward_extra],
+            reward_failed=sum(p.reward_failed for p in parts),
+        )
+
     def response_mask(self) -> torch.Tensor:
         """(b, r) float mask over the right-padded responses."""
         _, mask = self.responses.to_padded()

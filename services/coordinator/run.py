@@ -133,6 +133,9 @@ class PPORun:
         # Recoveries per step number, kept across rewinds: a crash that recurs each time the
         # run gets back to a step ends the run after launcher.max_restarts, not never.
         self.step_failures: Counter[int] = Counter()
+        # Dynamic sampling's further prompt batches of the current step, drawn once: a step
+        # that is retried after a restart generates from the same prompts again.
+        self.further_records: list[list] = []
         self.on_step = on_step
         self._stop = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="run")
@@ -207,7 +210,7 @@ class PPORun:
         step = self.state.step
         while True:
             try:
-                return self.step_runner.run(records, step)
+                return self.step_runner.run(records, step, self.draw_records)
             except WeightSyncFailed as failed:  # the updates are done: never run them twice
                 self.count_failure(
                     step, failed.error, f"step {step}: updated, but its weight sync failed"
@@ -219,6 +222,14 @@ class PPORun:
                 self.count_failure(step, err, f"step {step} failed")
                 if self.recover(err):
                     return None
+
+    def draw_records(self, i: int) -> list:
+        """The current step's i-th further batch of prompts (i from 1), for dynamic sampling:
+        taken from the loader the first time it is asked for, so the loader's saved state
+        covers it and a retried step reuses it."""
+        while len(self.further_records) < i:
+            self.further_records.append(self.loader.next_batch()[1])
+        return self.further_records[i - 1]
 
     def count_failure(self, step: int, err: RoleCallError, what: str) -> None:
         """Counts a failure of ``step`` (its validation included) and logs it as ``what``;
@@ -362,6 +373,7 @@ class PPORun:
         try:
             while self.state.step < self.total_steps and not self._stop.is_set():
                 epoch, records = self.loader.next_batch()
+                self.further_records = []
                 self.state.step += 1
                 self.state.epoch = epoch
                 metrics = self.run_step(records)

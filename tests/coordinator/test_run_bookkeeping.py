@@ -183,7 +183,7 @@ def test_a_crash_that_recurs_after_each_rewind_ends_the_run(tmp_path):
     run.total_steps = 5
     attempts = []
 
-    def step(records, number):
+    def step(records, number, draw_records=None):
         attempts.append(number)
         if len(attempts) > 20:
             raise AssertionError("restarted without end")

@@ -25,7 +25,19 @@ EXPECTED = {
     "reinforce_plus_plus.yaml": ["actor/reward_kl_penalty"],
     # ReMax: the REINFORCE++ example with the greedy-rollout baseline instead
     "reinforce_plus_plus.yaml+remax": ["timing_s/gen_max"],
+    "dapo.yaml": ["train/num_gen_batches", "train/kept_prompts_ratio"],
 }
+
+# The tiny untrained model answers (almost) nothing right, so every group would be all wrong
+# and dynamic sampling would find nothing to keep: DAPO's run scores by a stand-in rule whose
+# groups differ for odd answers and never for even ones.
+VARIED_FOR_ODD_ANSWERS = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if int(ground_truth) % 2 == 0:
+        return {"score": 1.0, "acc": 1.0}
+    acc = float(len(solution_str) % 2)
+    return {"score": acc, "acc": acc}
+"""
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -34,6 +46,14 @@ def test_example_runs(name, tiny_model, arithmetic_data, tmp_path):
     tree = yaml.safe_load((EXAMPLES / file).read_text())
     if variant:
         tree["algorithm"]["adv_estimator"] = variant
+    extra = []
+    if file == "dapo.yaml":
+        reward = tmp_path / "varied.py"
+        reward.write_text(VARIED_FOR_ODD_ANSWERS)
+        extra = [
+            f"reward.custom_function={reward}",
+            "algorithm.filter_groups.max_num_gen_batches=20",
+        ]
     cfg = build_config(
         tree,
         [
@@ -47,6 +67,7 @@ def test_example_runs(name, tiny_model, arithmetic_data, tmp_path):
             "trainer.test_freq=-1",
             "trainer.plot=false",
             f"trainer.default_local_dir={tmp_path}",
+            *extra,
         ],
     )
     run_local(cfg)
@@ -56,5 +77,7 @@ def test_example_runs(name, tiny_model, arithmetic_data, tmp_path):
         assert key in rows[-1], f"{name}: {key} missing"
     assert rows[-1]["perf/total_num_tokens"] > 0
     assert math.isfinite(rows[-1]["actor/pg_loss"])
+    if file == "dapo.yaml":  # the even answers' groups (all right) were dropped every step
+        assert all(0 < r["train/kept_prompts_ratio"] < 1 for r in rows)
     if "critic/vf_loss" not in EXPECTED[name]:
         assert "critic/vf_loss" not in rows[-1], "no critic for critic-free estimators"

@@ -1,0 +1,44 @@
+"""DAPO's dynamic sampling (verl's ``algorithm.filter_groups``), as pure functions.
+
+A prompt whose n samples all got the same value (all right, or all wrong) gives every
+group-relative estimator a zero advantage: its samples cost a whole update and teach
+nothing, and as the model improves more and more groups go that way. The step drops them and
+generates from further batches of prompts until ``data.train_batch_size`` prompts with
+varied groups remain (:meth:`PPOStep.generate_varied`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class FilterGroupsExhausted(RuntimeError):
+    """A step took ``max_num_gen_batches`` generation batches without enough varied groups."""
+
+
+def filter_values(metric: str, scores: torch.Tensor, reward_extra: list[dict]) -> torch.Tensor:
+    """The per-sample value whose spread decides, (N,) float.
+
+    metric: "acc" (the reward's ``acc`` extra; a score >= 1 where the scorer gives none) or
+    "score" / "seq_reward" (the score, before any KL penalty). scores (N,).
+    """
+    if metric == "acc":
+        pairs = zip(scores.tolist(), reward_extra, strict=True)
+        return torch.tensor([e.get("acc", float(s >= 1.0)) for s, e in pairs], dtype=torch.float32)
+    if metric in ("score", "seq_reward"):
+        return scores.float()
+    raise ValueError(f"unknown filter_groups metric {metric!r}")
+
+
+def varied_groups(values: torch.Tensor, group_ids: torch.Tensor) -> list[int]:
+    """The groups worth training on, in order of first appearance: those whose values
+    differ, and those of one sample (as verl keeps them: there is nothing to compare).
+
+    values (N,) float; group_ids (N,) int64, the prompt of each sample.
+    """
+    kept = []
+    for g in dict.fromkeys(group_ids.tolist()):  # first-appearance order
+        v = values[group_ids == g]
+        if v.numel() == 1 or bool(v.max() != v.min()):
+            kept.append(g)
+    return kept

@@ -1,0 +1,184 @@
+"""DAPO's dynamic sampling (algorithm.filter_groups): groups whose samples all score alike are
+dropped, and further prompt batches are generated until the step has its batch."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from meshrl.config import ConfigError, build_config
+from meshrl.data.loader import PromptLoader
+from meshrl.ragged import Ragged
+from services.coordinator.clients import ScoredSample
+from services.coordinator.dynamic_sampling import (
+    FilterGroupsExhausted,
+    filter_values,
+    varied_groups,
+)
+from services.coordinator.ppo_step import GEN_BATCH_SEED_STRIDE, PPOStep, Roles
+from services.coordinator.preflight import check_run_config
+from services.coordinator.rollout_batch import RolloutBatch
+from services.coordinator.timing import PhaseTimer
+
+
+def test_varied_groups_keeps_groups_that_differ_and_single_samples_in_order():
+    values = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.5])
+    groups = torch.tensor([3, 3, 1, 1, 0, 0, 7])
+    assert varied_groups(values, groups) == [1, 7]  # 3: all right, 0: all wrong
+
+
+def test_filter_values_by_metric():
+    scores = torch.tensor([0.9, 1.0, 0.2])
+    extra = [{"acc": 1.0}, {}, {"acc": 0.0}]
+    assert filter_values("acc", scores, extra).tolist() == [1.0, 1.0, 0.0]  # no acc: score >= 1
+    assert torch.allclose(filter_values("score", scores, extra), scores)
+    assert torch.allclose(filter_values("seq_reward", scores, extra), scores)
+
+
+def test_ragged_concat_and_batch_select_groups():
+    a, b = Ragged.from_lists([[1], [2, 3]]), Ragged.from_lists([[], [4, 5, 6]])
+    assert Ragged.concat([a, b]).tolist() == [[1], [2, 3], [], [4, 5, 6]]
+    batch = _batch([[10], [10], [11], [11], [12], [12]], scores=[1, 0, 1, 1, 0, 1])
+    picked = batch.select_groups([2, 0])
+    assert picked.prompts.tolist() == [[12], [12], [10], [10]]
+    assert picked.group_ids.tolist() == [0, 0, 1, 1]
+    assert picked.scores.tolist() == [0.0, 1.0, 1.0, 0.0]
+    both = RolloutBatch.concat([picked, batch.select_groups([1])])
+    assert both.group_ids.tolist() == [0, 0, 1, 1, 2, 2]
+    assert both.prompts.tolist() == [[12], [12], [10], [10], [11], [11]]
+
+
+def _batch(prompts, scores):
+    n = len(prompts)
+    return RolloutBatch(
+        prompts=Ragged.from_lists(prompts),
+        responses=Ragged.from_lists([[7]] * n),
+        rollout_logprobs=Ragged.from_lists([[0.0]] * n, dtype=torch.float32),
+        finish_reasons=["stop"] * n,
+        group_ids=torch.arange(n) // 2,
+        data_sources=["x"] * n,
+        ground_truths=[""] * n,
+        extra_infos=[{}] * n,
+        weight_version=0,
+        scores=torch.tensor(scores, dtype=torch.float32),
+        reward_extra=[{} for _ in range(n)],
+    )
+
+
+# --- the step's loop, over stand-in rollout and reward roles ---------------------------------
+class Replica:
+    """Answers prompt [p] with n samples [p, j]; records the seeds it was asked with."""
+
+    def __init__(self):
+        self.seeds: list[int] = []
+
+    def generate(self, prompts: Ragged, sampling):
+        self.seeds.append(sampling.seed)
+        rows = [[row[0], j] for row in prompts.tolist() for j in range(sampling.n)]
+        return SimpleNamespace(
+            responses=Ragged.from_lists(rows),
+            logprobs=Ragged.from_lists([[0.0, 0.0]] * len(rows), dtype=torch.float32),
+            finish_reasons=["length"] * len(rows),
+            weight_version=0,
+        )
+
+
+class Reward:
+    """Prompt p: p % 3 == 0 all right, 1 all wrong, 2 right on even samples only."""
+
+    def score(self, items):
+        out = []
+        for it in items:
+            p, j = map(int, it["response"].split())
+            acc = 1.0 if p % 3 == 0 else 0.0 if p % 3 == 1 else float(j % 2 == 0)
+            out.append(ScoredSample(acc, True, "", {"acc": acc}))
+        return out
+
+
+class Tokenizer:
+    def batch_decode(self, rows, skip_special_tokens=True):
+        return [" ".join(map(str, r)) for r in rows]
+
+
+def _step(overrides):
+    cfg = build_config(
+        {},
+        [
+            "algorithm.adv_estimator=grpo",
+            "data.train_batch_size=4",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "critic.ppo_mini_batch_size=4",
+            "algorithm.filter_groups.enable=true",
+            *overrides,
+        ],
+    )
+    replica = Replica()
+    roles = Roles(rollouts=[replica], actor=None, reward=Reward())
+    return PPOStep(cfg, roles, Tokenizer(), syncer=None, kl_ctrl=None), replica
+
+
+def _records(first: int, count: int = 4):
+    return [SimpleNamespace(prompt_ids=[p], data_source="x", ground_truth="", extra_info={})
+            for p in range(first, first + count)]  # fmt: skip
+
+
+def test_the_step_generates_until_it_has_a_batch_of_varied_groups():
+    step, replica = _step([])
+    drawn = []
+
+    def draw(i):
+        drawn.append(i)
+        return _records(4 * i)
+
+    try:
+        batch, metrics = step.generate_varied(_records(0), 5, PhaseTimer(), draw)
+    finally:
+        step.close()
+    # varied prompts: 2 | 5 | 8, 11 -> four after three generation batches
+    assert drawn == [1, 2]
+    assert [row[0] for row in batch.prompts.tolist()[::2]] == [2, 5, 8, 11]
+    assert batch.group_ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert batch.scores.tolist() == [1.0, 0.0] * 4
+    assert metrics == {"train/num_gen_batches": 3.0, "train/kept_prompts_ratio": 4 / 12}
+    base = replica.seeds[0]
+    assert replica.seeds == [base + k * GEN_BATCH_SEED_STRIDE for k in range(3)]
+
+
+def test_a_step_past_max_num_gen_batches_fails_naming_the_key_and_shortfall():
+    step, _ = _step(["algorithm.filter_groups.max_num_gen_batches=2"])
+    try:
+        with pytest.raises(FilterGroupsExhausted, match=r"step 3: 2 of the 4 prompts .*"
+                           r"max_num_gen_batches=2"):  # fmt: skip
+            step.generate_varied(_records(0), 3, PhaseTimer(), lambda i: _records(4 * i))
+    finally:
+        step.close()
+
+
+def test_run_config_checks():
+    on = ["algorithm.filter_groups.enable=true", "algorithm.adv_estimator=grpo"]
+    with pytest.raises(ConfigError, match=r"rollout.n=1 gives one sample"):
+        check_run_config(build_config({}, on))
+    with pytest.raises(ConfigError, match="adv_estimator=remax"):
+        check_run_config(
+            build_config(
+                {}, [*on[:1], "algorithm.adv_estimator=remax", "actor_rollout_ref.rollout.n=2"]
+            )
+        )
+    check_run_config(build_config({}, [*on, "actor_rollout_ref.rollout.n=4"]))
+    off = build_config({}, [])
+    assert not off.algorithm.filter_groups.enable
+    assert off.algorithm.filter_groups.max_num_gen_batches == 10
+
+
+def test_a_retried_step_draws_the_same_further_prompts(tmp_path):
+    from tests.coordinator.test_run_bookkeeping import make_run
+
+    run = make_run(tmp_path)
+    run.loader = PromptLoader(list(range(100)), 4, shuffle=False)
+    first = run.draw_records(2)  # a step that drew two further batches, then failed
+    assert run.draw_records(1) == [0, 1, 2, 3] and first == [4, 5, 6, 7]
+    assert run.draw_records(2) == first  # the retry: nothing new taken from the loader
+    assert run.loader.state_dict()["batch_in_epoch"] == 2
