@@ -41,6 +41,7 @@ from meshrl.algorithms.masked import (
     zero_masked,
 )
 from meshrl.algorithms.metrics import explained_variance, masked_stats
+from meshrl.algorithms.overlong import overlong_penalty
 from meshrl.algorithms.policy_loss import (
     PolicyLoss,
     ppo_policy_loss,
@@ -82,6 +83,7 @@ __all__ = [
     "make_kl_controller",
     "masked_mean",
     "masked_stats",
+    "overlong_penalty",
     "masked_sum",
     "masked_var",
     "masked_whiten",

@@ -259,6 +259,20 @@ class RewardModelConfig(Section):
     """Weight of the model score when combined with a rule score."""
 
 
+class OverlongBufferConfig(Section):
+    """DAPO's soft overlong punishment: a penalty growing linearly to ``-penalty_factor``
+    over the last ``len`` tokens of ``data.max_response_length``, added to the score."""
+
+    enable: bool = False
+    len: int = Field(4096, gt=0)
+    """Tokens before the response limit over which the penalty grows (verl's default);
+    at most data.max_response_length."""
+    penalty_factor: float = Field(1.0, ge=0)
+    """The penalty at the limit."""
+    log: bool = False
+    """Accepted for verl's configs: the penalty's metrics are always logged."""
+
+
 class RewardConfig(Section):
     custom_function: str | None = None
     """`path/to/file.py:function_name` scoring (data_source, response, ground_truth, extra_info)."""
@@ -267,6 +281,8 @@ class RewardConfig(Section):
     num_workers: int = Field(2, ge=1)
     """Scorer worker processes."""
     reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
+    overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
+    """Applied by the coordinator to training scores (validation reports them unshaped)."""
 
 
 class KLCtrlConfig(Section):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from meshrl.algorithms.metrics import explained_variance, masked_stats
+from meshrl.algorithms.overlong import overlong_penalty
 from meshrl.api.v1 import rollout_pb2
 from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
@@ -196,10 +197,24 @@ class PPOStep:
     def score(self, batch: RolloutBatch) -> None:
         results = self.roles.reward.score(batch.reward_items(self.tokenizer))
         batch.scores = torch.tensor([r.score for r in results], dtype=torch.float32)
+        if (penalty := self.overlong_penalty(batch)) is not None:
+            batch.scores += penalty
         batch.reward_failed = sum(not r.ok for r in results)
         if summary := reward_failure_summary(results, batch.data_sources):
             log.warning("reward: %s", summary)
         batch.reward_extra = [r.extra for r in results]
+
+    def overlong_penalty(self, batch: RolloutBatch) -> torch.Tensor | None:
+        """DAPO's soft overlong punishment of each sample, (B·n,); None when off."""
+        buffer = self.cfg.reward.overlong_buffer
+        if not buffer.enable:
+            return None
+        return overlong_penalty(
+            batch.responses.lengths,
+            self.cfg.data.max_response_length,
+            buffer.len,
+            buffer.penalty_factor,
+        )
 
     def ref_log_probs(self, batch: RolloutBatch) -> None:
         batch.ref_logprobs, _ = self.roles.ref.compute_log_probs(
@@ -438,6 +453,16 @@ class PPOStep:
             "perf/throughput": total_tokens / max(step_seconds, 1e-9),
             "rollout/weight_version": float(batch.weight_version),
             "reward/failed_samples": float(batch.reward_failed),
+            **self.overlong_metrics(batch),
+        }
+
+    def overlong_metrics(self, batch: RolloutBatch) -> dict[str, float]:
+        penalty = self.overlong_penalty(batch)
+        if penalty is None:
+            return {}
+        return {
+            "reward/overlong_reward/mean": float(penalty.mean()),
+            "reward/overlong/mean": float((penalty < 0).float().mean()),
         }
 
     def close(self) -> None:

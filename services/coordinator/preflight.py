@@ -33,6 +33,13 @@ def check_run_config(cfg: RunConfig) -> None:
             "critic or pick a critic-free estimator (grpo, rloo, reinforce_plus_plus, "
             "reinforce_plus_plus_baseline, remax)"
         )
+    overlong = cfg.reward.overlong_buffer
+    if overlong.enable and overlong.len > cfg.data.max_response_length:
+        raise ConfigError(
+            f"reward.overlong_buffer.len={overlong.len} exceeds data.max_response_length="
+            f"{cfg.data.max_response_length}: every response would be penalised; set it to at "
+            "most the response limit (DAPO: a quarter of it)"
+        )
     if cfg.algorithm.filter_groups.enable:
         n = cfg.actor_rollout_ref.rollout.n
         if n < 2:

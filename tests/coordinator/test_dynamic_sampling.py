@@ -91,7 +91,7 @@ class Reward:
     def score(self, items):
         out = []
         for it in items:
-            p, j = map(int, it["response"].split())
+            p, j = map(int, it["response"].split()[:2])  # then any padding tokens
             acc = 1.0 if p % 3 == 0 else 0.0 if p % 3 == 1 else float(j % 2 == 0)
             out.append(ScoredSample(acc, True, "", {"acc": acc}))
         return out
@@ -182,3 +182,37 @@ def test_a_retried_step_draws_the_same_further_prompts(tmp_path):
     assert run.draw_records(1) == [0, 1, 2, 3] and first == [4, 5, 6, 7]
     assert run.draw_records(2) == first  # the retry: nothing new taken from the loader
     assert run.loader.state_dict()["batch_in_epoch"] == 2
+
+
+# --- DAPO's soft overlong punishment, applied to the step's scores ---------------------------
+def test_overlong_penalty_lands_in_the_scores_and_the_metrics():
+    step, _ = _step(
+        [
+            "data.max_response_length=4",
+            "reward.overlong_buffer.enable=true",
+            "reward.overlong_buffer.len=2",
+            "reward.overlong_buffer.penalty_factor=1.0",
+        ]
+    )
+    try:
+        batch = step.generate(_records(0, 3), 1)
+        rows = [[0, 0, 9, 9], [0, 1, 9, 9], [1, 0, 9], [1, 1, 9], [2, 0], [2, 1]]  # [p, j, ...]
+        batch.responses = Ragged.from_lists(rows)
+        step.score(batch)
+        metrics = step.overlong_metrics(batch)
+    finally:
+        step.close()
+    # prompt 0: all right, 4 tokens (-1); prompt 1: all wrong, 3 tokens (-0.5); prompt 2: free
+    assert batch.scores.tolist() == [0.0, 0.0, -0.5, -0.5, 1.0, 0.0]
+    assert metrics == {
+        "reward/overlong_reward/mean": pytest.approx(-0.5),
+        "reward/overlong/mean": pytest.approx(4 / 6),
+    }
+
+
+def test_an_overlong_buffer_past_the_response_limit_is_refused_at_start():
+    cfg = build_config({}, ["reward.overlong_buffer.enable=true"])  # len 4096 > 512 tokens
+    with pytest.raises(
+        ConfigError, match=r"reward.overlong_buffer.len=4096 exceeds data.max_response_length"
+    ):
+        check_run_config(cfg)

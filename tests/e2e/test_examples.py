@@ -25,7 +25,11 @@ EXPECTED = {
     "reinforce_plus_plus.yaml": ["actor/reward_kl_penalty"],
     # ReMax: the REINFORCE++ example with the greedy-rollout baseline instead
     "reinforce_plus_plus.yaml+remax": ["timing_s/gen_max"],
-    "dapo.yaml": ["train/num_gen_batches", "train/kept_prompts_ratio"],
+    "dapo.yaml": [
+        "train/num_gen_batches",
+        "train/kept_prompts_ratio",
+        "reward/overlong_reward/mean",
+    ],
 }
 
 # The tiny untrained model answers (almost) nothing right, so every group would be all wrong
