@@ -9,7 +9,8 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
 
 import yaml
 from pydantic import ValidationError
@@ -35,9 +36,31 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
+def _text_field(path: list[str]) -> bool:
+    """Whether ``path`` names a text field of the schema (``str`` or ``str | None``)."""
+    model: Any = RunConfig
+    for i, part in enumerate(path):
+        fields = getattr(model, "model_fields", None)
+        if fields is None or part not in fields:
+            return False
+        annotation = fields[part].annotation
+        if i == len(path) - 1:
+            return annotation is str or (
+                get_origin(annotation) in (Union, UnionType)
+                and set(get_args(annotation)) == {str, type(None)}
+            )
+        model = annotation
+    return False
+
+
 def apply_overrides(tree: dict, overrides: list[str]) -> dict:
     for item in overrides:
         path, value = parse_override(item)
+        if _text_field(path) and not isinstance(value, (str, list, dict, type(None))):
+            # The text as typed: YAML 1.1 reads experiment_name=2024_01_05 as the number
+            # 20240105, 0123 as 83 (octal), yes as true and 2024-01-05 as a date. Quoted
+            # text stays YAML's (quotes removed), and `null` still means None.
+            value = item.split("=", 1)[1]
         node = tree
         for part in path[:-1]:
             child = node.setdefault(part, {})

@@ -144,6 +144,27 @@ def test_numbers_given_to_text_keys_are_text():
         build_config({}, ["algorithm.kl_ctrl.type=1"])  # a choice stays a choice
 
 
+def test_a_text_key_takes_the_override_as_typed_not_as_yaml_1_1_reads_it():
+    # YAML 1.1 reads 2024_01_05 as 20240105, 0123 as 83 (octal) and yes as true
+    cfg = build_config(
+        {},
+        [
+            "trainer.experiment_name=2024_01_05",
+            "trainer.project_name=0123",
+            "actor_rollout_ref.model.tokenizer_path=yes",
+            "reward.custom_function=null",  # an optional text key: null is still None
+            "launcher.host='10.0.0.1'",  # quoted: YAML removes the quotes
+            "actor_rollout_ref.model.path=2024-01-05",  # not a date
+            "data.train_batch_size=1_024",  # a number key: YAML's reading stands
+        ],
+    )
+    assert cfg.trainer.experiment_name == "2024_01_05" and cfg.trainer.project_name == "0123"
+    assert cfg.trainer.default_local_dir == "runs/0123/2024_01_05"
+    assert cfg.actor_rollout_ref.model.tokenizer_path == "yes"
+    assert cfg.reward.custom_function is None and cfg.data.train_batch_size == 1024
+    assert cfg.launcher.host == "10.0.0.1" and cfg.actor_rollout_ref.model.path == "2024-01-05"
+
+
 def test_overrides_leave_the_callers_tree_alone():
     tree = {"actor_rollout_ref": {"model": {"path": "m"}}}
     build_config(tree, ["actor_rollout_ref.model.use_remove_padding=true"])
