@@ -392,7 +392,8 @@ class PPOStep:
         timer = PhaseTimer()
         sampling_metrics: dict[str, float] = {}
         with timer("step"):
-            self.memory.wake()
+            with timer("gen"):  # taking the KV caches back is part of generating, as before
+                self.memory.wake()
             if self.cfg.algorithm.filter_groups.enable:
                 if draw_records is None:
                     raise ValueError("dynamic sampling needs draw_records")
