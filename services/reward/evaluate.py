@@ -11,7 +11,8 @@ across them in order). Rows without responses are counted as ``missing_rows``, n
 Per data_source: ``mean_score`` is the mean reward over responses; ``acc`` the fraction of
 responses counted correct (the scorer's ``acc`` extra, which rule scorers set to
 ``score >= 1 - 1e-6``; else that same threshold); ``pass@n`` the fraction of prompts with at
-least one correct response; ``failed`` the responses whose scorer failed (scored 0).
+least one correct response; ``maj@n`` the fraction of prompts whose majority answer (the
+scorers' ``pred``) is correct; ``failed`` the responses whose scorer failed (scored 0).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class SourceStats:
     mean_score: float = 0.0
     acc: float = 0.0
     pass_at_n: float = 0.0
+    maj_at_n: float | None = None
+    """None when the scorer reads no answers (a custom function without ``pred``)."""
     failed: int = 0
 
 
@@ -57,6 +60,8 @@ class SampleResult:
     acc: float
     ok: bool
     reason: str = ""
+    pred: str | None = None
+    """The answer the scorer read from the response (None: it does not say)."""
 
 
 @dataclass
@@ -134,7 +139,7 @@ def evaluate(
     items = [to_item(rows[i], responses[i][k]) for i, k in keys]
     outcomes = _score(items, server, cfg or RewardConfig(), sample_timeout_s)
     samples = [
-        SampleResult(i, k, rows[i].data_source, o.score, _acc(o), o.ok, o.reason)
+        SampleResult(i, k, rows[i].data_source, o.score, _acc(o), o.ok, o.reason, o.pred)
         for (i, k), o in zip(keys, outcomes, strict=True)
     ]
     answered = sum(1 for r in responses.values() if r)  # "responses": [] answers nothing
@@ -206,20 +211,43 @@ def _stats(name: str, samples: list[SampleResult]) -> SourceStats:
         mean_score=sum(s.score for s in samples) / n,
         acc=sum(s.acc for s in samples) / n,
         pass_at_n=sum(best.values()) / len(best),
+        maj_at_n=_majority_accuracy(samples),
         failed=sum(not s.ok for s in samples),
     )
+
+
+def _majority_accuracy(samples: list[SampleResult]) -> float | None:
+    """The fraction of prompts whose most given answer is correct: per prompt, the answer
+    most of its responses give wins (a tie goes to the one given first; a response without
+    an answer votes for "none"), and the first response giving it is judged. None when no
+    response has an answer."""
+    if all(s.pred is None for s in samples):
+        return None
+    by_prompt: dict[int, list[SampleResult]] = defaultdict(list)
+    for s in samples:
+        by_prompt[s.index].append(s)
+    correct = 0.0
+    for group in by_prompt.values():
+        votes: dict[str, list[SampleResult]] = {}
+        for s in group:  # dict order: first given first, so max() breaks ties by it
+            votes.setdefault(s.pred or "", []).append(s)
+        correct += max(votes.values(), key=len)[0].acc
+    return correct / len(by_prompt)
 
 
 def format_table(report: EvalReport) -> str:
     """A fixed-width table, one line per data_source and an "all" line."""
     rows = [*report.sources, report.overall]
     width = max(len("data_source"), *(len(r.data_source) for r in rows))
-    head = f"{'data_source':<{width}}  prompts  responses  mean_score     acc  pass@n  failed"
+    head = (
+        f"{'data_source':<{width}}  prompts  responses  mean_score     acc  pass@n   maj@n  failed"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
+        maj = "-" if r.maj_at_n is None else f"{r.maj_at_n:.4f}"
         lines.append(
             f"{r.data_source:<{width}}  {r.prompts:>7}  {r.responses:>9}  {r.mean_score:>10.4f}"
-            f"  {r.acc:>6.4f}  {r.pass_at_n:>6.4f}  {r.failed:>6}"
+            f"  {r.acc:>6.4f}  {r.pass_at_n:>6.4f}  {maj:>6}  {r.failed:>6}"
         )
     if report.missing_rows:
         lines.append(f"({report.missing_rows} rows of the data had no response)")

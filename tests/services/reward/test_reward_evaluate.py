@@ -8,7 +8,14 @@ import pytest
 
 from meshrl.cli import main as cli_main
 from meshrl.config.schema import RewardConfig
-from services.reward.evaluate import evaluate, format_table, main, read_responses
+from services.reward.evaluate import (
+    SampleResult,
+    evaluate,
+    format_table,
+    main,
+    read_responses,
+    summarize,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -78,8 +85,11 @@ def test_evaluate_in_process(files, tmp_path):
         "mean_score",
         "acc",
         "pass@n",
+        "maj@n",
         "failed",
     ]
+    # majority: row 1's three answers tie at one vote each, so the first ("1234", right) wins
+    assert gsm.maj_at_n == 1.0 and math.maj_at_n == 1.0
     assert "openai/gsm8k" in table and table.splitlines()[-2].startswith("all")
     assert "(1 rows of the data had no response)" in table
 
@@ -145,3 +155,23 @@ def test_unknown_data_source_in_data(tmp_path):
     (tmp_path / "r.jsonl").write_text('{"index": 0, "response": "1"}\n')
     with pytest.raises(ValueError, match="unknown data_source 'my/set'"):
         evaluate(data, tmp_path / "r.jsonl", cfg=RewardConfig(num_workers=1))
+
+
+def test_majority_at_n_judges_the_answer_most_responses_give():
+    def sample(index, k, pred, acc):
+        return SampleResult(index, k, "gsm8k", acc, acc, True, "", pred)
+
+    samples = [
+        # prompt 0: "12" twice (wrong) beats "7" once (right): the majority is wrong
+        sample(0, 0, "7", 1.0), sample(0, 1, "12", 0.0), sample(0, 2, "12", 0.0),
+        # prompt 1: two responses without an answer ("none") beat one right answer
+        sample(1, 0, "", 0.0), sample(1, 1, "", 0.0), sample(1, 2, "3", 1.0),
+        # prompt 2: a tie goes to the answer given first
+        sample(2, 0, "5", 1.0), sample(2, 1, "6", 0.0),
+    ]  # fmt: skip
+    report = summarize(samples)
+    assert report.overall.maj_at_n == pytest.approx(1 / 3)
+    assert report.overall.pass_at_n == 1.0
+    no_answers = summarize([SampleResult(0, 0, "x", 1.0, 1.0, True)])  # e.g. a reward model
+    assert no_answers.overall.maj_at_n is None
+    assert format_table(no_answers).splitlines()[-1].split()[-2] == "-"
