@@ -27,7 +27,12 @@ from meshrl.rpc.client import open_channel
 from services.coordinator.run_types import RunEvent, RunState, RunStatus
 
 DEFAULT_ADDRESS = "127.0.0.1:50050"
-EXIT_CODES = {RunState.SUCCEEDED: 0, RunState.FAILED: 1, RunState.STOPPED: 3}
+EXIT_CODES = {
+    RunState.SUCCEEDED: 0,
+    RunState.FAILED: 1,
+    RunState.REJECTED: 2,  # as a local `meshrl run` exits for a bad config or data
+    RunState.STOPPED: 3,
+}
 
 
 def default_address() -> str:
@@ -137,7 +142,8 @@ def submit(
     detach: bool = False,
     write: Callable[[str], None] = print,
 ) -> int:
-    """`meshrl run --coordinator`: exit code 0 succeeded, 1 failed, 3 stopped, 2 bad config."""
+    """`meshrl run --coordinator`: exit code 0 succeeded, 1 failed, 3 stopped, 2 bad config
+    (refused at submit, or REJECTED once the run found its config or data unusable)."""
     if config_path == "-":
         text = sys.stdin.read()
     elif Path(config_path).is_file():

@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from meshrl.config import ConfigError, RunConfig, build_config, config_to_yaml
+from meshrl.data.errors import DataError
 from meshrl.rpc.security import SecuritySettings
 from services.coordinator.metrics_sinks import ConsoleSink, JsonlSink, MetricsSink
 from services.coordinator.preflight import check_run_config
@@ -144,6 +145,13 @@ class ManagedRun:
         try:
             state, line = self._run()
             self.update(state=state, line=line)  # only now: the run's servers are down
+        except (ConfigError, DataError) as e:  # the request, found wrong once started
+            log.error("run %s rejected: %s", self.run_id, e)
+            self.update(
+                state=RunState.REJECTED,
+                message=f"{type(e).__name__}: {e}",
+                line=f"run rejected: {e}",
+            )
         except BaseException as e:  # noqa: BLE001 - any failure ends this run, not the service
             log.exception("run %s failed", self.run_id)
             self.update(

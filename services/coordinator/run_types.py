@@ -11,17 +11,18 @@ from dataclasses import dataclass, field, replace
 
 
 class RunState(enum.Enum):
-    """Life of a run: STARTING -> RUNNING -> one of the three terminal states."""
+    """Life of a run: STARTING -> RUNNING -> one of the four terminal states."""
 
     STARTING = 1  # role servers starting or initializing
     RUNNING = 2  # PPO steps under way
     SUCCEEDED = 3  # all steps done
     FAILED = 4  # an error ended it (RunStatus.message says which)
     STOPPED = 5  # StopRun (or the coordinator shutting down) ended it early
+    REJECTED = 6  # its config or data proved unusable once it started (message says which)
 
     @property
     def terminal(self) -> bool:
-        return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED)
+        return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED, RunState.REJECTED)
 
 
 @dataclass(frozen=True)

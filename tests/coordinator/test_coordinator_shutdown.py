@@ -93,3 +93,42 @@ def test_no_run_starts_once_the_service_is_closing(service):
     assert err.value.code == grpc.StatusCode.UNAVAILABLE
     assert "shutting down" in err.value.details
     assert manager.list() == []
+
+
+class ResumingPPO(FakePPO):
+    """Resolves the run's resume checkpoint in setup, as PPORun does."""
+
+    def __init__(self, cfg, endpoints, run_dir, sinks, restarter):
+        super().__init__(cfg, endpoints, run_dir, sinks, restarter)
+        self.cfg, self.run_dir = cfg, run_dir
+
+    def setup(self):
+        from services.coordinator.run import PPORun
+
+        run = PPORun.__new__(PPORun)  # only its resume_folder: no role clients
+        run.cfg = self.cfg
+        run.resume_folder()
+
+
+def test_a_run_whose_resume_checkpoint_does_not_verify_is_rejected_exit_2(tmp_path):
+    manager = RunManager(tmp_path, lambda cfg, run_dir: FakeLauncher(), ResumingPPO)
+    servicer = CoordinatorServicer(manager)
+    server = GrpcServer(SERVICE_NAME, "127.0.0.1", 0)
+    server.add(coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server, servicer)
+    server.start()
+    try:
+        config = tmp_path / "run.yaml"
+        config.write_text(RUN_YAML)
+        lines: list[str] = []
+        missing = tmp_path / "nope" / "global_step_5"
+        rc = submit(
+            f"127.0.0.1:{server.port}",
+            str(config),
+            [f"trainer.resume_mode={missing}"],
+            write=lines.append,
+        )
+    finally:
+        server.stop(0)
+    assert rc == 2, lines[-3:]  # the request is wrong, as a local run says
+    assert "REJECTED" in lines[-1] and "trainer.resume_mode" in lines[-1]
+    assert "no MANIFEST.json" in lines[-1]

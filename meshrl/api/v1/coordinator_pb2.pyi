@@ -16,12 +16,14 @@ class RunState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RUN_STATE_SUCCEEDED: _ClassVar[RunState]
     RUN_STATE_FAILED: _ClassVar[RunState]
     RUN_STATE_STOPPED: _ClassVar[RunState]
+    RUN_STATE_REJECTED: _ClassVar[RunState]
 RUN_STATE_UNSPECIFIED: RunState
 RUN_STATE_STARTING: RunState
 RUN_STATE_RUNNING: RunState
 RUN_STATE_SUCCEEDED: RunState
 RUN_STATE_FAILED: RunState
 RUN_STATE_STOPPED: RunState
+RUN_STATE_REJECTED: RunState
 
 class StartRunRequest(_message.Message):
     __slots__ = ("config_yaml", "overrides")
