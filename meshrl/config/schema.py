@@ -302,8 +302,9 @@ class FilterGroupsConfig(Section):
 
     enable: bool = False
     metric: Literal["acc", "score", "seq_reward"] = "acc"
-    """The per-sample value whose spread within a group decides: the reward's ``acc``, or
-    the score (``seq_reward`` is verl's name for the same, before any KL penalty)."""
+    """The per-sample value whose spread within a group decides, as in verl: the reward's
+    ``acc``; ``score``, the reward service's score; ``seq_reward``, that score with the
+    overlong penalty (reward.overlong_buffer) added, before any KL penalty."""
     max_num_gen_batches: int = Field(10, ge=0)
     """Generation batches a step may take before the run fails, naming the shortfall
     (0 = no limit: a data set the model has fully solved would then loop for ever)."""

@@ -129,8 +129,13 @@ class CheckpointManager:
         later = [f for f in self.complete() if step_of(f) > step]
         if not later:
             return None
-        aside = self.root / f"abandoned-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
-        aside.mkdir(exist_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        aside = self.root / f"abandoned-{stamp}"
+        suffix = 1
+        while aside.exists():  # twice in one second: a fresh folder, never a merge
+            suffix += 1
+            aside = self.root / f"abandoned-{stamp}-{suffix}"
+        aside.mkdir()
         for folder in later:
             os.replace(folder, aside / folder.name)
         log.warning(

@@ -11,22 +11,27 @@ from __future__ import annotations
 
 import torch
 
+from services.coordinator.rollout_batch import RolloutBatch
+
 
 class FilterGroupsExhausted(RuntimeError):
     """A step took ``max_num_gen_batches`` generation batches without enough varied groups."""
 
 
-def filter_values(metric: str, scores: torch.Tensor, reward_extra: list[dict]) -> torch.Tensor:
-    """The per-sample value whose spread decides, (N,) float.
+def filter_values(metric: str, batch: RolloutBatch) -> torch.Tensor:
+    """The per-sample value whose spread decides, (N,) float, with verl's meanings:
 
-    metric: "acc" (the reward's ``acc`` extra; a score >= 1 where the scorer gives none) or
-    "score" / "seq_reward" (the score, before any KL penalty). scores (N,).
+    - "acc": the reward's ``acc`` extra (a score >= 1 where the scorer gives none);
+    - "score": the reward service's score, before the coordinator's overlong penalty;
+    - "seq_reward": the score the advantage sees, penalty included (no KL penalty yet).
     """
     if metric == "acc":
-        pairs = zip(scores.tolist(), reward_extra, strict=True)
+        pairs = zip(batch.reward_scores.tolist(), batch.reward_extra, strict=True)
         return torch.tensor([e.get("acc", float(s >= 1.0)) for s, e in pairs], dtype=torch.float32)
-    if metric in ("score", "seq_reward"):
-        return scores.float()
+    if metric == "score":
+        return batch.reward_scores.float()
+    if metric == "seq_reward":
+        return batch.scores.float()
     raise ValueError(f"unknown filter_groups metric {metric!r}")
 
 

@@ -196,24 +196,22 @@ class PPOStep:
     # --- step 2: score, reference, values, old log-probs (in parallel) ---------------
     def score(self, batch: RolloutBatch) -> None:
         results = self.roles.reward.score(batch.reward_items(self.tokenizer))
-        batch.scores = torch.tensor([r.score for r in results], dtype=torch.float32)
-        if (penalty := self.overlong_penalty(batch)) is not None:
+        batch.reward_scores = torch.tensor([r.score for r in results], dtype=torch.float32)
+        batch.scores = batch.reward_scores.clone()
+        if (penalty := self.overlong_penalty(batch.responses.lengths)) is not None:
             batch.scores += penalty
         batch.reward_failed = sum(not r.ok for r in results)
         if summary := reward_failure_summary(results, batch.data_sources):
             log.warning("reward: %s", summary)
         batch.reward_extra = [r.extra for r in results]
 
-    def overlong_penalty(self, batch: RolloutBatch) -> torch.Tensor | None:
-        """DAPO's soft overlong punishment of each sample, (B·n,); None when off."""
+    def overlong_penalty(self, lengths: torch.Tensor) -> torch.Tensor | None:
+        """DAPO's soft overlong punishment of responses of ``lengths`` (b,); None when off."""
         buffer = self.cfg.reward.overlong_buffer
         if not buffer.enable:
             return None
         return overlong_penalty(
-            batch.responses.lengths,
-            self.cfg.data.max_response_length,
-            buffer.len,
-            buffer.penalty_factor,
+            lengths, self.cfg.data.max_response_length, buffer.len, buffer.penalty_factor
         )
 
     def ref_log_probs(self, batch: RolloutBatch) -> None:
@@ -237,8 +235,13 @@ class PPOStep:
         out = generate_split(self.roles.rollouts, prompts, greedy, self.pool)
         n = self.cfg.actor_rollout_ref.rollout.n
         repeat = [i for i in range(len(records)) for _ in range(n)]
-        items = batch.reward_items(self.tokenizer, out.responses.select(repeat))
-        batch.baseline_scores = torch.tensor([r.score for r in self.roles.reward.score(items)])
+        greedy_responses = out.responses.select(repeat)
+        items = batch.reward_items(self.tokenizer, greedy_responses)
+        baseline = torch.tensor([r.score for r in self.roles.reward.score(items)])
+        # shaped as the samples' scores are, or a length alone would move the advantage
+        if (penalty := self.overlong_penalty(greedy_responses.lengths)) is not None:
+            baseline = baseline + penalty
+        batch.baseline_scores = baseline
 
     def generate_varied(
         self, records: list, step: int, timer: PhaseTimer, draw_records: Callable[[int], list]
@@ -257,7 +260,7 @@ class PPOStep:
             gen_batches += 1
             with timer("reward"):
                 self.score(batch)
-            values = filter_values(fg.metric, batch.scores, batch.reward_extra)
+            values = filter_values(fg.metric, batch)
             groups = varied_groups(values, batch.group_ids)
             kept.append(batch.select_groups(groups))
             have, generated = have + len(groups), generated + len(records)
@@ -458,7 +461,7 @@ class PPOStep:
         }
 
     def overlong_metrics(self, batch: RolloutBatch) -> dict[str, float]:
-        penalty = self.overlong_penalty(batch)
+        penalty = self.overlong_penalty(batch.responses.lengths)
         if penalty is None:
             return {}
         return {

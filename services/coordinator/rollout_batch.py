@@ -24,7 +24,8 @@ class RolloutBatch:
     extra_infos: list[dict]
     weight_version: int
     # filled by the phases of the step
-    scores: torch.Tensor | None = None  # (B·n,)
+    scores: torch.Tensor | None = None  # (B·n,) the score the advantage sees (shaped)
+    reward_scores: torch.Tensor | None = None  # (B·n,) the reward service's, unshaped
     reward_extra: list[dict[str, float]] = field(default_factory=list)
     reward_failed: int = 0  # samples the reward service could not score (they score 0)
     old_logprobs: Ragged | None = None
@@ -54,6 +55,7 @@ class RolloutBatch:
             extra_infos=pick(self.extra_infos),
             weight_version=self.weight_version,
             scores=self.scores[rows] if self.scores is not None else None,
+            reward_scores=self.reward_scores[rows] if self.reward_scores is not None else None,
             reward_extra=pick(self.reward_extra) if self.reward_extra else [],
             reward_failed=self.reward_failed,
         )
@@ -65,7 +67,7 @@ class RolloutBatch:
         for p in parts:
             group_ids.append(p.group_ids + first)
             first += int(p.group_ids.max()) + 1 if len(p) else 0
-        scored = all(p.scores is not None for p in parts)
+        scored = all(p.scores is not None and p.reward_scores is not None for p in parts)
         return RolloutBatch(
             prompts=Ragged.concat([p.prompts for p in parts]),
             responses=Ragged.concat([p.responses for p in parts]),
@@ -77,6 +79,7 @@ class RolloutBatch:
             extra_infos=[x for p in parts for x in p.extra_infos],
             weight_version=parts[-1].weight_version,
             scores=torch.cat([p.scores for p in parts]) if scored else None,
+            reward_scores=torch.cat([p.reward_scores for p in parts]) if scored else None,
             reward_extra=[x for p in parts for x in p.reward_extra],
             reward_failed=sum(p.reward_failed for p in parts),
         )

@@ -29,12 +29,13 @@ def test_varied_groups_keeps_groups_that_differ_and_single_samples_in_order():
     assert varied_groups(values, groups) == [1, 7]  # 3: all right, 0: all wrong
 
 
-def test_filter_values_by_metric():
-    scores = torch.tensor([0.9, 1.0, 0.2])
-    extra = [{"acc": 1.0}, {}, {"acc": 0.0}]
-    assert filter_values("acc", scores, extra).tolist() == [1.0, 1.0, 0.0]  # no acc: score >= 1
-    assert torch.allclose(filter_values("score", scores, extra), scores)
-    assert torch.allclose(filter_values("seq_reward", scores, extra), scores)
+def test_filter_values_by_metric_as_verl_means_them():
+    batch = _batch([[1], [1], [2]], scores=[0.9, 1.0, 0.2])
+    batch.reward_extra = [{"acc": 1.0}, {}, {"acc": 0.0}]
+    batch.scores = batch.reward_scores - torch.tensor([0.0, 0.5, 0.0])  # an overlong penalty
+    assert filter_values("acc", batch).tolist() == [1.0, 1.0, 0.0]  # no acc: score >= 1
+    assert filter_values("score", batch).tolist() == pytest.approx([0.9, 1.0, 0.2])  # unshaped
+    assert filter_values("seq_reward", batch).tolist() == pytest.approx([0.9, 0.5, 0.2])
 
 
 def test_ragged_concat_and_batch_select_groups():
@@ -45,6 +46,7 @@ def test_ragged_concat_and_batch_select_groups():
     assert picked.prompts.tolist() == [[12], [12], [10], [10]]
     assert picked.group_ids.tolist() == [0, 0, 1, 1]
     assert picked.scores.tolist() == [0.0, 1.0, 1.0, 0.0]
+    assert picked.reward_scores.tolist() == [0.0, 1.0, 1.0, 0.0]
     both = RolloutBatch.concat([picked, batch.select_groups([1])])
     assert both.group_ids.tolist() == [0, 0, 1, 1, 2, 2]
     assert both.prompts.tolist() == [[12], [12], [10], [10], [11], [11]]
@@ -63,6 +65,7 @@ def _batch(prompts, scores):
         extra_infos=[{}] * n,
         weight_version=0,
         scores=torch.tensor(scores, dtype=torch.float32),
+        reward_scores=torch.tensor(scores, dtype=torch.float32),
         reward_extra=[{} for _ in range(n)],
     )
 
@@ -216,3 +219,67 @@ def test_an_overlong_buffer_past_the_response_limit_is_refused_at_start():
         ConfigError, match=r"reward.overlong_buffer.len=4096 exceeds data.max_response_length"
     ):
         check_run_config(cfg)
+
+
+def test_groups_differing_only_by_the_overlong_penalty_are_kept_by_seq_reward_not_score():
+    # Every sample right; sample 0 of each prompt runs into the overlong buffer. verl's
+    # "score" is the reward before the penalty (no spread: dropped), its "seq_reward" after.
+    def all_right_with_long_first_samples(metric):
+        step, _ = _step(
+            [
+                "data.max_response_length=4",
+                "reward.overlong_buffer.enable=true",
+                "reward.overlong_buffer.len=2",
+                f"algorithm.filter_groups.metric={metric}",
+                "algorithm.filter_groups.max_num_gen_batches=1",
+            ]
+        )
+        records = _records(0)
+        for r in records:
+            r.prompt_ids = [3 * r.prompt_ids[0]]  # p % 3 == 0: all right
+        long_first = step.generate
+
+        def generate(records, step_number, gen_batch=0):
+            batch = long_first(records, step_number, gen_batch)
+            rows = batch.responses.tolist()  # [p, j]: sample j of prompt p
+            batch.responses = Ragged.from_lists([r + [9, 9] if r[1] == 0 else r for r in rows])
+            return batch
+
+        step.generate = generate
+        try:
+            return step.generate_varied(records, 1, PhaseTimer(), lambda i: records)
+        finally:
+            step.close()
+
+    batch, metrics = all_right_with_long_first_samples("seq_reward")
+    assert metrics["train/kept_prompts_ratio"] == 1.0
+    assert batch.scores.tolist()[:2] == [0.0, 1.0] and batch.reward_scores.tolist()[:2] == [
+        1.0,
+        1.0,
+    ]
+    with pytest.raises(FilterGroupsExhausted, match="0 of the 4 prompts"):
+        all_right_with_long_first_samples("score")
+
+
+def test_remax_baseline_takes_the_same_overlong_penalty():
+    step, replica = _step(
+        [
+            "algorithm.filter_groups.enable=false",
+            "algorithm.adv_estimator=remax",
+            "data.max_response_length=2",
+            "reward.overlong_buffer.enable=true",
+            "reward.overlong_buffer.len=1",
+        ]
+    )
+    try:
+        records = _records(0, 2)
+        for r in records:
+            r.prompt_ids = [0]  # all right
+        batch = step.generate(records, 1)
+        step.score(batch)
+        step.remax_baseline(records, batch, 1)
+    finally:
+        step.close()
+    # samples and greedy answers alike are 2 tokens, at the limit: both lose the factor 1.0
+    assert batch.scores.tolist() == [0.0] * 4
+    assert batch.baseline_scores.tolist() == [0.0] * 4

@@ -211,3 +211,14 @@ def test_a_resume_path_that_does_not_verify_is_a_config_error_naming_the_key(tmp
     run = make_run(tmp_path / "now", [f"trainer.resume_mode={partial}"])
     with pytest.raises(ConfigError, match=r"trainer.resume_mode: .*no MANIFEST.json"):
         run.resume()
+
+
+def test_histories_set_aside_within_one_second_go_to_folders_of_their_own(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    write_checkpoint(tmp_path, 20)
+    first = manager.set_aside_after(10)
+    write_checkpoint(tmp_path, 20)  # the same step again, abandoned again at once
+    second = manager.set_aside_after(10)
+    assert first != second
+    assert (first / "global_step_20").is_dir() and (second / "global_step_20").is_dir()
+    assert manager.set_aside_after(10) is None  # nothing left past step 10
