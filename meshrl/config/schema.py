@@ -345,7 +345,12 @@ class TrainerConfig(Section):
     """auto (latest complete checkpoint of the run folder), disable, or a checkpoint path."""
     default_local_dir: str = "runs/${trainer.project_name}/${trainer.experiment_name}"
     """Run folder: metrics, checkpoints, logs."""
-    logger: list[Literal["console", "jsonl"]] = Field(default_factory=lambda: ["console", "jsonl"])
+    logger: list[Literal["console", "jsonl", "tensorboard"]] = Field(
+        default_factory=lambda: ["console", "jsonl"]
+    )
+    """Where step metrics go: the console, `<run folder>/metrics.jsonl`, and TensorBoard
+    event files in `$TENSORBOARD_DIR` or `<run folder>/tensorboard` (needs the tensorboard
+    package: `pip install 'meshrl[tensorboard]'`)."""
     device: Literal["cpu", "cuda"] = "cpu"
     seed: int = 1
     """Seed of sampling and of model init where a fresh head is made."""

@@ -1,9 +1,10 @@
-"""Where step metrics go: the console (one line per step) and a JSONL file."""
+"""Where step metrics go: the console (one line per step), a JSONL file, TensorBoard."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Protocol
 
@@ -38,6 +39,41 @@ class JsonlSink:
 
     def close(self) -> None:
         self.file.close()
+
+
+class TensorBoardSink:
+    """Scalars in TensorBoard event files (``tensorboard --logdir <dir>``), one per metric
+    and step, written through torch's SummaryWriter; needs the ``tensorboard`` package."""
+
+    def __init__(self, log_dir: Path):
+        from torch.utils.tensorboard import SummaryWriter  # only when this logger is on
+
+        self.log_dir = log_dir
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            if math.isfinite(value):
+                self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def tensorboard_dir(run_dir: Path) -> Path:
+    """verl's ``TENSORBOARD_DIR`` when set, else ``<run folder>/tensorboard``."""
+    return Path(os.environ.get("TENSORBOARD_DIR") or Path(run_dir) / "tensorboard")
+
+
+def file_sinks(loggers: list[str], run_dir: Path) -> list[MetricsSink]:
+    """The sinks of ``trainer.logger`` that write files in (or for) the run folder."""
+    sinks: list[MetricsSink] = []
+    if "jsonl" in loggers:
+        sinks.append(JsonlSink(Path(run_dir) / "metrics.jsonl"))
+    if "tensorboard" in loggers:
+        sinks.append(TensorBoardSink(tensorboard_dir(run_dir)))
+    return sinks
 
 
 class ConsoleSink:

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections import Counter
 from pathlib import Path
 
@@ -32,6 +33,11 @@ def check_run_config(cfg: RunConfig) -> None:
             "critic.enable=false: algorithm.adv_estimator=gae needs critic values; enable the "
             "critic or pick a critic-free estimator (grpo, rloo, reinforce_plus_plus, "
             "reinforce_plus_plus_baseline, remax)"
+        )
+    if "tensorboard" in cfg.trainer.logger and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError(
+            "trainer.logger includes tensorboard, but the tensorboard package is not installed "
+            "where the coordinator runs: pip install 'meshrl[tensorboard]' (or tensorboard)"
         )
     overlong = cfg.reward.overlong_buffer
     if overlong.enable and overlong.len > cfg.data.max_response_length:

@@ -33,7 +33,7 @@ from services.coordinator.clients import (
     RolloutClient,
     TrainerClient,
 )
-from services.coordinator.metrics_sinks import ConsoleSink, JsonlSink, MetricsSink
+from services.coordinator.metrics_sinks import ConsoleSink, MetricsSink, file_sinks
 from services.coordinator.plot import plot_metrics
 from services.coordinator.ppo_step import PPOStep, Roles, WeightSyncFailed
 from services.coordinator.preflight import check_data_sources, load_tokenizer
@@ -145,9 +145,7 @@ class PPORun:
         sinks: list[MetricsSink] = []
         if "console" in self.cfg.trainer.logger:
             sinks.append(ConsoleSink(write=tqdm.write))
-        if "jsonl" in self.cfg.trainer.logger:
-            sinks.append(JsonlSink(self.run_dir / "metrics.jsonl"))
-        return sinks
+        return sinks + file_sinks(self.cfg.trainer.logger, self.run_dir)
 
     # --- set-up -----------------------------------------------------------------------
     def setup(self) -> None:

@@ -23,7 +23,7 @@ import yaml
 from meshrl.config import ConfigError, RunConfig, build_config, config_to_yaml
 from meshrl.data.errors import DataError
 from meshrl.rpc.security import SecuritySettings
-from services.coordinator.metrics_sinks import ConsoleSink, JsonlSink, MetricsSink
+from services.coordinator.metrics_sinks import ConsoleSink, MetricsSink, file_sinks
 from services.coordinator.preflight import check_run_config
 from services.coordinator.run_types import RunEvent, RunState, RunStatus
 
@@ -202,9 +202,10 @@ class ManagedRun:
         )
 
     def _sinks(self) -> list[MetricsSink]:
-        sinks: list[MetricsSink] = [_EventSink(self)]
-        if "jsonl" in self.cfg.trainer.logger:
-            sinks.append(JsonlSink(self.run_dir / "metrics.jsonl"))
+        sinks: list[MetricsSink] = [
+            _EventSink(self),
+            *file_sinks(self.cfg.trainer.logger, self.run_dir),
+        ]
         if "console" in self.cfg.trainer.logger:
             sinks.append(ConsoleSink(write=lambda line: log.info("[%s] %s", self.run_id, line)))
         return sinks

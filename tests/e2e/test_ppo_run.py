@@ -35,6 +35,7 @@ def _overrides(tiny_model, data, run_dir):
         "algorithm.use_kl_in_reward=true",
         "trainer.total_training_steps=3",
         "trainer.test_freq=2",
+        "trainer.logger=[console,jsonl,tensorboard]",
         f"trainer.default_local_dir={run_dir}",
     ]
 
@@ -75,6 +76,11 @@ def test_ppo_run_end_to_end(tiny_model, arithmetic_data, tmp_path):
     assert val_keys, "validation ran every test_freq steps"
     assert any("val-aux/openai/gsm8k/reward/mean@1" in r for r in rows), "verl's val-aux name"
     assert (tmp_path / "run" / "metrics.png").stat().st_size > 1000
+    from tests.coordinator.test_metrics_sinks import scalars
+
+    board = scalars(tmp_path / "run" / "tensorboard")  # `tensorboard --logdir` reads these
+    assert [step for step, _ in board["critic/score/mean"]] == [1, 2, 3]
+    assert [step for step, _ in board["val-core/openai/gsm8k/acc/mean@1"]] == [2, 3]
     assert _children() <= before, "role servers must all be stopped"
 
 
