@@ -337,6 +337,10 @@ class TrainerConfig(Section):
     test_freq: int = -1
     """Validate every this many steps (and at the end); -1 = never."""
     val_before_train: bool = False
+    val_only: bool = False
+    """Validate once, with the weights the run starts from (the checkpoint `resume_mode`
+    finds or names, else the model), log it, and end without training (needs
+    data.val_files). Evaluates a checkpoint with the run's own validation settings."""
     save_freq: int = -1
     """Checkpoint every this many steps and at the last step; -1 = never (as verl)."""
     max_ckpt_to_keep: int | None = Field(None, ge=0)
@@ -358,6 +362,11 @@ class TrainerConfig(Section):
     """Deadline of each RPC to a role server."""
     plot: bool = True
     """Write metrics.png (score, KL, response length) at the end."""
+    rollout_data_dir: str | None = None
+    """Write each step's generations (prompt, response, ground truth, score, reward extras)
+    to `<dir>/<step>.jsonl`; a relative path is under the run folder. None: not written."""
+    validation_data_dir: str | None = None
+    """The same for each validation's generations."""
 
 
 class ResourcePoolConfig(Section):

@@ -83,6 +83,6 @@ def run_local(cfg: RunConfig) -> RunResult:
             try:
                 run.setup()
                 metrics = run.train()
-                return RunResult(metrics, finished=run.state.step >= run.total_steps)
+                return RunResult(metrics, finished=run.finished)
             finally:
                 run.close()

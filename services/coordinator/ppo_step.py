@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -36,6 +37,7 @@ from services.coordinator.dynamic_sampling import (
     filter_values,
     varied_groups,
 )
+from services.coordinator.generations import write_generations
 from services.coordinator.rollout_batch import RolloutBatch, padded
 from services.coordinator.rollout_memory import RolloutMemory
 from services.coordinator.timing import PhaseTimer
@@ -149,8 +151,18 @@ def skipped_update_warnings(metrics: dict[str, float]) -> list[str]:
 class PPOStep:
     """Runs step k of PPO; holds no state across steps beyond the KL controller it is given."""
 
-    def __init__(self, cfg: RunConfig, roles: Roles, tokenizer, syncer: WeightSyncer, kl_ctrl):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        roles: Roles,
+        tokenizer,
+        syncer: WeightSyncer,
+        kl_ctrl,
+        generations: Path | None = None,
+    ):
+        """generations: where each step's samples are written (trainer.rollout_data_dir)."""
         self.cfg = cfg
+        self.generations = generations
         self.roles = roles
         self.tokenizer = tokenizer
         self.syncer = syncer
@@ -306,6 +318,18 @@ class PPOStep:
         for f in [self.pool.submit(timed, name, fn) for name, fn in phases]:
             f.result()
 
+    def write_generations(self, batch: RolloutBatch, step: int) -> None:
+        items = batch.reward_items(self.tokenizer)
+        write_generations(
+            self.generations,
+            step,
+            [it["prompt"] for it in items],
+            [it["response"] for it in items],
+            batch.ground_truths,
+            batch.scores.tolist(),
+            batch.reward_extra or [{} for _ in items],
+        )
+
     # --- step 3: advantages -----------------------------------------------------------
     def advantages(self, batch: RolloutBatch) -> tuple[Ragged, Ragged, dict[str, float]]:
         mask = batch.response_mask()
@@ -409,6 +433,9 @@ class PPOStep:
                     self.remax_baseline(records, batch, step)
             self.memory.sleep()  # the KV cache's memory goes to the trainer roles till next gen
             self.score_and_infer(batch, timer)
+            if self.generations is not None:
+                with timer("dump_rollout_generations"):
+                    self.write_generations(batch, step)
             with timer("adv"):
                 advantages, returns, adv_metrics = self.advantages(batch)
             update_metrics = self.updates(batch, advantages, returns, step, timer)

@@ -39,6 +39,11 @@ def check_run_config(cfg: RunConfig) -> None:
             "trainer.logger includes tensorboard, but the tensorboard package is not installed "
             "where the coordinator runs: pip install 'meshrl[tensorboard]' (or tensorboard)"
         )
+    if cfg.trainer.val_only and not cfg.data.val_files:
+        raise ConfigError(
+            "trainer.val_only=true validates and stops, but data.val_files is empty: name the "
+            "validation parquet files"
+        )
     overlong = cfg.reward.overlong_buffer
     if overlong.enable and overlong.len > cfg.data.max_response_length:
         raise ConfigError(

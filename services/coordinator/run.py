@@ -33,6 +33,7 @@ from services.coordinator.clients import (
     RolloutClient,
     TrainerClient,
 )
+from services.coordinator.generations import generations_dir
 from services.coordinator.metrics_sinks import ConsoleSink, MetricsSink, file_sinks
 from services.coordinator.plot import plot_metrics
 from services.coordinator.ppo_step import PPOStep, Roles, WeightSyncFailed
@@ -182,7 +183,14 @@ class PPORun:
                 old.close()
         self.syncer = WeightSyncer(self.cfg, self.roles.actor, self.roles.rollouts)
         self.syncer.sync(version=self.state.step if version is None else version)
-        self.step_runner = PPOStep(self.cfg, self.roles, self.tokenizer, self.syncer, self.kl_ctrl)
+        self.step_runner = PPOStep(
+            self.cfg,
+            self.roles,
+            self.tokenizer,
+            self.syncer,
+            self.kl_ctrl,
+            generations_dir(self.cfg.trainer.rollout_data_dir, self.run_dir),
+        )
 
     def named_clients(self) -> dict[str, object]:
         """Launcher names (rollout0, actor, critic, ref, reward) -> clients."""
@@ -306,7 +314,8 @@ class PPORun:
         if folder is not None:
             self.load_checkpoint(folder)
             self.resumed_from = folder
-        self.checkpoints.set_aside_after(self.state.step)
+        if not self.cfg.trainer.val_only:  # an evaluation writes no history: nothing moves
+            self.checkpoints.set_aside_after(self.state.step)
 
     def load_checkpoint(self, folder: Path) -> None:
         saved = self.checkpoints.load_state(folder)
@@ -349,8 +358,19 @@ class PPORun:
         return freq > 0 and (self.state.step % freq == 0 or last)
 
     # --- the loop ---------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        """Whether the run did all it was asked: every step, or its one validation."""
+        return self.cfg.trainer.val_only or self.state.step >= self.total_steps
+
     def train(self) -> dict[str, float]:
         cfg = self.cfg.trainer
+        if cfg.val_only:
+            metrics = self.validate_or_recover() or {}  # None: went back; nothing to report
+            if metrics:
+                self.log(self.state.step, metrics)
+                self.state.last_metrics = metrics
+            return metrics
         if cfg.val_before_train and self.val_set is not None:
             before = self.validate_or_recover()
             if before is not None:
@@ -431,6 +451,8 @@ class PPORun:
             self.roles.reward,
             self.tokenizer,
             self.pool,
+            generations_dir(self.cfg.trainer.validation_data_dir, self.run_dir),
+            self.state.step,
         )
         return {**metrics, "timing_s/testing": time.perf_counter() - start}
 

@@ -194,7 +194,7 @@ class ManagedRun:
         )
         start = time.perf_counter()
         self.ppo.train()
-        done = self.ppo.state.step >= self.ppo.total_steps
+        done = self.ppo.finished
         state = RunState.SUCCEEDED if done else RunState.STOPPED
         return state, (
             f"run {state.name.lower()} after step {self.ppo.state.step} "

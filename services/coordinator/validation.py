@@ -7,6 +7,7 @@ maj@k (:mod:`services.coordinator.validation_metrics`)."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 
@@ -14,6 +15,7 @@ from meshrl.api.v1 import rollout_pb2
 from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
 from services.coordinator.clients import RewardRoleClient, RolloutClient
+from services.coordinator.generations import write_generations
 from services.coordinator.ppo_step import generate_split, reward_failure_summary
 from services.coordinator.rollout_batch import RolloutBatch
 from services.coordinator.validation_metrics import SampleResult, validation_metrics
@@ -40,11 +42,16 @@ def validate(
     reward: RewardRoleClient,
     tokenizer,
     pool,
+    generations: Path | None = None,
+    step: int = 0,
 ) -> dict[str, float]:
+    """The metrics of one validation at ``step``; its samples are written to
+    ``generations/<step>.jsonl`` when given (trainer.validation_data_dir)."""
     sampling = validation_sampling(cfg)
     n = sampling.n
     size = cfg.data.val_batch_size or len(records)
     samples: list[SampleResult] = []
+    written: dict[str, list] = {"in": [], "out": [], "gts": [], "score": [], "extra": []}
     for start in range(0, len(records), size):
         chunk = records[start : start + size]
         prompts = Ragged.from_lists([r.prompt_ids for r in chunk])
@@ -61,11 +68,21 @@ def validate(
             extra_infos=[chunk[i].extra_info for i in repeat],
             weight_version=out.weight_version,
         )
-        results = reward.score(batch.reward_items(tokenizer))
+        items = batch.reward_items(tokenizer)
+        results = reward.score(items)
+        if generations is not None:
+            written["in"] += [it["prompt"] for it in items]
+            written["out"] += [it["response"] for it in items]
+            written["gts"] += batch.ground_truths
+            written["score"] += [r.score for r in results]
+            written["extra"] += [r.extra for r in results]
         if summary := reward_failure_summary(results, batch.data_sources):
             log.warning("validation reward: %s", summary)
         for i, ds, result in zip(repeat, batch.data_sources, results, strict=True):
             acc = result.extra.get("acc", float(result.score >= 1.0))
             values = {"acc": acc, "reward": result.score}
             samples.append(SampleResult(ds, start + i, values, result.pred))
+    if generations is not None:
+        w = written
+        write_generations(generations, step, w["in"], w["out"], w["gts"], w["score"], w["extra"])
     return validation_metrics(samples, seed=cfg.trainer.seed)

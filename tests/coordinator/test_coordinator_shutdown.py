@@ -39,6 +39,10 @@ class FakePPO:
     def setup(self):
         pass
 
+    @property
+    def finished(self):
+        return self.state.step >= self.total_steps
+
     def stop(self):
         self.stopped.set()
 

@@ -222,3 +222,26 @@ def test_histories_set_aside_within_one_second_go_to_folders_of_their_own(tmp_pa
     assert first != second
     assert (first / "global_step_20").is_dir() and (second / "global_step_20").is_dir()
     assert manager.set_aside_after(10) is None  # nothing left past step 10
+
+
+def test_val_only_validates_once_logs_it_and_trains_nothing(tmp_path):
+    # Evaluating step 10 of a run that went on to step 20: nothing is set aside, no step runs.
+    step10, step20 = write_checkpoint(tmp_path, 10), write_checkpoint(tmp_path, 20)
+    logged = []
+    sink = type("Sink", (), {"log": lambda self, step, m: logged.append((step, m)), "close": id})
+    run = make_run(tmp_path, ["trainer.val_only=true", f"trainer.resume_mode={step10}"], [sink()])
+    run.resume()
+    assert step20.is_dir()  # an evaluation writes no history: nothing moved
+    run.run_step = lambda records: pytest.fail("val_only must not train")
+    run.val_set = ["a prompt"]
+    run.validate = lambda: {"val-core/x/acc/mean@1": 0.75}
+    assert run.train() == {"val-core/x/acc/mean@1": 0.75}
+    assert logged == [(10, {"val-core/x/acc/mean@1": 0.75})] and run.finished
+
+
+def test_val_only_without_validation_files_is_refused_at_start():
+    from meshrl.config import ConfigError
+    from services.coordinator.preflight import check_run_config
+
+    with pytest.raises(ConfigError, match="trainer.val_only=true .* data.val_files is empty"):
+        check_run_config(build_config({}, [*GRPO, "trainer.val_only=true"]))

@@ -3,6 +3,7 @@ verl-named metrics in JSONL, a plot, validation, and no process left behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -36,6 +37,8 @@ def _overrides(tiny_model, data, run_dir):
         "trainer.total_training_steps=3",
         "trainer.test_freq=2",
         "trainer.logger=[console,jsonl,tensorboard]",
+        "trainer.rollout_data_dir=rollouts",  # under the run folder
+        f"trainer.validation_data_dir={run_dir.parent / 'val_generations'}",
         f"trainer.default_local_dir={run_dir}",
     ]
 
@@ -81,6 +84,14 @@ def test_ppo_run_end_to_end(tiny_model, arithmetic_data, tmp_path):
     board = scalars(tmp_path / "run" / "tensorboard")  # `tensorboard --logdir` reads these
     assert [step for step, _ in board["critic/score/mean"]] == [1, 2, 3]
     assert [step for step, _ in board["val-core/openai/gsm8k/acc/mean@1"]] == [2, 3]
+    # what the model wrote and how it was judged, per step (verl's generation dumps)
+    for step in (1, 2, 3):
+        lines = (tmp_path / "run" / "rollouts" / f"{step}.jsonl").read_text().splitlines()
+        samples = [json.loads(line) for line in lines]
+        assert len(samples) == 16 and {s["step"] for s in samples} == {step}
+        assert {"input", "output", "gts", "score", "acc"} <= set(samples[0])
+    val = sorted(p.name for p in (tmp_path / "val_generations").iterdir())
+    assert val == ["2.jsonl", "3.jsonl"]
     assert _children() <= before, "role servers must all be stopped"
 
 

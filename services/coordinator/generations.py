@@ -1,0 +1,43 @@
+"""Generations written out for reading (verl's ``trainer.rollout_data_dir`` and
+``trainer.validation_data_dir``): ``<dir>/<step>.jsonl``, one sample a line, with the
+prompt, the response, its ground truth and score and the reward's extras, so a user sees
+what the model writes and how it was judged without a debugger."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+
+def generations_dir(configured: str | None, run_dir: Path) -> Path | None:
+    """The folder to write to; a relative path is under the run folder. None: off."""
+    if not configured:
+        return None
+    path = Path(configured)
+    return path if path.is_absolute() else Path(run_dir) / path
+
+
+def write_generations(
+    folder: Path,
+    step: int,
+    inputs: list[str],
+    outputs: list[str],
+    ground_truths: list[str],
+    scores: list[float],
+    extras: list[dict[str, float]],
+) -> Path:
+    """Writes ``<folder>/<step>.jsonl`` (whole, then renamed: a reader never sees half a
+    file) and returns its path. Lines: input, output, gts, score, step, then the extras."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{step}.jsonl"
+    tmp = folder / f".{step}.jsonl.tmp"
+    rows = zip(inputs, outputs, ground_truths, scores, extras, strict=True)
+    with tmp.open("w") as f:
+        for text_in, text_out, gts, score, extra in rows:
+            line = {"input": text_in, "output": text_out, "gts": gts, "score": score, "step": step}
+            line.update({k: v for k, v in extra.items() if math.isfinite(v) and k not in line})
+            f.write(json.dumps(line, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+    return path
