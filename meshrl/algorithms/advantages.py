@@ -246,7 +246,7 @@ def reinforce_plus_plus_advantages(
 
 @torch.no_grad()
 def reinforce_plus_plus_baseline_advantages(
-    scores: Tensor, mask: Tensor, group_ids: GroupIds, eps: float = 1e-6
+    scores: Tensor, mask: Tensor, group_ids: GroupIds, eps: float = 1e-8
 ) -> AdvantageResult:
     """REINFORCE++-baseline (verl ``compute_reinforce_plus_plus_baseline_outcome_advantage``):
     subtract the group mean score, broadcast over the response tokens, then whiten
@@ -259,8 +259,8 @@ def reinforce_plus_plus_baseline_advantages(
         scores: ``(b,)`` sequence scores.
         mask: ``(b, t)`` response mask.
         group_ids: ``(b,)`` group id per sequence.
-        eps: added to the batch variance inside the square root when whitening
-            (verl declares ``epsilon`` but whitens with 1e-8).
+        eps: added to the batch variance inside the square root when whitening; 1e-8,
+            what verl whitens with (it declares an ``epsilon`` it does not pass on).
 
     Returns:
         :class:`AdvantageResult` with ``returns == advantages``.

@@ -292,3 +292,14 @@ def test_outcome_advantages_are_broadcast_and_zero_on_padding(batch, seed):
         row_min = torch.where(valid, adv, math.inf).amin(-1)
         has_token = valid.any(-1)
         torch.testing.assert_close(row_max[has_token], row_min[has_token])
+
+
+def test_reinforce_plus_plus_baseline_whitens_with_verls_epsilon():
+    # Scores 1e-4 apart: variance ~2.5e-9, where 1e-6 (the old default) and verl's 1e-8 differ.
+    scores = torch.tensor([0.0, 1e-4, 0.0, 1e-4])
+    mask = torch.ones(4, 2)
+    out = reinforce_plus_plus_baseline_advantages(scores, mask, torch.tensor([0, 0, 1, 1]))
+    centred = (scores - torch.tensor([5e-5, 5e-5, 5e-5, 5e-5]))[:, None] * mask
+    var = centred.var(unbiased=True)
+    expected = centred * torch.rsqrt(var + 1e-8)
+    assert torch.allclose(out.advantages, expected, rtol=1e-4)
