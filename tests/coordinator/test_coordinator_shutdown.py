@@ -57,13 +57,19 @@ class FakePPO:
         pass
 
 
-@pytest.fixture
-def service(tmp_path):
-    manager = RunManager(tmp_path, lambda cfg, run_dir: FakeLauncher(), FakePPO)
+def serve(workdir, ppo_class):
+    """A coordinator service in this process over the stand-in launcher and ``ppo_class``."""
+    manager = RunManager(workdir, lambda cfg, run_dir: FakeLauncher(), ppo_class)
     servicer = CoordinatorServicer(manager)
     server = GrpcServer(SERVICE_NAME, "127.0.0.1", 0)
     server.add(coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server, servicer)
     server.start()
+    return server, servicer, manager
+
+
+@pytest.fixture
+def service(tmp_path):
+    server, servicer, manager = serve(tmp_path, FakePPO)
     yield server, servicer, manager
     server.stop(0)
 
@@ -115,11 +121,7 @@ class ResumingPPO(FakePPO):
 
 
 def test_a_run_whose_resume_checkpoint_does_not_verify_is_rejected_exit_2(tmp_path):
-    manager = RunManager(tmp_path, lambda cfg, run_dir: FakeLauncher(), ResumingPPO)
-    servicer = CoordinatorServicer(manager)
-    server = GrpcServer(SERVICE_NAME, "127.0.0.1", 0)
-    server.add(coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server, servicer)
-    server.start()
+    server, _, _ = serve(tmp_path, ResumingPPO)
     try:
         config = tmp_path / "run.yaml"
         config.write_text(RUN_YAML)
