@@ -353,8 +353,8 @@ class TrainerConfig(Section):
         default_factory=lambda: ["console", "jsonl"]
     )
     """Where step metrics go: the console, `<run folder>/metrics.jsonl`, and TensorBoard
-    event files in `$TENSORBOARD_DIR` or `<run folder>/tensorboard` (needs the tensorboard
-    package: `pip install 'meshrl[tensorboard]'`)."""
+    event files in `<run folder>/tensorboard` or `$TENSORBOARD_DIR/<project>/<experiment>`
+    (needs the tensorboard package: `pip install 'meshrl[tensorboard]'`)."""
     device: Literal["cpu", "cuda"] = "cpu"
     seed: int = 1
     """Seed of sampling and of model init where a fresh head is made."""

@@ -34,10 +34,14 @@ def write_generations(
     path = folder / f"{step}.jsonl"
     tmp = folder / f".{step}.jsonl.tmp"
     rows = zip(inputs, outputs, ground_truths, scores, extras, strict=True)
-    with tmp.open("w") as f:
-        for text_in, text_out, gts, score, extra in rows:
-            line = {"input": text_in, "output": text_out, "gts": gts, "score": score, "step": step}
-            line.update({k: v for k, v in extra.items() if math.isfinite(v) and k not in line})
-            f.write(json.dumps(line, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    try:
+        with tmp.open("w", encoding="utf-8") as f:  # the texts as written, whatever the locale
+            for text_in, text_out, gts, score, extra in rows:
+                line = {"input": text_in, "output": text_out, "gts": gts}
+                line.update(score=score, step=step)
+                line.update({k: v for k, v in extra.items() if math.isfinite(v) and k not in line})
+                f.write(json.dumps(line, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # after a failure; gone already after the rename
     return path

@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Protocol
 
+from meshrl.config.schema import TrainerConfig
+
 CONSOLE_KEYS = [
     ("critic/score/mean", "score"),
     ("actor/pg_loss", "pg_loss"),
@@ -61,18 +63,24 @@ class TensorBoardSink:
         self.writer.close()
 
 
-def tensorboard_dir(run_dir: Path) -> Path:
-    """verl's ``TENSORBOARD_DIR`` when set, else ``<run folder>/tensorboard``."""
-    return Path(os.environ.get("TENSORBOARD_DIR") or Path(run_dir) / "tensorboard")
+def tensorboard_dir(run_dir: Path, project: str, experiment: str) -> Path:
+    """``<run folder>/tensorboard``; with verl's ``TENSORBOARD_DIR`` set,
+    ``$TENSORBOARD_DIR/<project>/<experiment>``: one folder a run, so that the runs of one
+    coordinator service never mix their curves, side by side under one ``--logdir``."""
+    root = os.environ.get("TENSORBOARD_DIR")
+    if not root:
+        return Path(run_dir) / "tensorboard"
+    return Path(root).absolute() / project / experiment
 
 
-def file_sinks(loggers: list[str], run_dir: Path) -> list[MetricsSink]:
+def file_sinks(trainer: TrainerConfig, run_dir: Path) -> list[MetricsSink]:
     """The sinks of ``trainer.logger`` that write files in (or for) the run folder."""
     sinks: list[MetricsSink] = []
-    if "jsonl" in loggers:
+    if "jsonl" in trainer.logger:
         sinks.append(JsonlSink(Path(run_dir) / "metrics.jsonl"))
-    if "tensorboard" in loggers:
-        sinks.append(TensorBoardSink(tensorboard_dir(run_dir)))
+    if "tensorboard" in trainer.logger:
+        where = tensorboard_dir(run_dir, trainer.project_name, trainer.experiment_name)
+        sinks.append(TensorBoardSink(where))
     return sinks
 
 

@@ -320,6 +320,11 @@ class PPOStep:
 
     def write_generations(self, batch: RolloutBatch, step: int) -> None:
         items = batch.reward_items(self.tokenizer)
+        extras = [dict(e) for e in batch.reward_extra] or [{} for _ in items]
+        penalty = self.overlong_penalty(batch.responses.lengths)
+        if penalty is not None:  # in the score; shown apart, as verl's DAPO manager does
+            for extra, value in zip(extras, penalty.tolist(), strict=True):
+                extra["overlong_reward"] = value
         write_generations(
             self.generations,
             step,
@@ -327,7 +332,7 @@ class PPOStep:
             [it["response"] for it in items],
             batch.ground_truths,
             batch.scores.tolist(),
-            batch.reward_extra or [{} for _ in items],
+            extras,
         )
 
     # --- step 3: advantages -----------------------------------------------------------

@@ -137,6 +137,7 @@ class PPORun:
         # Dynamic sampling's further prompt batches of the current step, drawn once: a step
         # that is retried after a restart generates from the same prompts again.
         self.further_records: list[list] = []
+        self.validated_only = False  # trainer.val_only: whether its one validation was done
         self.on_step = on_step
         self._stop = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="run")
@@ -146,7 +147,7 @@ class PPORun:
         sinks: list[MetricsSink] = []
         if "console" in self.cfg.trainer.logger:
             sinks.append(ConsoleSink(write=tqdm.write))
-        return sinks + file_sinks(self.cfg.trainer.logger, self.run_dir)
+        return sinks + file_sinks(self.cfg.trainer, self.run_dir)
 
     # --- set-up -----------------------------------------------------------------------
     def setup(self) -> None:
@@ -361,16 +362,27 @@ class PPORun:
     @property
     def finished(self) -> bool:
         """Whether the run did all it was asked: every step, or its one validation."""
-        return self.cfg.trainer.val_only or self.state.step >= self.total_steps
+        if self.cfg.trainer.val_only:
+            return self.validated_only
+        return self.state.step >= self.total_steps
+
+    def validate_only(self) -> dict[str, float]:
+        """trainer.val_only: one validation of the starting weights, logged; retried after a
+        recovery that went back to the checkpoint (the same weights again)."""
+        metrics = None
+        while metrics is None and not self._stop.is_set():
+            metrics = self.validate_or_recover()  # None: went back to the checkpoint
+        if metrics is None:  # stopped first: nothing validated, nothing to report
+            return {}
+        self.log(self.state.step, metrics)
+        self.state.last_metrics = metrics
+        self.validated_only = True
+        return metrics
 
     def train(self) -> dict[str, float]:
         cfg = self.cfg.trainer
         if cfg.val_only:
-            metrics = self.validate_or_recover() or {}  # None: went back; nothing to report
-            if metrics:
-                self.log(self.state.step, metrics)
-                self.state.last_metrics = metrics
-            return metrics
+            return self.validate_only()
         if cfg.val_before_train and self.val_set is not None:
             before = self.validate_or_recover()
             if before is not None:

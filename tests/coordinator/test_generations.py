@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from services.coordinator.generations import generations_dir, write_generations
 
 
@@ -31,3 +33,11 @@ def test_the_folder_is_off_by_default_and_relative_to_the_run_folder(tmp_path):
     assert generations_dir(None, tmp_path) is None and generations_dir("", tmp_path) is None
     assert generations_dir("rollouts", tmp_path) == tmp_path / "rollouts"
     assert generations_dir(str(tmp_path / "abs"), tmp_path / "run") == tmp_path / "abs"
+
+
+def test_text_in_any_script_is_written_as_utf8_and_a_failed_write_leaves_no_file(tmp_path):
+    path = write_generations(tmp_path, 1, ["问题 ½"], ["答案 é"], ["42"], [1.0], [{}])
+    assert json.loads(path.read_text(encoding="utf-8"))["input"] == "问题 ½"
+    with pytest.raises(ValueError):  # rows of unequal length: nothing half-written stays
+        write_generations(tmp_path / "b", 2, ["a", "b"], ["x"], ["1"], [0.0], [{}])
+    assert list((tmp_path / "b").iterdir()) == []

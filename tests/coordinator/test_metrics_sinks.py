@@ -5,11 +5,13 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from meshrl.config import ConfigError, build_config
-from services.coordinator.metrics_sinks import JsonlSink, TensorBoardSink, file_sinks
-from services.coordinator.preflight import check_run_config
+pytest.importorskip("tensorboard")  # the dev extra installs it
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+
+from meshrl.config import ConfigError, build_config  # noqa: E402
+from services.coordinator.metrics_sinks import JsonlSink, TensorBoardSink, file_sinks  # noqa: E402
+from services.coordinator.preflight import check_run_config  # noqa: E402
 
 
 def scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
@@ -31,17 +33,23 @@ def test_tensorboard_sink_writes_each_finite_metric_at_its_step(tmp_path):
 
 
 def test_file_sinks_follow_trainer_logger_and_tensorboard_dir(tmp_path, monkeypatch):
+    def trainer(loggers):
+        overrides = [f"trainer.logger=[{','.join(loggers)}]", "trainer.project_name=p"]
+        return build_config({}, [*overrides, "trainer.experiment_name=e"]).trainer
+
     monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
-    sinks = file_sinks(["console", "jsonl", "tensorboard"], tmp_path)
+    sinks = file_sinks(trainer(["console", "jsonl", "tensorboard"]), tmp_path)
     assert [type(s) for s in sinks] == [JsonlSink, TensorBoardSink]
     assert sinks[1].log_dir == tmp_path / "tensorboard"
     for s in sinks:
         s.close()
-    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "elsewhere"))  # verl's variable
-    (sink,) = file_sinks(["tensorboard"], tmp_path)
-    assert sink.log_dir == tmp_path / "elsewhere"
+    # verl's variable: one folder a run under it, so runs of one service never mix
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TENSORBOARD_DIR", "boards")
+    (sink,) = file_sinks(trainer(["tensorboard"]), tmp_path / "run")
+    assert sink.log_dir == tmp_path / "boards" / "p" / "e"
     sink.close()
-    assert file_sinks(["console"], tmp_path) == []
+    assert file_sinks(trainer(["console"]), tmp_path) == []
 
 
 def test_tensorboard_without_its_package_is_refused_at_start(monkeypatch):

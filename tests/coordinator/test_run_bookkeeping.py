@@ -245,3 +245,26 @@ def test_val_only_without_validation_files_is_refused_at_start():
 
     with pytest.raises(ConfigError, match="trainer.val_only=true .* data.val_files is empty"):
         check_run_config(build_config({}, [*GRPO, "trainer.val_only=true"]))
+
+
+def test_val_only_validates_again_after_a_recovery_and_not_at_all_when_stopped(tmp_path):
+    run = make_run(tmp_path, ["trainer.val_only=true"], restarter=object())
+    run.val_set = ["a prompt"]
+    calls = []
+
+    def validate():
+        calls.append(len(calls))
+        if len(calls) == 1:  # the actor dies in the first try: the run goes back
+            raise RoleCallError("actor", "127.0.0.1:2", "ComputeLogProbs", Unavailable())
+        return {"val-core/x/acc/mean@1": 0.5}
+
+    run.validate = validate
+    run.recover = lambda err, updated=False: True
+    assert run.train() == {"val-core/x/acc/mean@1": 0.5} and run.finished
+    assert calls == [0, 1]
+
+    stopped = make_run(tmp_path / "b", ["trainer.val_only=true"])
+    stopped.val_set = ["a prompt"]
+    stopped.validate = lambda: pytest.fail("a stopped run must not validate")
+    stopped.stop()
+    assert stopped.train() == {} and not stopped.finished  # exit 3, as a stopped run
