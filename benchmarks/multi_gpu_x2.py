@@ -7,6 +7,7 @@
 
     python benchmarks/multi_gpu_x2.py --out results.json            # on the 2-GPU machine
     python benchmarks/multi_gpu_x2.py --device cpu --small           # the same code on CPU (gloo)
+    python benchmarks/multi_gpu_x2.py --sync-only --in-place --bucket-mb 4   # one sync setting
 
 Each part runs in freshly spawned processes (torch.multiprocessing, spawn).
 """
@@ -96,8 +97,9 @@ def sync_worker(rank: int, args, port: int, queue) -> None:
         if rank == 0:
             send_weights(group, ((n, p.detach()) for n, p in named), manifest)
         else:
-            for name, tensor in receive_weights(group, manifest, device=device):
-                by_name[name].data.copy_(tensor)
+            targets = {n: p.data for n, p in named} if args.in_place else None
+            for name, tensor in receive_weights(group, manifest, device=device, targets=targets):
+                by_name[name].data.copy_(tensor)  # nothing to copy where it landed in place
         if args.device == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - start
@@ -128,6 +130,7 @@ def sync_worker(rank: int, args, port: int, queue) -> None:
                 "params": total,
                 "buckets": len(manifest.buckets),
                 "bucket_mb": args.bucket_mb,
+                "in_place": args.in_place,
             }
         )
     group.close()
@@ -203,6 +206,13 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="a tiny model (CPU check)")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--bucket-mb", type=int, default=512)
+    parser.add_argument(
+        "--in-place",
+        action="store_true",
+        help="receive single-parameter buckets into the model's tensors, as the rollout "
+        "server does (WeightReceiver targets)",
+    )
+    parser.add_argument("--sync-only", action="store_true", help="skip the FSDP2 loss check")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     result: dict = {"device": args.device, "small": args.small}
@@ -213,13 +223,14 @@ def main() -> None:
     sync["raw_gbps"] = sync["bytes"] / sync["raw_broadcast_s"] / 1e9
     sync["ratio_to_raw"] = sync["sync_s"] / sync["raw_broadcast_s"]
     result["weight_sync"] = sync
-    one = _spawn(loss_worker, 1, 1, args)[0]
-    two = _spawn(loss_worker, 2, 2, args)[0]
-    result["fsdp_loss"] = {
-        "one_gpu": one["loss"],
-        "two_gpus": two["loss"],
-        "abs_diff": abs(one["loss"] - two["loss"]),
-    }
+    if not args.sync_only:
+        one = _spawn(loss_worker, 1, 1, args)[0]
+        two = _spawn(loss_worker, 2, 2, args)[0]
+        result["fsdp_loss"] = {
+            "one_gpu": one["loss"],
+            "two_gpus": two["loss"],
+            "abs_diff": abs(one["loss"] - two["loss"]),
+        }
     print(json.dumps(result, indent=1))
     if args.out:
         with open(args.out, "w") as f:
