@@ -6,11 +6,14 @@ import argparse
 import logging
 import sys
 
-# Exit codes of every command, `meshrl run` with or without --coordinator alike.
-EXIT_SUCCEEDED = 0
-EXIT_FAILED = 1
-EXIT_BAD_REQUEST = 2
-EXIT_STOPPED = 3
+from services.coordinator.run_types import RunState
+
+# Exit codes of every command: a local `meshrl run` ends as a run followed through the
+# coordinator does (RunState.exit_code).
+EXIT_SUCCEEDED = RunState.SUCCEEDED.exit_code
+EXIT_FAILED = RunState.FAILED.exit_code
+EXIT_BAD_REQUEST = RunState.REJECTED.exit_code
+EXIT_STOPPED = RunState.STOPPED.exit_code
 EXIT_INTERRUPTED = 130
 
 

@@ -238,6 +238,16 @@ class ScoredSample:
     extra: dict[str, float]
     pred: str | None = None  # the answer the scorer read; None when it does not say
 
+    @property
+    def acc(self) -> float:
+        return sample_acc(self.score, self.extra)
+
+
+def sample_acc(score: float, extra: dict[str, float]) -> float:
+    """A sample's accuracy: the reward's ``acc`` extra (every rule scorer gives one), else
+    whether the score reached 1 (a reward model alone, a custom function without it)."""
+    return extra.get("acc", float(score >= 1.0))
+
 
 class RewardRoleClient(_RoleClient):
     service = "reward"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from services.coordinator.clients import sample_acc
 from services.coordinator.rollout_batch import RolloutBatch
 
 
@@ -27,7 +28,7 @@ def filter_values(metric: str, batch: RolloutBatch) -> torch.Tensor:
     """
     if metric == "acc":
         pairs = zip(batch.reward_scores.tolist(), batch.reward_extra, strict=True)
-        return torch.tensor([e.get("acc", float(s >= 1.0)) for s, e in pairs], dtype=torch.float32)
+        return torch.tensor([sample_acc(s, e) for s, e in pairs], dtype=torch.float32)
     if metric == "score":
         return batch.reward_scores.float()
     if metric == "seq_reward":

@@ -22,23 +22,23 @@ def generations_dir(configured: str | None, run_dir: Path) -> Path | None:
 def write_generations(
     folder: Path,
     step: int,
-    inputs: list[str],
-    outputs: list[str],
-    ground_truths: list[str],
+    items: list[dict],
     scores: list[float],
     extras: list[dict[str, float]],
 ) -> Path:
     """Writes ``<folder>/<step>.jsonl`` (whole, then renamed: a reader never sees half a
-    file) and returns its path. Lines: input, output, gts, score, step, then the extras."""
+    file) and returns its path. ``items``: the samples as the reward service got them
+    (``RolloutBatch.reward_items``: prompt, response, ground_truth). Lines: input, output,
+    gts, score, step, then the extras."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{step}.jsonl"
     tmp = folder / f".{step}.jsonl.tmp"
-    rows = zip(inputs, outputs, ground_truths, scores, extras, strict=True)
+    rows = zip(items, scores, extras, strict=True)
     try:
         with tmp.open("w", encoding="utf-8") as f:  # the texts as written, whatever the locale
-            for text_in, text_out, gts, score, extra in rows:
-                line = {"input": text_in, "output": text_out, "gts": gts}
-                line.update(score=score, step=step)
+            for item, score, extra in rows:
+                line = {"input": item["prompt"], "output": item["response"]}
+                line.update(gts=item["ground_truth"], score=score, step=step)
                 line.update({k: v for k, v in extra.items() if math.isfinite(v) and k not in line})
                 f.write(json.dumps(line, ensure_ascii=False) + "\n")
         os.replace(tmp, path)

@@ -325,15 +325,7 @@ class PPOStep:
         if penalty is not None:  # in the score; shown apart, as verl's DAPO manager does
             for extra, value in zip(extras, penalty.tolist(), strict=True):
                 extra["overlong_reward"] = value
-        write_generations(
-            self.generations,
-            step,
-            [it["prompt"] for it in items],
-            [it["response"] for it in items],
-            batch.ground_truths,
-            batch.scores.tolist(),
-            extras,
-        )
+        write_generations(self.generations, step, items, batch.scores.tolist(), extras)
 
     # --- step 3: advantages -----------------------------------------------------------
     def advantages(self, batch: RolloutBatch) -> tuple[Ragged, Ragged, dict[str, float]]:

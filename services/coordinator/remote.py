@@ -27,12 +27,6 @@ from meshrl.rpc.client import open_channel
 from services.coordinator.run_types import RunEvent, RunState, RunStatus
 
 DEFAULT_ADDRESS = "127.0.0.1:50050"
-EXIT_CODES = {
-    RunState.SUCCEEDED: 0,
-    RunState.FAILED: 1,
-    RunState.REJECTED: 2,  # as a local `meshrl run` exits for a bad config or data
-    RunState.STOPPED: 3,
-}
 
 
 def default_address() -> str:
@@ -167,7 +161,7 @@ def submit(
             write(f"left run {status.run_id} to the coordinator (meshrl status / meshrl stop)")
             return 130
         write(final.describe())
-        return EXIT_CODES.get(final.state, 1)
+        return final.state.exit_code
     finally:
         client.close()
 

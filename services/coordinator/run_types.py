@@ -22,7 +22,21 @@ class RunState(enum.Enum):
 
     @property
     def terminal(self) -> bool:
-        return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED, RunState.REJECTED)
+        return self in _EXIT_CODES
+
+    @property
+    def exit_code(self) -> int:
+        """What `meshrl run` exits with when a run ends so, locally or through a coordinator:
+        0 succeeded, 1 failed, 2 the request was wrong, 3 stopped."""
+        return _EXIT_CODES.get(self, 1)
+
+
+_EXIT_CODES = {
+    RunState.SUCCEEDED: 0,
+    RunState.FAILED: 1,
+    RunState.REJECTED: 2,
+    RunState.STOPPED: 3,
+}
 
 
 @dataclass(frozen=True)

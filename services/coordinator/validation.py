@@ -14,7 +14,7 @@ import torch
 from meshrl.api.v1 import rollout_pb2
 from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
-from services.coordinator.clients import RewardRoleClient, RolloutClient
+from services.coordinator.clients import RewardRoleClient, RolloutClient, ScoredSample
 from services.coordinator.generations import write_generations
 from services.coordinator.ppo_step import generate_split, reward_failure_summary
 from services.coordinator.rollout_batch import RolloutBatch
@@ -51,7 +51,7 @@ def validate(
     n = sampling.n
     size = cfg.data.val_batch_size or len(records)
     samples: list[SampleResult] = []
-    written: dict[str, list] = {"in": [], "out": [], "gts": [], "score": [], "extra": []}
+    written: list[tuple[dict, ScoredSample]] = []  # for validation_data_dir
     for start in range(0, len(records), size):
         chunk = records[start : start + size]
         prompts = Ragged.from_lists([r.prompt_ids for r in chunk])
@@ -71,18 +71,14 @@ def validate(
         items = batch.reward_items(tokenizer)
         results = reward.score(items)
         if generations is not None:
-            written["in"] += [it["prompt"] for it in items]
-            written["out"] += [it["response"] for it in items]
-            written["gts"] += batch.ground_truths
-            written["score"] += [r.score for r in results]
-            written["extra"] += [r.extra for r in results]
+            written += zip(items, results, strict=True)
         if summary := reward_failure_summary(results, batch.data_sources):
             log.warning("validation reward: %s", summary)
         for i, ds, result in zip(repeat, batch.data_sources, results, strict=True):
-            acc = result.extra.get("acc", float(result.score >= 1.0))
-            values = {"acc": acc, "reward": result.score}
+            values = {"acc": result.acc, "reward": result.score}
             samples.append(SampleResult(ds, start + i, values, result.pred))
     if generations is not None:
-        w = written
-        write_generations(generations, step, w["in"], w["out"], w["gts"], w["score"], w["extra"])
+        items, results = [w[0] for w in written], [w[1] for w in written]
+        scores, extras = [r.score for r in results], [r.extra for r in results]
+        write_generations(generations, step, items, scores, extras)
     return validation_metrics(samples, seed=cfg.trainer.seed)

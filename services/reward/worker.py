@@ -75,18 +75,20 @@ def score_sample(
     custom_function: str | None,
 ) -> ScoreOutcome:
     """One sample's outcome; raises ScorerError (what the scorer raised) or BadScore."""
+    pred = None  # a custom function gives its own, or none
     try:
         if custom_function:
             fn = load_custom_function(custom_function)
-            return coerce(fn(data_source, response, ground_truth, extra_info))
-        outcome = coerce(get_scorer(data_source)(response, ground_truth, extra_info))
-        if outcome.pred is None:
-            outcome.pred = get_answer_reader(data_source)(response, extra_info) or ""
-        return outcome
-    except BadScore:
-        raise
+            value = fn(data_source, response, ground_truth, extra_info)
+        else:
+            value = get_scorer(data_source)(response, ground_truth, extra_info)
+            pred = get_answer_reader(data_source)(response, extra_info) or ""
     except BaseException as e:  # noqa: BLE001 - any failure is this sample's; see ScorerError
         raise ScorerError.of(e) from None
+    outcome = coerce(value)
+    if outcome.pred is None:
+        outcome.pred = pred
+    return outcome
 
 
 def coerce(value: Any) -> ScoreOutcome:
