@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from meshrl.config import build_config
-from meshrl.launcher import local
+from meshrl.launcher import local, ports
 from meshrl.launcher.local import LocalLauncher
 
 pytestmark = pytest.mark.timeout(180)
@@ -111,3 +111,23 @@ def test_a_foreign_server_on_the_port_is_not_taken_for_ours(tmp_path):
     finally:
         launcher.stop()
         foreign.stop(grace=0)
+
+
+def test_free_ports_come_from_below_the_range_the_os_hands_out_itself():
+    # A port-0 bind elsewhere (torchrun's rendezvous, gloo, a client) cannot take ours
+    # between `free_port()` and the server's bind: the OS only gives out ephemeral ports.
+    if ports.ephemeral_range() is None:
+        pytest.skip("no /proc/sys/net/ipv4/ip_local_port_range (not Linux)")
+    low, _ = ports.ephemeral_range()
+    picked = {ports.free_port() for _ in range(20)}
+    assert all(ports.LOWEST_PORT <= p < low for p in picked)
+    assert len(picked) > 1  # drawn at random, not one fixed port for every process
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", picked.pop()))  # and it was free
+
+
+def test_free_port_falls_back_to_the_os_pick_where_the_range_is_unknown(monkeypatch, tmp_path):
+    monkeypatch.setattr(ports, "EPHEMERAL_RANGE_FILE", tmp_path / "missing")
+    port = ports.free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))

@@ -3,7 +3,6 @@ scored over gRPC; evaluate() through it."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import pytest
 
 from meshrl.api.v1 import reward_pb2, reward_pb2_grpc
 from meshrl.config import build_config, config_to_yaml
+from meshrl.launcher.ports import free_port
 from meshrl.rpc.client import open_channel, wait_for_health
 from services.reward.client import RewardClient
 from services.reward.evaluate import CHUNK, evaluate, score_deadline_s
@@ -26,12 +26,6 @@ from services.reward.types import ScoreItem
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _children(pid: int) -> list[int]:
@@ -57,7 +51,7 @@ def _alive(pid: int) -> bool:
 
 class Server:
     def __init__(self, log_path: Path, *args: str):
-        self.address = f"127.0.0.1:{_free_port()}"
+        self.address = f"127.0.0.1:{free_port()}"
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [

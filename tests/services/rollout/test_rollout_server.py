@@ -1,7 +1,6 @@
 """The rollout server as a real process: `python -m services.rollout.server` on a free port."""
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from grpc_health.v1 import health_pb2
 
 from meshrl.api.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from meshrl.config import build_config, config_to_yaml
+from meshrl.launcher.ports import free_port
 from meshrl.ragged import Ragged
 from meshrl.rpc.client import health_status, open_channel, wait_for_health
 from meshrl.testing.tiny_model import make_tiny_model_dir
@@ -28,15 +28,9 @@ REPO = Path(__file__).resolve().parents[3]
 PROMPTS = [[1, 4, 5, 6], [1, 7], [1, 8, 9]]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     def __init__(self, log_path: Path):
-        self.address = f"127.0.0.1:{_free_port()}"
+        self.address = f"127.0.0.1:{free_port()}"
         self.log_path = log_path
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(

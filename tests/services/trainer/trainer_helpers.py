@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ import torch
 
 from meshrl.api.v1 import common_pb2, trainer_pb2_grpc
 from meshrl.config import RunConfig, build_config, config_to_yaml
+from meshrl.launcher.ports import free_port
 from meshrl.ragged import Ragged
 from meshrl.rpc.client import open_channel, wait_for_health
 from meshrl.wire import ragged_to_proto
@@ -63,12 +63,6 @@ def batch_to_proto(batch: SequenceBatch) -> common_pb2.SequenceBatch:
     return common_pb2.SequenceBatch(
         prompts=ragged_to_proto(batch.prompts), responses=ragged_to_proto(batch.responses)
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class TrainerProcess:
