@@ -47,6 +47,11 @@ class DataConfig(Section):
     """New tokens per response at most."""
     train_batch_size: int = Field(256, gt=0)
     """Prompts per PPO step."""
+    gen_batch_size: int | None = Field(None, gt=0)
+    """Prompts per generation batch with dynamic sampling (verl's DAPO key): a step
+    generates batches of this many prompts until `train_batch_size` with varied groups are
+    kept. None = `train_batch_size`. Without `algorithm.filter_groups.enable` it must equal
+    `train_batch_size` (verl would then train on the whole generation batch)."""
     val_batch_size: int | None = Field(None, gt=0)
     """Prompts per validation generate call; None = the whole validation set at once."""
     shuffle: bool = True

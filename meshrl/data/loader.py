@@ -31,7 +31,9 @@ class PromptLoader:
         shuffle: bool = True,
         seed: int = 1,
         drop_last: bool = True,
+        batch_size_key: str = "data.train_batch_size",
     ):
+        """``batch_size_key``: the config key that set ``batch_size``, for the error."""
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.dataset = dataset
@@ -42,7 +44,7 @@ class PromptLoader:
         if self.steps_per_epoch == 0:
             raise ValueError(
                 f"the dataset has {len(dataset)} prompts, fewer than one batch of {batch_size} "
-                "(drop_last=True); lower data.train_batch_size or add data"
+                f"(drop_last=True); lower {batch_size_key} or add data"
             )
         self.epoch = 0
         self.batch_in_epoch = 0

@@ -258,8 +258,9 @@ class PPOStep:
     def generate_varied(
         self, records: list, step: int, timer: PhaseTimer, draw_records: Callable[[int], list]
     ) -> tuple[RolloutBatch, dict[str, float]]:
-        """Dynamic sampling: generates and scores batch after batch of prompts (the step's
-        own, then ``draw_records(1)``, ``draw_records(2)``, ...) and keeps the groups whose
+        """Dynamic sampling: generates and scores batch after batch of prompts
+        (``data.gen_batch_size`` each: the step's own, then ``draw_records(1)``,
+        ``draw_records(2)``, ...) and keeps the groups whose
         samples differ, until ``data.train_batch_size`` prompts are kept; the first that many
         make the batch. Raises FilterGroupsExhausted past ``max_num_gen_batches``."""
         fg = self.cfg.algorithm.filter_groups

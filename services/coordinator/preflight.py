@@ -51,6 +51,14 @@ def check_run_config(cfg: RunConfig) -> None:
             f"{cfg.data.max_response_length}: every response would be penalised; set it to at "
             "most the response limit (DAPO: a quarter of it)"
         )
+    gen, train = cfg.data.gen_batch_size, cfg.data.train_batch_size
+    if gen not in (None, train) and not cfg.algorithm.filter_groups.enable:
+        raise ConfigError(
+            f"data.gen_batch_size={gen} differs from data.train_batch_size={train}, but only "
+            "dynamic sampling generates batches apart from the training batch: set "
+            "algorithm.filter_groups.enable=true, or drop data.gen_batch_size (verl would "
+            f"train on all {gen} prompts)"
+        )
     if cfg.algorithm.filter_groups.enable:
         n = cfg.actor_rollout_ref.rollout.n
         if n < 2:

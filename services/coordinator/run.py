@@ -91,11 +91,14 @@ def make_dataset(cfg: RunConfig, files: list[str], tokenizer) -> PromptDataset:
 
 
 def make_loader(cfg: RunConfig, train_set: PromptDataset) -> PromptLoader:
-    """The training batches; DataError (printed without a traceback) when there are too few
-    prompts for one batch, e.g. after overlong ones were filtered out."""
+    """The batches of prompts each step generates from (`data.gen_batch_size` with dynamic
+    sampling, else `data.train_batch_size`); DataError (printed without a traceback) when
+    there are too few prompts for one batch, e.g. after overlong ones were filtered out."""
     d = cfg.data
+    key = "data.gen_batch_size" if d.gen_batch_size else "data.train_batch_size"
+    size = d.gen_batch_size or d.train_batch_size
     try:
-        return PromptLoader(train_set, d.train_batch_size, shuffle=d.shuffle, seed=d.seed)
+        return PromptLoader(train_set, size, shuffle=d.shuffle, seed=d.seed, batch_size_key=key)
     except ValueError as e:
         raise DataError(f"data.train_files: {e}") from None
 

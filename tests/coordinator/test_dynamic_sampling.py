@@ -150,6 +150,42 @@ def test_the_step_generates_until_it_has_a_batch_of_varied_groups():
     assert replica.seeds == [base + k * GEN_BATCH_SEED_STRIDE for k in range(3)]
 
 
+def test_generation_batches_of_gen_batch_size_fill_a_train_batch():
+    # verl's DAPO: batches of data.gen_batch_size prompts until train_batch_size are kept
+    step, _ = _step(["data.gen_batch_size=6"])
+    drawn = []
+
+    def draw(i):
+        drawn.append(i)
+        return _records(6 * i, 6)
+
+    try:
+        batch, metrics = step.generate_varied(_records(0, 6), 2, PhaseTimer(), draw)
+    finally:
+        step.close()
+    # varied prompts: 2, 5 | 8, 11 -> four after two generation batches of six
+    assert drawn == [1]
+    assert [row[0] for row in batch.prompts.tolist()[::2]] == [2, 5, 8, 11]
+    assert metrics == {"train/num_gen_batches": 2.0, "train/kept_prompts_ratio": 4 / 12}
+
+
+def test_the_loader_serves_generation_batches_and_names_their_key(tmp_path):
+    from meshrl.data.errors import DataError
+    from services.coordinator.run import make_loader
+
+    cfg = build_config({}, ["data.train_batch_size=4", "data.gen_batch_size=6",
+                            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                            "critic.ppo_mini_batch_size=4"])  # fmt: skip
+    loader = make_loader(cfg, list(range(20)))
+    assert loader.steps_per_epoch == 3 and len(loader.next_batch()[1]) == 6
+    with pytest.raises(DataError, match=r"fewer than one batch of 6 .*lower data.gen_batch_size"):
+        make_loader(cfg, list(range(5)))
+    plain = build_config({}, ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                              "critic.ppo_mini_batch_size=4"])  # fmt: skip
+    with pytest.raises(DataError, match=r"lower data.train_batch_size"):
+        make_loader(plain, list(range(3)))
+
+
 def test_a_step_past_max_num_gen_batches_fails_naming_the_key_and_shortfall():
     step, _ = _step(["algorithm.filter_groups.max_num_gen_batches=2"])
     try:
@@ -171,6 +207,14 @@ def test_run_config_checks():
             )
         )
     check_run_config(build_config({}, [*on, "actor_rollout_ref.rollout.n=4"]))
+    check_run_config(
+        build_config({}, [*on, "actor_rollout_ref.rollout.n=4", "data.gen_batch_size=768"])
+    )
+    # without dynamic sampling a generation batch is the training batch
+    check_run_config(build_config({}, ["data.gen_batch_size=256"]))
+    with pytest.raises(ConfigError, match=r"data.gen_batch_size=768 differs from "
+                       r"data.train_batch_size=256.*filter_groups.enable=true"):  # fmt: skip
+        check_run_config(build_config({}, ["data.gen_batch_size=768"]))
     off = build_config({}, [])
     assert not off.algorithm.filter_groups.enable
     assert off.algorithm.filter_groups.max_num_gen_batches == 10

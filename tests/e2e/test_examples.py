@@ -57,6 +57,7 @@ def test_example_runs(name, tiny_model, arithmetic_data, tmp_path):
         extra = [
             f"reward.custom_function={reward}",
             "algorithm.filter_groups.max_num_gen_batches=20",
+            "data.gen_batch_size=12",
         ]
     cfg = build_config(
         tree,
