@@ -8,6 +8,7 @@
     python benchmarks/multi_gpu_x2.py --out results.json            # on the 2-GPU machine
     python benchmarks/multi_gpu_x2.py --device cpu --small           # the same code on CPU (gloo)
     python benchmarks/multi_gpu_x2.py --sync-only --in-place --bucket-mb 4   # one sync setting
+    python benchmarks/multi_gpu_x2.py --sync-only --in-place --profile-dir $OUT  # + a trace
 
 Each part runs in freshly spawned processes (torch.multiprocessing, spawn).
 """
@@ -15,10 +16,12 @@ Each part runs in freshly spawned processes (torch.multiprocessing, spawn).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -118,6 +121,8 @@ def sync_worker(rank: int, args, port: int, queue) -> None:
     for _ in range(args.reps):  # interleaved, so drift hits both alike
         syncs.append(sync_once())
         raws.append(raw_once())
+    if args.profile_dir:  # one more sync under the profiler, each rank its own trace
+        _profiled(sync_once, args.device, Path(args.profile_dir) / f"sync_rank{rank}.json")
     if rank == 1:  # received weights equal the sender's (same seed builds the same model)
         ref = build_model(args.small, torch.bfloat16, device)
         ok = all(torch.equal(p, 2 * q) for (_, p), q in zip(named, ref.parameters(), strict=True))
@@ -134,6 +139,23 @@ def sync_worker(rank: int, args, port: int, queue) -> None:
             }
         )
     group.close()
+
+
+def _profiled(call, device: str, path: Path) -> None:
+    """Runs ``call`` once under torch.profiler; writes its Chrome trace, gzipped, to
+    ``path``.gz (host ops and, on CUDA, kernels and copies with their streams)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        call()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(path))
+    with open(path, "rb") as raw, gzip.open(f"{path}.gz", "wb") as packed:
+        packed.write(raw.read())
+    path.unlink()
 
 
 # ---------------------------------------------------------------------------------- part 2
@@ -213,6 +235,11 @@ def main() -> None:
         "server does (WeightReceiver targets)",
     )
     parser.add_argument("--sync-only", action="store_true", help="skip the FSDP2 loss check")
+    parser.add_argument(
+        "--profile-dir",
+        default=None,
+        help="after the timed syncs, profile one more on each rank: sync_rank<r>.json.gz",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     result: dict = {"device": args.device, "small": args.small}
