@@ -1,9 +1,9 @@
 """Receiver side of a sync: a header, then one broadcast per bucket, parameters as views.
 
 Staging buffers rotate (``WeightGroup.pipeline_depth`` of them): the next buckets are
-already arriving while the engine copies the parameters of bucket k into its model. A
-bucket that holds one parameter can instead land straight in the caller's own tensor
-(``targets``), which saves the copy.
+already arriving while the parameters of bucket k are copied into the model. With the
+caller's own tensors (``targets``) a bucket that holds one parameter lands straight in it,
+which saves the copy, and the others are copied in by one multi-tensor copy a bucket.
 """
 
 from __future__ import annotations
@@ -34,9 +34,12 @@ class WeightReceiver:
     staging buffer of the group's device (CPU for gloo, the GPU for NCCL) in the bucket's
     dtype: copy it into the model before asking for the next one. With ``targets`` (the
     caller's own tensors by name), a bucket holding a single parameter whose target has the
-    bucket's dtype, shape and device and is contiguous is received into that target, and the
-    pair yielded is the target itself (``param.copy_(t)`` then copies nothing). Targets are
-    written from the start of iteration: iterate only while nothing else reads them.
+    bucket's dtype, shape and device and is contiguous is received into that target; the
+    parameters of other buckets whose target has their shape and device are copied into it
+    as the bucket arrives, one multi-tensor copy a bucket (casting to the target's dtype).
+    Either way the pair yielded is the target itself (``param.copy_(t)`` then copies
+    nothing). Targets are written from the start of iteration: iterate only while nothing
+    else reads them.
 
     Raises (from either call):
         WeightGroupError: a broadcast failed (the sender died or timed out), or the sender
@@ -55,7 +58,8 @@ class WeightReceiver:
         self.manifest = manifest
         self.targets = targets or {}
         self.wrote_targets = False
-        """True once a bucket was posted into a target: the model may hold a mix from then."""
+        """True once a target was written: the model may hold a mix from then."""
+        self._landed: set[int] = set()  # buckets posted straight into their target
         self._header_seen = False
 
     def wait_for_sender(self) -> None:
@@ -77,19 +81,43 @@ class WeightReceiver:
             arriving = deque(self._post(k) for k in range(min(depth, len(buckets))))
             for k, bucket in enumerate(buckets):
                 flat = arriving.popleft().wait()
-                for p in bucket.params:
-                    yield p.name, flat[p.offset : p.offset + p.numel].view(p.shape)
+                yield from self._unpack(bucket, flat, in_target=k in self._landed)
                 # Resumed: bucket k's tensors are copied, its buffer takes bucket k + depth.
                 if k + depth < len(buckets):
                     arriving.append(self._post(k + depth))
         finally:
             self.group.release_staging()
 
+    def _unpack(
+        self, bucket: BucketPlan, flat: torch.Tensor, in_target: bool
+    ) -> list[tuple[str, torch.Tensor]]:
+        """The bucket's (name, tensor) pairs. Parameters with a target are copied into it
+        here, all in one multi-tensor copy, and their pair carries the target itself: a copy
+        per parameter by the consumer cost more host time than the GPU needed for them."""
+        pairs = [(p.name, flat[p.offset : p.offset + p.numel].view(p.shape)) for p in bucket.params]
+        if in_target:
+            return pairs  # received straight into its target: nothing to copy
+        copies = [(i, t) for i, (name, view) in enumerate(pairs)
+                  if (t := self._copy_target(name, view)) is not None]  # fmt: skip
+        if copies:
+            self.wrote_targets = True
+            torch._foreach_copy_([t for _, t in copies], [pairs[i][1] for i, _ in copies])
+            for i, t in copies:
+                pairs[i] = (pairs[i][0], t)
+        return pairs
+
+    def _copy_target(self, name: str, view: torch.Tensor) -> torch.Tensor | None:
+        t = self.targets.get(name)
+        if t is None or t.shape != view.shape or t.device != view.device:
+            return None
+        return t
+
     def _post(self, k: int) -> PendingBroadcast:
         bucket = self.manifest.buckets[k]
         target = self._target(bucket)
         if target is not None:
             self.wrote_targets = True
+            self._landed.add(k)
             flat = target.detach().view(-1)
         else:
             flat = self.group.staging(k % self.group.pipeline_depth, bucket.numel, bucket.dtype)

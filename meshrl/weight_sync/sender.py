@@ -119,17 +119,25 @@ def _fill(
     slot: int,
 ) -> torch.Tensor | None:
     """Takes the bucket's parameters from the stream and packs them (``group`` None: only
-    drains them). Returns the flat tensor to broadcast, (``bucket.numel``,)."""
-    flat = None
-    for p in bucket.params:
-        tensor = take_param(params, p)
-        if group is None:
-            continue
-        if len(bucket.params) == 1 and _sendable_as_is(tensor, bucket, group.device):
-            return tensor.view(-1)
-        if flat is None:
-            flat = group.staging(slot, bucket.numel, bucket.dtype)
-        flat[p.offset : p.offset + p.numel].view(tensor.shape).copy_(tensor)  # casts
+    drains them). Returns the flat tensor to broadcast, (``bucket.numel``,).
+
+    The bucket's tensors are taken first and packed by one multi-tensor copy (which also
+    casts): a copy per parameter cost more host time than the GPU needs to move them, and
+    the broadcasts waited on the host (about 290 copies for a 0.5B model). So a bucket's
+    full parameters are held at once: at most ``bucket_size_mb`` in the wire dtype, twice
+    that from float32 masters.
+    """
+    tensors = [take_param(params, p) for p in bucket.params]
+    if group is None:
+        return None
+    if len(tensors) == 1 and _sendable_as_is(tensors[0], bucket, group.device):
+        return tensors[0].view(-1)
+    flat = group.staging(slot, bucket.numel, bucket.dtype)
+    places = [
+        flat[p.offset : p.offset + p.numel].view(t.shape)
+        for p, t in zip(bucket.params, tensors, strict=True)
+    ]
+    torch._foreach_copy_(places, tensors)  # casts to the wire dtype where they differ
     return flat
 
 

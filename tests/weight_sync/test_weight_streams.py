@@ -121,8 +121,37 @@ def test_single_parameter_buckets_land_in_the_callers_tensors(pair):
     assert stream.wrote_targets
     assert torch.equal(targets["embed"], params["embed"])  # received in place ...
     assert got["embed"][0] == targets["embed"].data_ptr()  # ... and handed out as itself
-    assert torch.equal(targets["head"], torch.zeros(7, 8, dtype=torch.bfloat16))  # wrong dtype
-    assert all(torch.equal(got[n][1], params[n]) for n in params)
+    # A target of another dtype cannot take the broadcast: the bucket is cast into it.
+    assert torch.equal(targets["head"], params["head"].bfloat16())
+    assert got["head"][0] == targets["head"].data_ptr()
+    assert all(torch.equal(got[n][1], params[n].to(got[n][1].dtype)) for n in params)
+
+
+def test_parameters_sharing_a_bucket_are_copied_into_their_targets_as_it_arrives(pair):
+    # One multi-tensor copy a bucket instead of one copy per parameter by the consumer (its
+    # host time held the broadcasts up). Names without a target still come as views.
+    params = _params()
+    targets = {"wt": torch.zeros(4, 6), "bias": torch.zeros(5, dtype=torch.bfloat16)}
+    sender, receiver = pair
+    named = [(n, tuple(t.shape)) for n, t in params.items()]
+    manifest = WeightManifest(1, plan_buckets(named, torch.float32, 1 << 20), sender.group_id)
+    assert len(manifest.buckets) == 1  # all five share it
+    stream = WeightReceiver(receiver, manifest, targets)
+    got = {}
+    thread = threading.Thread(
+        target=lambda: got.update({n: (t.data_ptr(), t.clone()) for n, t in stream})
+    )
+    thread.start()
+    send_weights(sender, iter(params.items()), manifest)
+    thread.join(30)
+    assert stream.wrote_targets
+    assert torch.equal(targets["wt"], params["wt"])  # a transposed view sent, rows kept
+    assert torch.equal(targets["bias"], params["bias"].bfloat16())  # cast on the way in
+    assert {n for n in got if got[n][0] in (t.data_ptr() for t in targets.values())} == {
+        "wt",
+        "bias",
+    }
+    assert all(torch.equal(got[n][1], params[n].to(got[n][1].dtype)) for n in params)
 
 
 def test_a_sender_on_another_version_is_refused_before_any_bucket(pair):
