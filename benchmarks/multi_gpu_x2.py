@@ -70,7 +70,7 @@ def _device(kind: str, rank: int) -> str:
 def sync_worker(rank: int, args, port: int, queue) -> None:
     from meshrl.weight_sync.buckets import plan_buckets
     from meshrl.weight_sync.group import WeightGroup
-    from meshrl.weight_sync.receiver import receive_weights
+    from meshrl.weight_sync.receiver import receive_weights, sync_header
     from meshrl.weight_sync.sender import send_weights
     from meshrl.weight_sync.types import GroupSpec, WeightManifest
 
@@ -92,6 +92,8 @@ def sync_worker(rank: int, args, port: int, queue) -> None:
     spec = GroupSpec(transport, "127.0.0.1", port, 2, rank, 120.0, "x2")
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, wait_for_workers=False)
     group = WeightGroup.join(spec, store)
+    if args.depth:
+        group.pipeline_depth = args.depth
     total = sum(p.numel() for _, p in named)
     flat = torch.empty(total, dtype=torch.bfloat16, device=device)
 
@@ -114,14 +116,37 @@ def sync_worker(rank: int, args, port: int, queue) -> None:
             torch.cuda.synchronize()
         return time.perf_counter() - start
 
+    # Where a sync's time goes beyond the raw broadcast: the same bytes in the manifest's
+    # buckets (all in flight at once, no packing), and the header's round trip alone.
+    bucket_flats = [torch.empty(b.numel, dtype=b.dtype, device=device) for b in manifest.buckets]
+
+    def raw_buckets_once() -> float:
+        start = time.perf_counter()
+        for pending in [group.broadcast_async(t, src=0) for t in bucket_flats]:
+            pending.wait()
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    def header_once() -> float:
+        start = time.perf_counter()
+        header = sync_header(manifest.version if rank == 0 else -1, group.device)
+        group.broadcast(header, src=0)
+        int(header[0])  # the receiver reads it on the host before it touches its model
+        return time.perf_counter() - start
+
+    calls = {"sync": sync_once, "raw": raw_once, "raw_buckets": raw_buckets_once,
+             "header": header_once}  # fmt: skip
     for _ in range(2):  # warm-up: NCCL communicators, allocator
-        sync_once()
-        raw_once()
-    syncs, raws = [], []
-    for _ in range(args.reps):  # interleaved, so drift hits both alike
-        syncs.append(sync_once())
-        raws.append(raw_once())
+        for call in calls.values():
+            call()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(args.reps):  # interleaved, so drift hits all alike
+        for name, call in calls.items():
+            times[name].append(call())
+    syncs, raws = times["sync"], times["raw"]
     if args.profile_dir:  # one more sync under the profiler, each rank its own trace
+        raw_once()  # both ranks leave this together: the traces start aligned
         _profiled(sync_once, args.device, Path(args.profile_dir) / f"sync_rank{rank}.json")
     if rank == 1:  # received weights equal the sender's (same seed builds the same model)
         ref = build_model(args.small, torch.bfloat16, device)
@@ -131,11 +156,14 @@ def sync_worker(rank: int, args, port: int, queue) -> None:
                 "bytes": total * 2,
                 "sync_s": statistics.median(syncs),
                 "raw_broadcast_s": statistics.median(raws),
+                "raw_bucketed_broadcasts_s": statistics.median(times["raw_buckets"]),
+                "header_s": statistics.median(times["header"]),
                 "weights_equal": ok,
                 "params": total,
                 "buckets": len(manifest.buckets),
                 "bucket_mb": args.bucket_mb,
                 "in_place": args.in_place,
+                "pipeline_depth": group.pipeline_depth,
             }
         )
     group.close()
@@ -233,6 +261,9 @@ def main() -> None:
         action="store_true",
         help="receive single-parameter buckets into the model's tensors, as the rollout "
         "server does (WeightReceiver targets)",
+    )
+    parser.add_argument(
+        "--depth", type=int, default=0, help="staging buffers in flight (0: the group's own)"
     )
     parser.add_argument("--sync-only", action="store_true", help="skip the FSDP2 loss check")
     parser.add_argument(
