@@ -77,10 +77,12 @@ def sync_worker(rank: int, args, port: int, queue) -> None:
     device = _device(args.device, rank)
     transport = "nccl" if args.device == "cuda" else "gloo"
     model = build_model(args.small, torch.bfloat16, device)
-    if rank == 0:  # the actor's weights differ from the freshly built ones the rollout holds
-        with torch.no_grad():
-            for p in model.parameters():
-                p.mul_(2)  # exact in bf16
+    # Each sync sends new weights: the sender's are the built ones times 2**k at its k-th
+    # sync (exact in bf16), and the receiver checks after every sync that it holds them:
+    # a bucket copied out before it arrived would leave the previous sync's values.
+    ref = build_model(args.small, torch.bfloat16, device) if rank == 1 else None
+    syncs_done = 0
+    mismatches = 0
     named = list(model.named_parameters())
     by_name = dict(named)
     bucket_bytes = args.bucket_mb * 1024 * 1024
@@ -135,7 +137,21 @@ def sync_worker(rank: int, args, port: int, queue) -> None:
         int(header[0])  # the receiver reads it on the host before it touches its model
         return time.perf_counter() - start
 
-    calls = {"sync": sync_once, "raw": raw_once, "raw_buckets": raw_buckets_once,
+    def checked_sync() -> float:
+        nonlocal syncs_done, mismatches
+        syncs_done += 1
+        if rank == 0:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.mul_(2)
+        seconds = sync_once()
+        if rank == 1:
+            scale = 2.0**syncs_done
+            pairs = zip(model.parameters(), ref.parameters(), strict=True)
+            mismatches += not all(torch.equal(p, q * scale) for p, q in pairs)
+        return seconds
+
+    calls = {"sync": checked_sync, "raw": raw_once, "raw_buckets": raw_buckets_once,
              "header": header_once}  # fmt: skip
     for _ in range(2):  # warm-up: NCCL communicators, allocator
         for call in calls.values():
@@ -147,10 +163,8 @@ def sync_worker(rank: int, args, port: int, queue) -> None:
     syncs, raws = times["sync"], times["raw"]
     if args.profile_dir:  # one more sync under the profiler, each rank its own trace
         raw_once()  # both ranks leave this together: the traces start aligned
-        _profiled(sync_once, args.device, Path(args.profile_dir) / f"sync_rank{rank}.json")
-    if rank == 1:  # received weights equal the sender's (same seed builds the same model)
-        ref = build_model(args.small, torch.bfloat16, device)
-        ok = all(torch.equal(p, 2 * q) for (_, p), q in zip(named, ref.parameters(), strict=True))
+        _profiled(checked_sync, args.device, Path(args.profile_dir) / f"sync_rank{rank}.json")
+    if rank == 1:
         queue.put(
             {
                 "bytes": total * 2,
@@ -158,7 +172,8 @@ def sync_worker(rank: int, args, port: int, queue) -> None:
                 "raw_broadcast_s": statistics.median(raws),
                 "raw_bucketed_broadcasts_s": statistics.median(times["raw_buckets"]),
                 "header_s": statistics.median(times["header"]),
-                "weights_equal": ok,
+                "weights_equal": mismatches == 0,
+                "syncs_checked": syncs_done,
                 "params": total,
                 "buckets": len(manifest.buckets),
                 "bucket_mb": args.bucket_mb,

@@ -80,7 +80,10 @@ class WeightReceiver:
         try:
             arriving = deque(self._post(k) for k in range(min(depth, len(buckets))))
             for k, bucket in enumerate(buckets):
-                flat = arriving.popleft().wait()
+                # On a GPU only the last wait blocks the host: the copies out of a bucket
+                # are ordered after its arrival on the stream, and a failure on the way
+                # surfaces at the last wait (which every sync reaches).
+                flat = arriving.popleft().wait(block=k == len(buckets) - 1)
                 yield from self._unpack(bucket, flat, in_target=k in self._landed)
                 # Resumed: bucket k's tensors are copied, its buffer takes bucket k + depth.
                 if k + depth < len(buckets):

@@ -63,9 +63,11 @@ def send_weights(
             except WeightGroupError as e:
                 failure = e
         for k, bucket in enumerate(manifest.buckets):
-            # Bucket k's staging slot last held bucket k - depth: that one must have left.
+            # Bucket k's staging slot last held bucket k - depth: that one must have left
+            # before the slot is packed again (on a GPU: the packing waits for it there,
+            # not the host).
             while failure is None and len(in_flight) >= depth:
-                failure = _settle(in_flight.popleft())
+                failure = _settle(in_flight.popleft(), block=False)
             flat = _fill(member if failure is None else None, bucket, params, slot=k % depth)
             if flat is None:
                 continue
@@ -89,12 +91,13 @@ def send_weights(
     return (manifest.nbytes if member is not None else 0), time.perf_counter() - start
 
 
-def _settle(pending: PendingBroadcast | None) -> WeightGroupError | None:
-    """Waits for a broadcast in flight; returns its error instead of raising it."""
+def _settle(pending: PendingBroadcast | None, block: bool = True) -> WeightGroupError | None:
+    """Waits for a broadcast in flight (see PendingBroadcast.wait); returns its error
+    instead of raising it."""
     if pending is None:
         return None
     try:
-        pending.wait()
+        pending.wait(block)
     except WeightGroupError as e:
         return e
     return None
