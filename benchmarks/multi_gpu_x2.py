@@ -74,6 +74,8 @@ def sync_worker(rank: int, args, port: int, queue) -> None:
     from meshrl.weight_sync.sender import send_weights
     from meshrl.weight_sync.types import GroupSpec, WeightManifest
 
+    if args.waits != "stream":
+        _use_waits(args.waits)
     device = _device(args.device, rank)
     transport = "nccl" if args.device == "cuda" else "gloo"
     model = build_model(args.small, torch.bfloat16, device)
@@ -137,6 +139,8 @@ def sync_worker(rank: int, args, port: int, queue) -> None:
         int(header[0])  # the receiver reads it on the host before it touches its model
         return time.perf_counter() - start
 
+    tick = torch.zeros(1, device=device)
+
     def checked_sync() -> float:
         nonlocal syncs_done, mismatches
         syncs_done += 1
@@ -144,6 +148,9 @@ def sync_worker(rank: int, args, port: int, queue) -> None:
             with torch.no_grad():
                 for p in model.parameters():
                     p.mul_(2)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        group.broadcast(tick, src=0)  # both ranks start the timed sync together
         seconds = sync_once()
         if rank == 1:
             scale = 2.0**syncs_done
@@ -179,9 +186,33 @@ def sync_worker(rank: int, args, port: int, queue) -> None:
                 "bucket_mb": args.bucket_mb,
                 "in_place": args.in_place,
                 "pipeline_depth": group.pipeline_depth,
+                "waits": args.waits,
             }
         )
     group.close()
+
+
+def _use_waits(kind: str) -> None:
+    """Swaps meshrl's bucket waits for an A/B: "polled" blocks the host at every bucket
+    (polling at a fine grain), "backend" takes ProcessGroupNCCL's own blocking wait with
+    a timeout (its 1 ms sleeps; what meshrl did before)."""
+    from datetime import timedelta
+
+    from meshrl.weight_sync import group as group_module
+
+    meshrl_wait = group_module.PendingBroadcast.wait
+
+    def polled(self, block: bool = True):
+        return meshrl_wait(self, True)
+
+    def backend(self, block: bool = True):
+        try:
+            self._work.wait(timedelta(seconds=self._group.spec.timeout_s))
+        except Exception as e:  # noqa: BLE001
+            raise self._group._failed(self.tensor, e) from e
+        return self.tensor
+
+    group_module.PendingBroadcast.wait = polled if kind == "polled" else backend
 
 
 def _profiled(call, device: str, path: Path) -> None:
@@ -279,6 +310,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--depth", type=int, default=0, help="staging buffers in flight (0: the group's own)"
+    )
+    parser.add_argument(
+        "--waits",
+        default="stream",
+        choices=["stream", "polled", "backend"],
+        help="bucket waits: meshrl's (stream), blocking polled, or the backend's (A/B)",
     )
     parser.add_argument("--sync-only", action="store_true", help="skip the FSDP2 loss check")
     parser.add_argument(
