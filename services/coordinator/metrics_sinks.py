@@ -1,4 +1,5 @@
-"""Where step metrics go: the console (one line per step), a JSONL file, TensorBoard."""
+"""Where step metrics go: the console (one line per step), a JSONL file, TensorBoard,
+Weights & Biases."""
 
 from __future__ import annotations
 
@@ -63,6 +64,34 @@ class TensorBoardSink:
         self.writer.close()
 
 
+class WandbSink:
+    """A Weights & Biases run (verl's ``wandb`` logger): project ``trainer.project_name``,
+    name ``trainer.experiment_name``, the resolved config; its files under the run folder
+    (``$WANDB_DIR`` wins). Online or offline as ``$WANDB_MODE`` says (offline needs no
+    network; ``wandb sync`` uploads later). Needs the ``wandb`` package.
+
+    Steps must grow: after a recovery rewinds a run, wandb drops the re-run steps' metrics
+    with a warning (metrics.jsonl keeps them)."""
+
+    def __init__(self, project: str, name: str, config: dict, run_dir: Path):
+        import wandb  # only when this logger is on
+
+        where = os.environ.get("WANDB_DIR") or str(run_dir)
+        Path(where).mkdir(parents=True, exist_ok=True)
+        # One run object each: a coordinator service runs several at once in one process.
+        self.run = wandb.init(
+            project=project, name=name, config=config, dir=where, reinit="create_new"
+        )
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        # Committed at once (one call a step): a crash must not take the last step with it.
+        finite = {k: v for k, v in metrics.items() if math.isfinite(v)}
+        self.run.log(finite, step=step, commit=True)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
 def tensorboard_dir(run_dir: Path, project: str, experiment: str) -> Path:
     """``<run folder>/tensorboard``; with verl's ``TENSORBOARD_DIR`` set,
     ``$TENSORBOARD_DIR/<project>/<experiment>``: one folder a run, so that the runs of one
@@ -73,14 +102,20 @@ def tensorboard_dir(run_dir: Path, project: str, experiment: str) -> Path:
     return Path(root).absolute() / project / experiment
 
 
-def file_sinks(trainer: TrainerConfig, run_dir: Path) -> list[MetricsSink]:
-    """The sinks of ``trainer.logger`` that write files in (or for) the run folder."""
+def file_sinks(
+    trainer: TrainerConfig, run_dir: Path, config: dict | None = None
+) -> list[MetricsSink]:
+    """The sinks of ``trainer.logger`` that write files in (or for) the run folder;
+    ``config``: the resolved run config, which a wandb run records."""
     sinks: list[MetricsSink] = []
     if "jsonl" in trainer.logger:
         sinks.append(JsonlSink(Path(run_dir) / "metrics.jsonl"))
     if "tensorboard" in trainer.logger:
         where = tensorboard_dir(run_dir, trainer.project_name, trainer.experiment_name)
         sinks.append(TensorBoardSink(where))
+    if "wandb" in trainer.logger:
+        name, project = trainer.experiment_name, trainer.project_name
+        sinks.append(WandbSink(project, name, config or {}, Path(run_dir)))
     return sinks
 
 

@@ -34,11 +34,12 @@ def check_run_config(cfg: RunConfig) -> None:
             "critic or pick a critic-free estimator (grpo, rloo, reinforce_plus_plus, "
             "reinforce_plus_plus_baseline, remax)"
         )
-    if "tensorboard" in cfg.trainer.logger and importlib.util.find_spec("tensorboard") is None:
-        raise ConfigError(
-            "trainer.logger includes tensorboard, but the tensorboard package is not installed "
-            "where the coordinator runs: pip install 'meshrl[tensorboard]' (or tensorboard)"
-        )
+    for logger in ("tensorboard", "wandb"):
+        if logger in cfg.trainer.logger and importlib.util.find_spec(logger) is None:
+            raise ConfigError(
+                f"trainer.logger includes {logger}, but the {logger} package is not installed "
+                f"where the coordinator runs: pip install 'meshrl[{logger}]' (or {logger})"
+            )
     if cfg.trainer.val_only and not cfg.data.val_files:
         raise ConfigError(
             "trainer.val_only=true validates and stops, but data.val_files is empty: name the "

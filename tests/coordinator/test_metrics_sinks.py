@@ -1,4 +1,5 @@
-"""Metric sinks: TensorBoard event files a user opens with `tensorboard --logdir`."""
+"""Metric sinks: TensorBoard event files a user opens with `tensorboard --logdir`, and
+Weights & Biases runs (offline here: no network)."""
 
 from __future__ import annotations
 
@@ -52,16 +53,53 @@ def test_file_sinks_follow_trainer_logger_and_tensorboard_dir(tmp_path, monkeypa
     assert file_sinks(trainer(["console"]), tmp_path) == []
 
 
-def test_tensorboard_without_its_package_is_refused_at_start(monkeypatch):
-    cfg = build_config({}, ["trainer.logger=[console,tensorboard]"])
+@pytest.mark.parametrize("logger", ["tensorboard", "wandb"])
+def test_a_logger_without_its_package_is_refused_at_start(monkeypatch, logger):
+    cfg = build_config({}, [f"trainer.logger=[console,{logger}]"])
     check_run_config(cfg)  # installed here
     real = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util,
         "find_spec",
-        lambda name, *a: None if name == "tensorboard" else real(name, *a),
+        lambda name, *a: None if name == logger else real(name, *a),
     )
-    with pytest.raises(
-        ConfigError, match=r"trainer.logger includes tensorboard.*meshrl\[tensorboard\]"
-    ):
+    with pytest.raises(ConfigError, match=rf"trainer.logger includes {logger}.*meshrl\[{logger}\]"):
         check_run_config(cfg)
+
+
+@pytest.fixture
+def offline_wandb(monkeypatch):
+    pytest.importorskip("wandb")  # the dev extra installs it
+    monkeypatch.setenv("WANDB_MODE", "offline")  # no network, as in CI; `wandb sync` later
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    yield
+    import wandb
+
+    wandb.teardown()  # its service process, which would outlive the test otherwise
+
+
+def test_wandb_sink_makes_an_offline_run_of_the_experiment(tmp_path, offline_wandb):
+    from services.coordinator.metrics_sinks import WandbSink
+
+    sink = WandbSink("proj", "exp", {"data": {"train_batch_size": 4}}, tmp_path)
+    sink.log(1, {"critic/score/mean": 0.25, "actor/pg_loss": float("nan")})
+    sink.log(2, {"critic/score/mean": 0.5})
+    run = sink.run
+    assert (run.project, run.name) == ("proj", "exp")
+    assert run.config["data"] == {"train_batch_size": 4}
+    assert run.summary["critic/score/mean"] == 0.5
+    assert "actor/pg_loss" not in run.summary.keys()  # the NaN is left out, as for TensorBoard
+    sink.close()
+    (record,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")  # in the run folder
+    assert record.stat().st_size > 0
+
+
+def test_file_sinks_start_a_wandb_run_under_wandb_dir(tmp_path, offline_wandb, monkeypatch):
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
+    overrides = ["trainer.logger=[wandb]", "trainer.project_name=p", "trainer.experiment_name=e"]
+    (sink,) = file_sinks(build_config({}, overrides).trainer, tmp_path / "run", {"k": 1})
+    assert sink.run.config["k"] == 1
+    sink.close()
+    assert list((tmp_path / "wb").glob("wandb/offline-run-*/run-*.wandb"))
+    assert not (tmp_path / "run").exists()
