@@ -74,7 +74,7 @@ def sync_worker(rank: int, args, port: int, queue) -> None:
     from meshrl.weight_sync.sender import send_weights
     from meshrl.weight_sync.types import GroupSpec, WeightManifest
 
-    if args.waits != "stream":
+    if args.waits != "meshrl":
         _use_waits(args.waits)
     device = _device(args.device, rank)
     transport = "nccl" if args.device == "cuda" else "gloo"
@@ -193,26 +193,34 @@ def sync_worker(rank: int, args, port: int, queue) -> None:
 
 
 def _use_waits(kind: str) -> None:
-    """Swaps meshrl's bucket waits for an A/B: "polled" blocks the host at every bucket
-    (polling at a fine grain), "backend" takes ProcessGroupNCCL's own blocking wait with
-    a timeout (its 1 ms sleeps; what meshrl did before)."""
+    """Swaps meshrl's bucket waits (ProcessGroupNCCL's blocking wait with a timeout, which
+    polls completion in 1 ms sleeps) for an A/B of two alternatives that were measured and
+    not adopted (docs/benchmarks.md, "Two GPUs", eleventh session):
+
+    - "polled": still blocking, but polling completion from 20 us up;
+    - "stream": never blocking the host, only ordering the current stream after the
+      broadcast (the benchmark's final synchronize waits for it all). meshrl does not do
+      this: every bucket would then be posted at once, so the NCCL timeout would bound the
+      whole sync, and a failed bucket would be copied into the model as garbage.
+    """
     from datetime import timedelta
 
     from meshrl.weight_sync import group as group_module
 
-    meshrl_wait = group_module.PendingBroadcast.wait
-
-    def polled(self, block: bool = True):
-        return meshrl_wait(self, True)
-
-    def backend(self, block: bool = True):
-        try:
-            self._work.wait(timedelta(seconds=self._group.spec.timeout_s))
-        except Exception as e:  # noqa: BLE001
-            raise self._group._failed(self.tensor, e) from e
+    def polled(self):
+        deadline = time.monotonic() + self._group.spec.timeout_s
+        delay = 2e-5
+        while not self._work.is_completed() and time.monotonic() < deadline:
+            time.sleep(delay)
+            delay = min(delay * 2, 1e-3)
+        self._work.wait(timedelta(seconds=max(deadline - time.monotonic(), 1e-3)))
         return self.tensor
 
-    group_module.PendingBroadcast.wait = polled if kind == "polled" else backend
+    def stream(self):
+        self._work.wait()  # no timeout: the current stream waits, the host goes on
+        return self.tensor
+
+    group_module.PendingBroadcast.wait = polled if kind == "polled" else stream
 
 
 def _profiled(call, device: str, path: Path) -> None:
@@ -313,9 +321,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--waits",
-        default="stream",
-        choices=["stream", "polled", "backend"],
-        help="bucket waits: meshrl's (stream), blocking polled, or the backend's (A/B)",
+        default="meshrl",
+        choices=["meshrl", "polled", "stream"],
+        help="bucket waits: meshrl's, or one of two alternatives for an A/B (see _use_waits)",
     )
     parser.add_argument("--sync-only", action="store_true", help="skip the FSDP2 loss check")
     parser.add_argument(

@@ -10,12 +10,15 @@ ports out on its own, and checked free by a bind. Callers still handle the rare 
 
 from __future__ import annotations
 
+import errno
 import random
 import socket
 from pathlib import Path
 
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-LOWEST_PORT = 10000  # below this live well-known services (databases, dev servers, ...)
+LOWEST_PORT = 20000
+"""Below: well-known services (databases, dev servers) and Ray's default worker ports
+(10002-19999), which Ray hands out on its own."""
 ATTEMPTS = 64
 
 # Seeded from the OS, not from `random.seed` a test or a run may have set: two processes
@@ -33,11 +36,14 @@ def ephemeral_range() -> tuple[int, int] | None:
 
 
 def _binds(host: str, port: int) -> bool:
+    """False when the port is taken; any other failure (an unknown host) is raised."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind((host, port))
-        except OSError:
-            return False
+        except OSError as e:
+            if e.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            raise
     return True
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 from datetime import timedelta
 
 import torch
@@ -160,45 +159,17 @@ class PendingBroadcast:
         self._work = work
         self.tensor = tensor  # referenced until done: the collective writes or reads it
 
-    def wait(self, block: bool = True) -> torch.Tensor:
-        """Returns the tensor once moved (``block``), or once later work on the current
-        CUDA stream is ordered after the move (``block=False`` on an NCCL group: the host
-        goes on at once; a gloo group always blocks).
-
-        Why not the backend's own blocking wait: with a timeout, ProcessGroupNCCL polls
-        completion in 1 ms sleeps, and a sync of a few buckets paid about a millisecond
-        for each (two H200s: docs/benchmarks.md, "Two GPUs"). Here completion is polled
-        at a finer grain, then the backend's wait surfaces any error.
+    def wait(self) -> torch.Tensor:
+        """Returns the tensor once moved.
 
         Raises:
-            WeightGroupError: a peer died or the timeout passed (only where the wait
-                blocks; a failure behind a non-blocking wait surfaces at the next blocking
-                one, which a sync always ends with).
+            WeightGroupError: a peer died or the timeout passed.
         """
-        timeout = timedelta(seconds=self._group.spec.timeout_s)
         try:
-            if self._group.device.type == "cpu":
-                self._work.wait(timeout)
-            else:
-                if block:
-                    _poll_until_complete(self._work, timeout.total_seconds())
-                self._work.wait()  # the current stream waits on it; raises a failure seen
+            self._work.wait(timedelta(seconds=self._group.spec.timeout_s))
         except Exception as e:  # noqa: BLE001 - gloo/NCCL raise RuntimeError or DistError
             raise self._group._failed(self.tensor, e) from e
         return self.tensor
-
-
-def _poll_until_complete(work, timeout_s: float) -> None:
-    """Waits for an NCCL work on the host: polls from 20 us, backing off to 1 ms; past
-    ``timeout_s``, the backend's own blocking wait decides (it raises the timeout)."""
-    deadline = time.monotonic() + timeout_s
-    delay = 2e-5
-    while not work.is_completed():
-        if time.monotonic() > deadline:
-            work.wait(timedelta(seconds=1))
-            return
-        time.sleep(delay)
-        delay = min(delay * 2, 1e-3)
 
 
 def _check_transport(transport: str) -> None:

@@ -80,10 +80,7 @@ class WeightReceiver:
         try:
             arriving = deque(self._post(k) for k in range(min(depth, len(buckets))))
             for k, bucket in enumerate(buckets):
-                # On a GPU only the last wait blocks the host: the copies out of a bucket
-                # are ordered after its arrival on the stream, and a failure on the way
-                # surfaces at the last wait (which every sync reaches).
-                flat = arriving.popleft().wait(block=k == len(buckets) - 1)
+                flat = arriving.popleft().wait()
                 yield from self._unpack(bucket, flat, in_target=k in self._landed)
                 # Resumed: bucket k's tensors are copied, its buffer takes bucket k + depth.
                 if k + depth < len(buckets):
@@ -113,7 +110,7 @@ class WeightReceiver:
         t = self.targets.get(name)
         if t is None or t.shape != view.shape or t.device != view.device:
             return None
-        return t
+        return t.detach()  # a caller's parameter may require grad: written as data
 
     def _post(self, k: int) -> PendingBroadcast:
         bucket = self.manifest.buckets[k]

@@ -63,11 +63,9 @@ def send_weights(
             except WeightGroupError as e:
                 failure = e
         for k, bucket in enumerate(manifest.buckets):
-            # Bucket k's staging slot last held bucket k - depth: that one must have left
-            # before the slot is packed again (on a GPU: the packing waits for it there,
-            # not the host).
+            # Bucket k's staging slot last held bucket k - depth: that one must have left.
             while failure is None and len(in_flight) >= depth:
-                failure = _settle(in_flight.popleft(), block=False)
+                failure = _settle(in_flight.popleft())
             flat = _fill(member if failure is None else None, bucket, params, slot=k % depth)
             if flat is None:
                 continue
@@ -91,13 +89,12 @@ def send_weights(
     return (manifest.nbytes if member is not None else 0), time.perf_counter() - start
 
 
-def _settle(pending: PendingBroadcast | None, block: bool = True) -> WeightGroupError | None:
-    """Waits for a broadcast in flight (see PendingBroadcast.wait); returns its error
-    instead of raising it."""
+def _settle(pending: PendingBroadcast | None) -> WeightGroupError | None:
+    """Waits for a broadcast in flight; returns its error instead of raising it."""
     if pending is None:
         return None
     try:
-        pending.wait(block)
+        pending.wait()
     except WeightGroupError as e:
         return e
     return None
@@ -130,9 +127,11 @@ def _fill(
     full parameters are held at once: at most ``bucket_size_mb`` in the wire dtype, twice
     that from float32 masters.
     """
-    tensors = [take_param(params, p) for p in bucket.params]
-    if group is None:
+    if group is None:  # drive the gathers only; hold nothing
+        for p in bucket.params:
+            take_param(params, p)
         return None
+    tensors = [take_param(params, p) for p in bucket.params]
     if len(tensors) == 1 and _sendable_as_is(tensors[0], bucket, group.device):
         return tensors[0].view(-1)
     flat = group.staging(slot, bucket.numel, bucket.dtype)

@@ -38,7 +38,7 @@ class RoleCallError(RuntimeError):
         if self.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
             hint = (
                 f" (a message over a gRPC size limit, {MAX_MESSAGE_BYTES >> 20} MiB in this "
-                "process: lower data.train_batch_size or rollout.n, or raise "
+                "process: lower data.train_batch_size (data.gen_batch_size) or rollout.n, or raise "
                 "MESHRL_GRPC_MAX_MESSAGE_MB on every process of the run)"
             )
         super().__init__(f"{service} at {address} failed during {method}: {code}: {details}{hint}")

@@ -60,6 +60,13 @@ def check_run_config(cfg: RunConfig) -> None:
             "algorithm.filter_groups.enable=true, or drop data.gen_batch_size (verl would "
             f"train on all {gen} prompts)"
         )
+    fg = cfg.algorithm.filter_groups
+    if fg.enable and 0 < fg.max_num_gen_batches and (gen or train) * fg.max_num_gen_batches < train:
+        raise ConfigError(
+            f"data.gen_batch_size={gen} x algorithm.filter_groups.max_num_gen_batches="
+            f"{fg.max_num_gen_batches} prompts are fewer than data.train_batch_size={train}: "
+            "every step would fail; raise either"
+        )
     if cfg.algorithm.filter_groups.enable:
         n = cfg.actor_rollout_ref.rollout.n
         if n < 2:

@@ -210,6 +210,13 @@ def test_run_config_checks():
     check_run_config(
         build_config({}, [*on, "actor_rollout_ref.rollout.n=4", "data.gen_batch_size=768"])
     )
+    # ten generation batches of 16 can never keep 256 prompts: refused, not failed at step 1
+    too_few = [*on, "actor_rollout_ref.rollout.n=4", "data.gen_batch_size=16"]
+    with pytest.raises(ConfigError, match=r"gen_batch_size=16 x .*max_num_gen_batches=10 "
+                       r"prompts are fewer than data.train_batch_size=256"):  # fmt: skip
+        check_run_config(build_config({}, too_few))
+    unlimited = "algorithm.filter_groups.max_num_gen_batches=0"
+    check_run_config(build_config({}, [*too_few, unlimited]))
     # without dynamic sampling a generation batch is the training batch
     check_run_config(build_config({}, ["data.gen_batch_size=256"]))
     with pytest.raises(ConfigError, match=r"data.gen_batch_size=768 differs from "

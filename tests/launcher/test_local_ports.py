@@ -116,14 +116,21 @@ def test_a_foreign_server_on_the_port_is_not_taken_for_ours(tmp_path):
 def test_free_ports_come_from_below_the_range_the_os_hands_out_itself():
     # A port-0 bind elsewhere (torchrun's rendezvous, gloo, a client) cannot take ours
     # between `free_port()` and the server's bind: the OS only gives out ephemeral ports.
-    if ports.ephemeral_range() is None:
-        pytest.skip("no /proc/sys/net/ipv4/ip_local_port_range (not Linux)")
-    low, _ = ports.ephemeral_range()
+    rng = ports.ephemeral_range()
+    if rng is None or rng[0] - ports.LOWEST_PORT < 1000:
+        pytest.skip(f"no room below the ephemeral range here ({rng}): the OS picks")
+    low, _ = rng
     picked = {ports.free_port() for _ in range(20)}
     assert all(ports.LOWEST_PORT <= p < low for p in picked)
     assert len(picked) > 1  # drawn at random, not one fixed port for every process
     with socket.socket() as s:
         s.bind(("127.0.0.1", picked.pop()))  # and it was free
+
+
+def test_free_port_names_a_host_it_cannot_bind_at_once():
+    # only a taken port is tried again; an address that is not this machine's is an error
+    with pytest.raises(OSError):
+        ports.free_port("192.0.2.1")  # TEST-NET-1: never a local address
 
 
 def test_free_port_falls_back_to_the_os_pick_where_the_range_is_unknown(monkeypatch, tmp_path):

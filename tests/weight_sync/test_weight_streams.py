@@ -131,7 +131,11 @@ def test_parameters_sharing_a_bucket_are_copied_into_their_targets_as_it_arrives
     # One multi-tensor copy a bucket instead of one copy per parameter by the consumer (its
     # host time held the broadcasts up). Names without a target still come as views.
     params = _params()
-    targets = {"wt": torch.zeros(4, 6), "bias": torch.zeros(5, dtype=torch.bfloat16)}
+    # a model's own parameters require grad: written as data all the same
+    targets = {
+        "wt": torch.nn.Parameter(torch.zeros(4, 6)),
+        "bias": torch.zeros(5, dtype=torch.bfloat16),
+    }
     sender, receiver = pair
     named = [(n, tuple(t.shape)) for n, t in params.items()]
     manifest = WeightManifest(1, plan_buckets(named, torch.float32, 1 << 20), sender.group_id)
