@@ -104,12 +104,12 @@ def test_a_closed_group_refuses_to_broadcast(pair):
         sender.broadcast(torch.zeros(1))
 
 
-def test_single_parameter_buckets_land_in_the_callers_tensors(pair):
-    params = _params()
-    targets = {"embed": torch.zeros(40, 8), "head": torch.zeros(7, 8, dtype=torch.bfloat16)}
+def _sync_into(pair, params, targets, bucket_bytes):
+    """One float32 sync received with ``targets``: (receiver, {name: (data_ptr, copy)})
+    of what the receiver handed out."""
     sender, receiver = pair
     named = [(n, tuple(t.shape)) for n, t in params.items()]
-    manifest = WeightManifest(1, plan_buckets(named, torch.float32, 128), sender.group_id)
+    manifest = WeightManifest(1, plan_buckets(named, torch.float32, bucket_bytes), sender.group_id)
     stream = WeightReceiver(receiver, manifest, targets)
     got = {}
     thread = threading.Thread(
@@ -118,6 +118,13 @@ def test_single_parameter_buckets_land_in_the_callers_tensors(pair):
     thread.start()
     send_weights(sender, iter(params.items()), manifest)
     thread.join(30)
+    return stream, manifest, got
+
+
+def test_single_parameter_buckets_land_in_the_callers_tensors(pair):
+    params = _params()
+    targets = {"embed": torch.zeros(40, 8), "head": torch.zeros(7, 8, dtype=torch.bfloat16)}
+    stream, _, got = _sync_into(pair, params, targets, bucket_bytes=128)
     assert stream.wrote_targets
     assert torch.equal(targets["embed"], params["embed"])  # received in place ...
     assert got["embed"][0] == targets["embed"].data_ptr()  # ... and handed out as itself
@@ -136,18 +143,8 @@ def test_parameters_sharing_a_bucket_are_copied_into_their_targets_as_it_arrives
         "wt": torch.nn.Parameter(torch.zeros(4, 6)),
         "bias": torch.zeros(5, dtype=torch.bfloat16),
     }
-    sender, receiver = pair
-    named = [(n, tuple(t.shape)) for n, t in params.items()]
-    manifest = WeightManifest(1, plan_buckets(named, torch.float32, 1 << 20), sender.group_id)
+    stream, manifest, got = _sync_into(pair, params, targets, bucket_bytes=1 << 20)
     assert len(manifest.buckets) == 1  # all five share it
-    stream = WeightReceiver(receiver, manifest, targets)
-    got = {}
-    thread = threading.Thread(
-        target=lambda: got.update({n: (t.data_ptr(), t.clone()) for n, t in stream})
-    )
-    thread.start()
-    send_weights(sender, iter(params.items()), manifest)
-    thread.join(30)
     assert stream.wrote_targets
     assert torch.equal(targets["wt"], params["wt"])  # a transposed view sent, rows kept
     assert torch.equal(targets["bias"], params["bias"].bfloat16())  # cast on the way in
