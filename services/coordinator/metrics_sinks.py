@@ -4,12 +4,15 @@ Weights & Biases."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from pathlib import Path
 from typing import Protocol
 
 from meshrl.config.schema import TrainerConfig
+
+log = logging.getLogger(__name__)
 
 CONSOLE_KEYS = [
     ("critic/score/mean", "score"),
@@ -108,15 +111,28 @@ def file_sinks(
     """The sinks of ``trainer.logger`` that write files in (or for) the run folder;
     ``config``: the resolved run config, which a wandb run records."""
     sinks: list[MetricsSink] = []
-    if "jsonl" in trainer.logger:
-        sinks.append(JsonlSink(Path(run_dir) / "metrics.jsonl"))
-    if "tensorboard" in trainer.logger:
-        where = tensorboard_dir(run_dir, trainer.project_name, trainer.experiment_name)
-        sinks.append(TensorBoardSink(where))
-    if "wandb" in trainer.logger:
-        name, project = trainer.experiment_name, trainer.project_name
-        sinks.append(WandbSink(project, name, config or {}, Path(run_dir)))
+    try:
+        if "jsonl" in trainer.logger:
+            sinks.append(JsonlSink(Path(run_dir) / "metrics.jsonl"))
+        if "tensorboard" in trainer.logger:
+            where = tensorboard_dir(run_dir, trainer.project_name, trainer.experiment_name)
+            sinks.append(TensorBoardSink(where))
+        if "wandb" in trainer.logger:
+            name, project = trainer.experiment_name, trainer.project_name
+            sinks.append(WandbSink(project, name, config or {}, Path(run_dir)))
+    except BaseException:
+        close_sinks(sinks)  # those made before the one that failed
+        raise
     return sinks
+
+
+def close_sinks(sinks: list[MetricsSink]) -> None:
+    """Closes each sink; one that fails to close does not keep the others open."""
+    for sink in sinks:
+        try:
+            sink.close()
+        except Exception as e:  # noqa: BLE001 - closing is best effort, each on its own
+            log.warning("could not close the metrics sink %s: %s", type(sink).__name__, e)
 
 
 class ConsoleSink:

@@ -34,7 +34,7 @@ from services.coordinator.clients import (
     TrainerClient,
 )
 from services.coordinator.generations import generations_dir
-from services.coordinator.metrics_sinks import ConsoleSink, MetricsSink, file_sinks
+from services.coordinator.metrics_sinks import ConsoleSink, MetricsSink, close_sinks, file_sinks
 from services.coordinator.plot import plot_metrics
 from services.coordinator.ppo_step import PPOStep, Roles, WeightSyncFailed
 from services.coordinator.preflight import check_data_sources, load_tokenizer
@@ -481,8 +481,7 @@ class PPORun:
         self._stop.set()
 
     def close(self) -> None:
-        for sink in self.sinks:
-            sink.close()
+        close_sinks(self.sinks)
         if self.cfg.trainer.plot and (self.run_dir / "metrics.jsonl").exists():
             try:
                 plot_metrics(self.run_dir / "metrics.jsonl", self.run_dir / "metrics.png")

@@ -23,7 +23,7 @@ import yaml
 from meshrl.config import ConfigError, RunConfig, build_config, config_to_yaml
 from meshrl.data.errors import DataError
 from meshrl.rpc.security import SecuritySettings
-from services.coordinator.metrics_sinks import ConsoleSink, MetricsSink, file_sinks
+from services.coordinator.metrics_sinks import ConsoleSink, MetricsSink, close_sinks, file_sinks
 from services.coordinator.preflight import check_run_config
 from services.coordinator.run_types import RunEvent, RunState, RunStatus
 
@@ -173,7 +173,12 @@ class ManagedRun:
             if self.stop_requested.is_set():
                 return RunState.STOPPED, "stopped before the first step"
             restarter = self.launcher if hasattr(self.launcher, "dead_roles") else None
-            self.ppo = self.make_ppo(self.cfg, endpoints, self.run_dir, self._sinks(), restarter)
+            sinks = self._sinks()
+            try:
+                self.ppo = self.make_ppo(self.cfg, endpoints, self.run_dir, sinks, restarter)
+            except BaseException:
+                close_sinks(sinks)  # the files, and a wandb run, that no run will close
+                raise
             try:
                 return self._train()
             finally:

@@ -103,3 +103,45 @@ def test_file_sinks_start_a_wandb_run_under_wandb_dir(tmp_path, offline_wandb, m
     sink.close()
     assert list((tmp_path / "wb").glob("wandb/offline-run-*/run-*.wandb"))
     assert not (tmp_path / "run").exists()
+
+
+def test_sinks_made_before_one_that_fails_are_closed(tmp_path, monkeypatch):
+    from services.coordinator import metrics_sinks
+
+    closed = []
+    real_close = JsonlSink.close
+    monkeypatch.setattr(JsonlSink, "close", lambda self: closed.append(self) or real_close(self))
+
+    def no_board(log_dir):
+        raise OSError(f"cannot write {log_dir}")
+
+    monkeypatch.setattr(metrics_sinks, "TensorBoardSink", no_board)
+    trainer = build_config({}, ["trainer.logger=[jsonl,tensorboard]"]).trainer
+    with pytest.raises(OSError, match="cannot write"):
+        file_sinks(trainer, tmp_path)
+    assert len(closed) == 1 and closed[0].file.closed
+
+
+def test_a_run_that_cannot_be_made_closes_its_sinks(tmp_path, monkeypatch):
+    # e.g. a wandb run started for it would otherwise stay open in the coordinator service
+    from services.coordinator.run_manager import ManagedRun
+
+    closed = []
+    real_close = JsonlSink.close
+    monkeypatch.setattr(JsonlSink, "close", lambda self: closed.append(self) or real_close(self))
+
+    class Launcher:
+        def start(self):
+            return "endpoints"
+
+        def stop(self):
+            pass
+
+    def make_ppo(*args):
+        raise RuntimeError("no PPO run")
+
+    cfg = build_config({}, [f"trainer.default_local_dir={tmp_path}"])
+    run = ManagedRun("r1", cfg, tmp_path, Launcher(), make_ppo)
+    with pytest.raises(RuntimeError, match="no PPO run"):
+        run._run()
+    assert len(closed) == 1 and closed[0].file.closed
