@@ -44,6 +44,7 @@ from meshrl.algorithms.metrics import explained_variance, masked_stats
 from meshrl.algorithms.overlong import overlong_penalty
 from meshrl.algorithms.policy_loss import (
     PolicyLoss,
+    gspo_policy_loss,
     ppo_policy_loss,
     rollout_mismatch_metrics,
     truncated_is_weights,
@@ -89,6 +90,7 @@ __all__ = [
     "masked_whiten",
     "place_on_last_token",
     "ppo_policy_loss",
+    "gspo_policy_loss",
     "reinforce_plus_plus_advantages",
     "reinforce_plus_plus_baseline_advantages",
     "remax_advantages",

@@ -1,5 +1,5 @@
-"""PPO clipped policy-gradient loss with dual clip, and truncated importance sampling
-for the rollout-engine / trainer log-prob mismatch.
+"""PPO clipped policy-gradient loss with dual clip, GSPO's sequence-level variant, and
+truncated importance sampling for the rollout-engine / trainer log-prob mismatch.
 
 Sign convention: the loss is *minimised*; a positive advantage lowers the loss when
 the token's probability rises.
@@ -15,7 +15,13 @@ from torch import Tensor
 from meshrl.algorithms.aggregation import aggregate_loss
 from meshrl.algorithms.masked import masked_mean, valid_positions
 
-__all__ = ["PolicyLoss", "ppo_policy_loss", "rollout_mismatch_metrics", "truncated_is_weights"]
+__all__ = [
+    "PolicyLoss",
+    "gspo_policy_loss",
+    "ppo_policy_loss",
+    "rollout_mismatch_metrics",
+    "truncated_is_weights",
+]
 
 
 class PolicyLoss(NamedTuple):
@@ -120,6 +126,70 @@ def ppo_policy_loss(
         loss=loss,
         clipfrac=masked_mean(clip_taken.to(pg.dtype), mask).detach(),
         clipfrac_lower=masked_mean(dual_taken.to(pg.dtype), mask).detach(),
+        approx_kl=masked_mean(-log_ratio, mask).detach(),
+    )
+
+
+def gspo_policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    global_seq_count: Tensor | float | None = None,
+    is_weights: Tensor | None = None,
+) -> PolicyLoss:
+    """GSPO's clipped objective (Zheng et al. 2025, "Group Sequence Policy Optimization";
+    verl ``policy_loss.loss_mode=gspo``): the importance ratio of a response is the
+    geometric mean of its tokens' ratios, clipped once for the whole response.
+
+    Per response ``i`` (GSPO-token form, which gives every token the gradient of its own
+    log-prob scaled by the response's ratio)::
+
+        log s_i   = mean over i's valid tokens of (logprobs - old_logprobs)
+        s_i,t     = exp(min(sg[log s_i] + logprobs_t - sg[logprobs_t], 10))   (value: s_i)
+        pg_t      = max(-A_t * s_i,t, -A_t * clip(s_i,t, 1 - low, 1 + high))
+        pg_t      = pg_t * is_weights_t                                       if given
+
+    aggregated ``seq-mean-token-mean`` whatever ``loss_agg_mode`` says (as verl), so that
+    each response weighs the same. No dual clip. The paper's clip ranges are tiny (3e-4 and
+    4e-4), as a sequence ratio moves far less than a token's.
+
+    Args:
+        logprobs: ``(b, t)`` current log-probs (with grad).
+        old_logprobs: ``(b, t)`` log-probs of the policy that generated the batch.
+        advantages: ``(b, t)`` advantages (sequence-level estimators broadcast them).
+        mask: ``(b, t)`` response mask; a response is whole within one call.
+        clip_ratio_low: ``epsilon_low``.
+        clip_ratio_high: ``epsilon_high``.
+        global_seq_count: mini-batch response count for micro-batch accumulation.
+        is_weights: ``(b, t)`` per-token weights (truncated importance sampling); detached.
+
+    Returns:
+        :class:`PolicyLoss`: ``clipfrac`` the fraction of valid tokens whose response was
+        clipped, ``clipfrac_lower`` 0, ``approx_kl`` the token-level k1 as for PPO.
+    """
+    valid = valid_positions(mask, logprobs)
+    log_ratio = _where_valid(logprobs - old_logprobs, valid)
+    lengths = valid.sum(dim=-1).clamp(min=1)
+    seq_log_ratio = (log_ratio.sum(dim=-1) / lengths).detach()  # (b,)
+    own = _where_valid(logprobs, valid)
+    ratio = (own - own.detach() + seq_log_ratio.unsqueeze(-1)).clamp(max=10.0).exp()
+    adv = _where_valid(advantages, valid)
+
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    pg = torch.maximum(unclipped, clipped)
+    if is_weights is not None:
+        pg = pg * _where_valid(is_weights.detach(), valid)
+
+    loss = aggregate_loss(pg, mask, "seq-mean-token-mean", global_seq_count=global_seq_count)
+    return PolicyLoss(
+        loss=loss,
+        clipfrac=masked_mean((clipped > unclipped).to(pg.dtype), mask).detach(),
+        clipfrac_lower=torch.zeros((), dtype=pg.dtype, device=pg.device),
         approx_kl=masked_mean(-log_ratio, mask).detach(),
     )
 

@@ -102,6 +102,14 @@ class OptimConfig(Section):
     """Steps the schedule spans; None = the run's total steps."""
 
 
+class PolicyLossConfig(Section):
+    loss_mode: Literal["vanilla", "gspo"] = "vanilla"
+    """vanilla: PPO's clipped token ratio with dual clip; gspo: GSPO's sequence ratio
+    (the geometric mean of a response's token ratios, clipped once, aggregated
+    seq-mean-token-mean whatever loss_agg_mode says; Zheng et al. 2025). GSPO's clip
+    ranges are tiny: the paper takes clip_ratio_low=3e-4, clip_ratio_high=4e-4."""
+
+
 class ActorConfig(Section):
     strategy: Literal["fsdp2"] = "fsdp2"
     """Parallelism of the trainer ranks (FSDP2 `fully_shard`)."""
@@ -144,6 +152,8 @@ class ActorConfig(Section):
     """Max global gradient norm."""
     tis_imp_ratio_cap: float = -1.0
     """Truncated importance sampling cap on π_old/π_rollout; -1 = off."""
+    policy_loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
+    """Which policy objective (verl's `actor_rollout_ref.actor.policy_loss`)."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
     """Optimizer of the actor."""
 

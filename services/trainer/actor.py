@@ -13,6 +13,7 @@ from torch.profiler import record_function
 from meshrl.algorithms.aggregation import aggregate_loss
 from meshrl.algorithms.kl import kl_penalty
 from meshrl.algorithms.policy_loss import (
+    gspo_policy_loss,
     ppo_policy_loss,
     rollout_mismatch_metrics,
     truncated_is_weights,
@@ -43,6 +44,7 @@ class PolicyLossSettings:
     kl_loss_coef: float
     kl_loss_type: str
     tis_imp_ratio_cap: float
+    loss_mode: str  # vanilla (PPO) or gspo
     loss_width: int  # response columns of the loss: Dr. GRPO's constant T (max_response_length)
 
     @staticmethod
@@ -58,6 +60,7 @@ class PolicyLossSettings:
             kl_loss_coef=a.kl_loss_coef,
             kl_loss_type=a.kl_loss_type,
             tis_imp_ratio_cap=a.tis_imp_ratio_cap,
+            loss_mode=a.policy_loss.loss_mode,
             loss_width=cfg.data.max_response_length,
         )
 
@@ -231,18 +234,18 @@ class ActorRole(TrainedRole):
         mask = widen(packed.response_mask, width)
 
         counts = {"global_token_count": mini.token_count, "global_seq_count": mini.seq_count}
-        pg = ppo_policy_loss(
-            logprobs,
-            old_logprobs,
-            advantages,
-            mask,
-            clip_ratio_low=cfg.clip_ratio_low,
-            clip_ratio_high=cfg.clip_ratio_high,
-            clip_ratio_c=cfg.clip_ratio_c,
-            loss_agg_mode=cfg.loss_agg_mode,
-            is_weights=is_weights,
-            **counts,
-        )
+        clip = {"clip_ratio_low": cfg.clip_ratio_low, "clip_ratio_high": cfg.clip_ratio_high}
+        if cfg.loss_mode == "gspo":
+            pg = gspo_policy_loss(
+                logprobs, old_logprobs, advantages, mask, **clip,
+                global_seq_count=mini.seq_count, is_weights=is_weights,
+            )  # fmt: skip
+        else:
+            pg = ppo_policy_loss(
+                logprobs, old_logprobs, advantages, mask, **clip,
+                clip_ratio_c=cfg.clip_ratio_c, loss_agg_mode=cfg.loss_agg_mode,
+                is_weights=is_weights, **counts,
+            )  # fmt: skip
         entropy_agg = aggregate_loss(entropy, mask, cfg.loss_agg_mode, **counts)
         loss = pg.loss - cfg.entropy_coeff * entropy_agg
         # This micro-batch's share of the mini-batch's tokens turns its token means into

@@ -1,4 +1,4 @@
-"""PPO clipped policy loss with dual clip, truncated IS weights, mismatch metrics."""
+"""PPO clipped policy loss with dual clip, GSPO, truncated IS weights, mismatch metrics."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from meshrl.algorithms.aggregation import LOSS_AGG_MODES, aggregate_loss
 from meshrl.algorithms.masked import masked_mean
 from meshrl.algorithms.policy_loss import (
+    gspo_policy_loss,
     ppo_policy_loss,
     rollout_mismatch_metrics,
     truncated_is_weights,
@@ -155,3 +156,78 @@ def test_rollout_mismatch_metrics():
     )
     empty = rollout_mismatch_metrics(old, rollout, torch.zeros(2, 2))
     assert set(empty.values()) == {0.0} and len(empty) == 3
+
+
+# --- GSPO: one ratio a response ------------------------------------------------------------
+
+
+def _gspo_by_hand(logp, old, adv, mask, low, high):
+    """Per response: s = exp(mean log ratio); pg_t = max(-A_t s, -A_t clip(s)); the mean
+    over each response's tokens, then over responses."""
+    total = 0.0
+    for i in range(mask.shape[0]):
+        valid = mask[i].bool()
+        s = math.exp((logp[i][valid] - old[i][valid]).mean().item())
+        pg = [max(-a * s, -a * min(max(s, 1 - low), 1 + high)) for a in adv[i][valid].tolist()]
+        total += sum(pg) / len(pg)
+    return total / mask.shape[0]
+
+
+def test_gspo_by_hand_and_its_gradient():
+    logp = LOGP.clone().requires_grad_(True)
+    adv = torch.nan_to_num(ADV)
+    out = gspo_policy_loss(logp, OLD, ADV, MASK, clip_ratio_low=0.2, clip_ratio_high=0.2)
+    assert out.loss.item() == pytest.approx(_gspo_by_hand(LOGP, OLD, adv, MASK, 0.2, 0.2))
+    assert out.clipfrac_lower.item() == 0.0  # no dual clip
+    out.loss.backward()
+    # row 0: s = (1.5 * 0.5 * 1.5) ** (1/3) = 1.04 is inside the clip range, so each token
+    # gets -A_t * s / (|y| * N_seq); row 1 (A = -1, s = 5): -A * 5 = 5 beats -A * 1.2, so the
+    # unclipped branch wins (no dual clip in GSPO) and the gradient is -A * 5 / (1 * 3)
+    s0 = (1.5 * 0.5 * 1.5) ** (1 / 3)
+    want0 = [-a * s0 / (3 * 3) for a in (1.0, 1.0, -1.0)]
+    torch.testing.assert_close(logp.grad[0, :3], torch.tensor(want0, dtype=D))
+    assert logp.grad[1, 0].item() == pytest.approx(5.0 / 3)
+    assert not torch.isnan(logp.grad).any()  # the padding's garbage stays out
+
+
+def test_gspo_clips_a_whole_response_at_once():
+    # one response whose ratio left the (tiny) clip range upwards with A > 0: every token of
+    # it is clipped and gets no gradient; the other, inside the range, trains
+    old = torch.zeros(2, 3, dtype=D)
+    logp = torch.tensor([[0.01, 0.02, 0.0], [0.0, 0.0, 0.0]], dtype=D, requires_grad=True)
+    mask = torch.ones(2, 3, dtype=D)
+    adv = torch.ones(2, 3, dtype=D)
+    out = gspo_policy_loss(logp, old, adv, mask, clip_ratio_low=3e-4, clip_ratio_high=4e-4)
+    out.loss.backward()
+    assert out.clipfrac.item() == pytest.approx(0.5)
+    assert torch.equal(logp.grad[0], torch.zeros(3, dtype=D))
+    assert (logp.grad[1] < 0).all()
+
+
+def test_gspo_on_one_token_responses_is_ppo_without_dual_clip():
+    # a response of one token: its sequence ratio is its token ratio
+    g = torch.Generator().manual_seed(0)
+    old = torch.randn(6, 1, generator=g, dtype=D)
+    logp = old + 0.3 * torch.randn(6, 1, generator=g, dtype=D)
+    adv = torch.randn(6, 1, generator=g, dtype=D)
+    mask = torch.ones(6, 1, dtype=D)
+    gspo = gspo_policy_loss(logp, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.28)
+    ppo = ppo_policy_loss(
+        logp, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None,
+        loss_agg_mode="seq-mean-token-mean",
+    )  # fmt: skip
+    assert gspo.loss.item() == pytest.approx(ppo.loss.item())
+    assert gspo.clipfrac.item() == pytest.approx(ppo.clipfrac.item())
+
+
+def test_gspo_micro_batches_sum_to_the_mini_batch():
+    half = [slice(0, 1), slice(1, 3)]
+    whole = gspo_policy_loss(LOGP, OLD, ADV, MASK, clip_ratio_low=0.2, clip_ratio_high=0.2)
+    parts = sum(
+        gspo_policy_loss(
+            LOGP[r], OLD[r], ADV[r], MASK[r], clip_ratio_low=0.2, clip_ratio_high=0.2,
+            global_seq_count=3,
+        ).loss.item()
+        for r in half
+    )  # fmt: skip
+    assert parts == pytest.approx(whole.loss.item())

@@ -25,6 +25,7 @@ EXPECTED = {
     "reinforce_plus_plus.yaml": ["actor/reward_kl_penalty"],
     # ReMax: the REINFORCE++ example with the greedy-rollout baseline instead
     "reinforce_plus_plus.yaml+remax": ["timing_s/gen_max"],
+    "gspo.yaml": ["actor/pg_clipfrac"],
     "dapo.yaml": [
         "train/num_gen_batches",
         "train/kept_prompts_ratio",

@@ -353,3 +353,34 @@ def test_actor_lr_schedule_starts_at_its_first_update_after_critic_warmup(world,
     values = critic.compute_values(batch)
     metrics = critic.update_value(batch, values, values, global_step=1)
     assert metrics["critic/lr"] == pytest.approx(1e-2 / 4)
+
+
+def test_gspo_first_update_is_ppo_at_ratio_one_and_accumulates_like_one_micro_batch(
+    world, tiny_model_dir
+):
+    # On-policy (one epoch, one mini-batch) every ratio is 1: GSPO's gradient is then
+    # vanilla PPO's under seq-mean-token-mean. Later epochs are off-policy, where the two
+    # differ; there the split into micro-batches must still not change the update.
+    batch = make_batch(8, seed=5)
+    one_step = ["actor_rollout_ref.actor.ppo_mini_batch_size=4"]  # prompts: all 8 rows
+    gspo = ["actor_rollout_ref.actor.policy_loss.loss_mode=gspo"]
+    vanilla = ["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"]
+
+    def update(overrides):
+        actor = ActorRole.build(trainer_config(tiny_model_dir, overrides), world)
+        old, _ = actor.compute_log_probs(batch)
+        adv = old.with_values(torch.linspace(-1, 1, old.values.numel()))
+        metrics = actor.update_policy(batch, old, adv, None, None, global_step=1)
+        return metrics, _params(actor)
+
+    (_, p_gspo), (_, p_ppo) = update([*one_step, *gspo]), update([*one_step, *vanilla])
+    for name in p_gspo:
+        torch.testing.assert_close(p_gspo[name], p_ppo[name], atol=1e-6, rtol=0)
+    two_epochs = ["actor_rollout_ref.actor.ppo_epochs=2", *gspo]
+    m_big, p_big = update([*two_epochs, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"])
+    m_small, p_small = update(
+        [*two_epochs, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"]
+    )
+    assert m_big["actor/pg_loss"] == pytest.approx(m_small["actor/pg_loss"], abs=1e-5)
+    for name in p_big:
+        torch.testing.assert_close(p_big[name], p_small[name], atol=1e-5, rtol=0)
