@@ -73,8 +73,13 @@ class WandbSink:
     (``$WANDB_DIR`` wins). Online or offline as ``$WANDB_MODE`` says (offline needs no
     network; ``wandb sync`` uploads later). Needs the ``wandb`` package.
 
-    Steps must grow: after a recovery rewinds a run, wandb drops the re-run steps' metrics
-    with a warning (metrics.jsonl keeps them)."""
+    Charts are drawn against ``training/global_step``, not wandb's own step: wandb's step
+    may only grow, so the steps a recovery runs again (after rewinding to a checkpoint)
+    would be dropped; on this axis they are kept, as metrics.jsonl keeps them. The
+    console is not captured: a coordinator service runs several runs in one process, and
+    each run would record all of their output."""
+
+    STEP = "training/global_step"
 
     def __init__(self, project: str, name: str, config: dict, run_dir: Path):
         import wandb  # only when this logger is on
@@ -83,13 +88,20 @@ class WandbSink:
         Path(where).mkdir(parents=True, exist_ok=True)
         # One run object each: a coordinator service runs several at once in one process.
         self.run = wandb.init(
-            project=project, name=name, config=config, dir=where, reinit="create_new"
+            project=project,
+            name=name,
+            config=config,
+            dir=where,
+            reinit="create_new",
+            settings=wandb.Settings(console="off"),
         )
+        self.run.define_metric(self.STEP)
+        self.run.define_metric("*", step_metric=self.STEP)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        # Committed at once (one call a step): a crash must not take the last step with it.
+        # One call a step, committed at once: a crash must not take the last step with it.
         finite = {k: v for k, v in metrics.items() if math.isfinite(v)}
-        self.run.log(finite, step=step, commit=True)
+        self.run.log({**finite, self.STEP: step})
 
     def close(self) -> None:
         self.run.finish()

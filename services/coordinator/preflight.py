@@ -11,12 +11,15 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections import Counter
 from pathlib import Path
 
 from meshrl.config.loader import ConfigError
 from meshrl.config.schema import ModelConfig, RunConfig
 from meshrl.data.errors import DataError
+
+log = logging.getLogger(__name__)
 
 ANY_SOURCE = "*"
 """What the reward server lists when it scores every data_source (custom function, RM)."""
@@ -35,7 +38,7 @@ def check_run_config(cfg: RunConfig) -> None:
             "reinforce_plus_plus_baseline, remax)"
         )
     for logger in ("tensorboard", "wandb"):
-        if logger in cfg.trainer.logger and importlib.util.find_spec(logger) is None:
+        if logger in cfg.trainer.logger and not _installed(logger):
             raise ConfigError(
                 f"trainer.logger includes {logger}, but the {logger} package is not installed "
                 f"where the coordinator runs: pip install 'meshrl[{logger}]' (or {logger})"
@@ -60,6 +63,18 @@ def check_run_config(cfg: RunConfig) -> None:
             "algorithm.filter_groups.enable=true, or drop data.gen_batch_size (verl would "
             f"train on all {gen} prompts)"
         )
+    actor = cfg.actor_rollout_ref.actor
+    if actor.policy_loss.loss_mode == "gspo" and None in (
+        actor.clip_ratio_low,
+        actor.clip_ratio_high,
+    ):
+        log.warning(
+            "policy_loss.loss_mode=gspo clips a response's ratio at clip_ratio_low / "
+            "clip_ratio_high, here %s / %s (unset ones fall back to clip_ratio); GSPO's "
+            "paper takes 3e-4 / 4e-4, as a sequence ratio moves far less than a token's",
+            actor.clip_ratio_low or actor.clip_ratio,
+            actor.clip_ratio_high or actor.clip_ratio,
+        )
     fg = cfg.algorithm.filter_groups
     if fg.enable and 0 < fg.max_num_gen_batches and (gen or train) * fg.max_num_gen_batches < train:
         raise ConfigError(
@@ -80,6 +95,14 @@ def check_run_config(cfg: RunConfig) -> None:
                 "greedy baseline is generated for the step's prompts before any are filtered; "
                 "pick grpo, rloo or another estimator"
             )
+
+
+def _installed(package: str) -> bool:
+    """Whether ``package`` can be imported. A bare folder of that name on the path (wandb's
+    own output folder, ``./wandb``, in the working directory) is found as a namespace
+    package without an origin: that is not the package."""
+    spec = importlib.util.find_spec(package)
+    return spec is not None and spec.origin is not None
 
 
 def load_tokenizer(model: ModelConfig):

@@ -161,33 +161,57 @@ def test_rollout_mismatch_metrics():
 # --- GSPO: one ratio a response ------------------------------------------------------------
 
 
-def _gspo_by_hand(logp, old, adv, mask, low, high):
-    """Per response: s = exp(mean log ratio); pg_t = max(-A_t s, -A_t clip(s)); the mean
-    over each response's tokens, then over responses."""
-    total = 0.0
-    for i in range(mask.shape[0]):
+def _gspo_by_hand(logp, old, adv, mask, low, high, weights=None):
+    """(loss, gradient wrt logp) written out per response: s = exp(min(mean log ratio, 10));
+    pg_t = w_t * max(-A_t s, -A_t clip(s)); the mean over each response's tokens, then over
+    responses. d pg_t / d logp_t = -w_t A_t s where the unclipped term wins, else 0."""
+    n, total = mask.shape[0], 0.0
+    grad = torch.zeros(mask.shape, dtype=D)
+    for i in range(n):
         valid = mask[i].bool()
-        s = math.exp((logp[i][valid] - old[i][valid]).mean().item())
-        pg = [max(-a * s, -a * min(max(s, 1 - low), 1 + high)) for a in adv[i][valid].tolist()]
-        total += sum(pg) / len(pg)
-    return total / mask.shape[0]
+        s = math.exp(min((logp[i][valid] - old[i][valid]).mean().item(), 10.0))
+        w = [1.0] * int(valid.sum()) if weights is None else weights[i][valid].tolist()
+        cols = valid.nonzero().flatten().tolist()
+        row = 0.0
+        for col, a, w_t in zip(cols, adv[i][valid].tolist(), w, strict=True):
+            unclipped, clipped = -a * s, -a * min(max(s, 1 - low), 1 + high)
+            row += w_t * max(unclipped, clipped)
+            grad[i, col] = -w_t * a * s / (len(cols) * n) if unclipped >= clipped else 0.0
+        total += row / len(cols)
+    return total / n, grad
 
 
 def test_gspo_by_hand_and_its_gradient():
-    logp = LOGP.clone().requires_grad_(True)
+    # rows: s = (1.5 * 0.5 * 1.5) ** (1/3) = 1.04 (inside the range); s = 5 with A = -1
+    # (the unclipped term wins: no dual clip); s = (0.5 * 1 * 2 * 1.1) ** (1/4) = 1.02 with
+    # the advantage varying token by token. Garbage under padding, in logp and in old.
+    old = OLD.clone()
+    old[0, 3] = old[1, 1:] = float("inf")
+    weights = torch.tensor([[0.5, 1.0, 2.0, 9.0], [1.0, 9.0, 9.0, 9.0], [1.0, 0.5, 1.0, 1.5]])
     adv = torch.nan_to_num(ADV)
-    out = gspo_policy_loss(logp, OLD, ADV, MASK, clip_ratio_low=0.2, clip_ratio_high=0.2)
-    assert out.loss.item() == pytest.approx(_gspo_by_hand(LOGP, OLD, adv, MASK, 0.2, 0.2))
+    for w in (None, weights.to(D)):
+        logp = LOGP.clone().requires_grad_(True)
+        out = gspo_policy_loss(
+            logp, old, ADV, MASK, clip_ratio_low=0.2, clip_ratio_high=0.2, is_weights=w
+        )
+        loss, grad = _gspo_by_hand(LOGP, OLD, adv, MASK, 0.2, 0.2, w)
+        assert out.loss.item() == pytest.approx(loss)
+        out.loss.backward()
+        torch.testing.assert_close(logp.grad, grad)  # 0 under padding, never NaN
     assert out.clipfrac_lower.item() == 0.0  # no dual clip
+    ratio = torch.tensor(RATIO, dtype=D)
+    assert out.approx_kl.item() == pytest.approx(masked_mean(-ratio.log(), MASK).item())
+
+
+def test_gspo_caps_the_sequence_log_ratio_at_10():
+    old = torch.zeros(1, 2, dtype=D)
+    logp = torch.full((1, 2), 12.0, dtype=D, requires_grad=True)
+    adv = torch.ones(1, 2, dtype=D)
+    out = gspo_policy_loss(logp, old, -adv, torch.ones(1, 2, dtype=D), clip_ratio_low=0.2,
+                           clip_ratio_high=0.2)  # fmt: skip
+    assert out.loss.item() == pytest.approx(math.exp(10.0))  # not exp(12)
     out.loss.backward()
-    # row 0: s = (1.5 * 0.5 * 1.5) ** (1/3) = 1.04 is inside the clip range, so each token
-    # gets -A_t * s / (|y| * N_seq); row 1 (A = -1, s = 5): -A * 5 = 5 beats -A * 1.2, so the
-    # unclipped branch wins (no dual clip in GSPO) and the gradient is -A * 5 / (1 * 3)
-    s0 = (1.5 * 0.5 * 1.5) ** (1 / 3)
-    want0 = [-a * s0 / (3 * 3) for a in (1.0, 1.0, -1.0)]
-    torch.testing.assert_close(logp.grad[0, :3], torch.tensor(want0, dtype=D))
-    assert logp.grad[1, 0].item() == pytest.approx(5.0 / 3)
-    assert not torch.isnan(logp.grad).any()  # the padding's garbage stays out
+    assert torch.equal(logp.grad, torch.zeros(1, 2, dtype=D))  # past the cap: no gradient
 
 
 def test_gspo_clips_a_whole_response_at_once():

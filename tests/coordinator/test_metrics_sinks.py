@@ -3,6 +3,7 @@ Weights & Biases runs (offline here: no network)."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 
 import pytest
@@ -67,6 +68,25 @@ def test_a_logger_without_its_package_is_refused_at_start(monkeypatch, logger):
         check_run_config(cfg)
 
 
+def test_a_wandb_folder_in_the_working_directory_is_not_the_package(tmp_path, monkeypatch):
+    # wandb writes ./wandb by default: found on the path, it is a namespace package
+    (tmp_path / "wandb").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(  # as on a machine without the package, with the folder on the path
+        importlib.util,
+        "find_spec",
+        lambda name, *a: (
+            importlib.machinery.PathFinder.find_spec(name, [str(tmp_path)])
+            if name == "wandb"
+            else real(name, *a)
+        ),
+    )
+    assert importlib.util.find_spec("wandb") is not None  # the folder, found
+    with pytest.raises(ConfigError, match=r"trainer.logger includes wandb"):
+        check_run_config(build_config({}, ["trainer.logger=[console,wandb]"]))
+
+
 @pytest.fixture
 def offline_wandb(monkeypatch):
     pytest.importorskip("wandb")  # the dev extra installs it
@@ -89,10 +109,17 @@ def test_wandb_sink_makes_an_offline_run_of_the_experiment(tmp_path, offline_wan
     assert (run.project, run.name) == ("proj", "exp")
     assert run.config["data"] == {"train_batch_size": 4}
     assert run.summary["critic/score/mean"] == 0.5
+    assert run.summary["training/global_step"] == 2  # the charts' step axis
     assert "actor/pg_loss" not in run.summary.keys()  # the NaN is left out, as for TensorBoard
+    # A recovery runs step 2 again: on wandb's own step it would be dropped; here it lands.
+    sink.log(2, {"critic/score/mean": 0.75})
+    assert run.summary["critic/score/mean"] == 0.75
+    print("a line of another run of the service")
     sink.close()
     (record,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")  # in the run folder
     assert record.stat().st_size > 0
+    # the console is not captured: each run of a service would record all runs' output
+    assert not list(tmp_path.glob("wandb/offline-run-*/files/output.log"))
 
 
 def test_file_sinks_start_a_wandb_run_under_wandb_dir(tmp_path, offline_wandb, monkeypatch):
