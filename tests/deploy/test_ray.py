@@ -106,8 +106,9 @@ def two_node_cluster(tmp_path_factory):
             f"--ray-client-server-port={free_port()}",
             f"--dashboard-agent-listen-port={free_port()}",
             f"--metrics-export-port={free_port()}",
-            "--min-worker-port=20000",
-            "--max-worker-port=20999",
+            # Ray's own default range (10002-19999), below the ports free_port() draws from
+            "--min-worker-port=12000",
+            "--max-worker-port=12999",
             *common,
             env=env,
         )
@@ -117,8 +118,8 @@ def two_node_cluster(tmp_path_factory):
             '--resources={"node2": 1}',
             f"--dashboard-agent-listen-port={free_port()}",
             f"--metrics-export-port={free_port()}",
-            "--min-worker-port=21000",
-            "--max-worker-port=21999",
+            "--min-worker-port=13000",
+            "--max-worker-port=13999",
             *common,
             env=env,
         )
