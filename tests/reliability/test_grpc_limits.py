@@ -71,8 +71,8 @@ def test_coordinator_error_for_an_oversized_batch_names_the_fix(small_limit_serv
     )
     assert message.endswith(
         "(a message over a gRPC size limit, 512 MiB in this process: lower "
-        "data.train_batch_size or rollout.n, or raise MESHRL_GRPC_MAX_MESSAGE_MB on every "
-        "process of the run)"
+        "data.train_batch_size (data.gen_batch_size) or rollout.n, or raise "
+        "MESHRL_GRPC_MAX_MESSAGE_MB on every process of the run)"
     )
 
 
