@@ -168,8 +168,8 @@ def gspo_policy_loss(
         is_weights: ``(b, t)`` per-token weights (truncated importance sampling); detached.
 
     Returns:
-        :class:`PolicyLoss`: ``clipfrac`` the fraction of valid tokens whose response was
-        clipped, ``clipfrac_lower`` 0, ``approx_kl`` the token-level k1 as for PPO.
+        :class:`PolicyLoss`: ``clipfrac`` the fraction of valid tokens where the clipped
+        term won (as for PPO), ``clipfrac_lower`` 0, ``approx_kl`` the token-level k1.
     """
     valid = valid_positions(mask, logprobs)
     log_ratio = _where_valid(logprobs - old_logprobs, valid)

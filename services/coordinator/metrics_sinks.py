@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Protocol
 
-from meshrl.config.schema import TrainerConfig
+from meshrl.config.schema import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -117,11 +117,10 @@ def tensorboard_dir(run_dir: Path, project: str, experiment: str) -> Path:
     return Path(root).absolute() / project / experiment
 
 
-def file_sinks(
-    trainer: TrainerConfig, run_dir: Path, config: dict | None = None
-) -> list[MetricsSink]:
-    """The sinks of ``trainer.logger`` that write files in (or for) the run folder;
-    ``config``: the resolved run config, which a wandb run records."""
+def file_sinks(cfg: RunConfig, run_dir: Path) -> list[MetricsSink]:
+    """The sinks of ``trainer.logger`` that write files in (or for) the run folder (a wandb
+    run records the resolved config as well)."""
+    trainer = cfg.trainer
     sinks: list[MetricsSink] = []
     try:
         if "jsonl" in trainer.logger:
@@ -131,7 +130,8 @@ def file_sinks(
             sinks.append(TensorBoardSink(where))
         if "wandb" in trainer.logger:
             name, project = trainer.experiment_name, trainer.project_name
-            sinks.append(WandbSink(project, name, config or {}, Path(run_dir)))
+            config = cfg.model_dump(mode="json")
+            sinks.append(WandbSink(project, name, config, Path(run_dir)))
     except BaseException:
         close_sinks(sinks)  # those made before the one that failed
         raise

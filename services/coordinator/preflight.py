@@ -55,8 +55,9 @@ def check_run_config(cfg: RunConfig) -> None:
             f"{cfg.data.max_response_length}: every response would be penalised; set it to at "
             "most the response limit (DAPO: a quarter of it)"
         )
+    fg = cfg.algorithm.filter_groups
     gen, train = cfg.data.gen_batch_size, cfg.data.train_batch_size
-    if gen not in (None, train) and not cfg.algorithm.filter_groups.enable:
+    if gen not in (None, train) and not fg.enable:
         raise ConfigError(
             f"data.gen_batch_size={gen} differs from data.train_batch_size={train}, but only "
             "dynamic sampling generates batches apart from the training batch: set "
@@ -75,14 +76,13 @@ def check_run_config(cfg: RunConfig) -> None:
             actor.clip_ratio_low or actor.clip_ratio,
             actor.clip_ratio_high or actor.clip_ratio,
         )
-    fg = cfg.algorithm.filter_groups
     if fg.enable and 0 < fg.max_num_gen_batches and (gen or train) * fg.max_num_gen_batches < train:
         raise ConfigError(
             f"data.gen_batch_size={gen} x algorithm.filter_groups.max_num_gen_batches="
             f"{fg.max_num_gen_batches} prompts are fewer than data.train_batch_size={train}: "
             "every step would fail; raise either"
         )
-    if cfg.algorithm.filter_groups.enable:
+    if fg.enable:
         n = cfg.actor_rollout_ref.rollout.n
         if n < 2:
             raise ConfigError(

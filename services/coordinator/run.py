@@ -150,7 +150,7 @@ class PPORun:
         sinks: list[MetricsSink] = []
         if "console" in self.cfg.trainer.logger:
             sinks.append(ConsoleSink(write=tqdm.write))
-        return sinks + file_sinks(self.cfg.trainer, self.run_dir, self.cfg.model_dump(mode="json"))
+        return sinks + file_sinks(self.cfg, self.run_dir)
 
     # --- set-up -----------------------------------------------------------------------
     def setup(self) -> None:

@@ -209,7 +209,7 @@ class ManagedRun:
     def _sinks(self) -> list[MetricsSink]:
         sinks: list[MetricsSink] = [
             _EventSink(self),
-            *file_sinks(self.cfg.trainer, self.run_dir, self.cfg.model_dump(mode="json")),
+            *file_sinks(self.cfg, self.run_dir),
         ]
         if "console" in self.cfg.trainer.logger:
             sinks.append(ConsoleSink(write=lambda line: log.info("[%s] %s", self.run_id, line)))

@@ -35,12 +35,12 @@ def test_tensorboard_sink_writes_each_finite_metric_at_its_step(tmp_path):
 
 
 def test_file_sinks_follow_trainer_logger_and_tensorboard_dir(tmp_path, monkeypatch):
-    def trainer(loggers):
+    def config(loggers):
         overrides = [f"trainer.logger=[{','.join(loggers)}]", "trainer.project_name=p"]
-        return build_config({}, [*overrides, "trainer.experiment_name=e"]).trainer
+        return build_config({}, [*overrides, "trainer.experiment_name=e"])
 
     monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
-    sinks = file_sinks(trainer(["console", "jsonl", "tensorboard"]), tmp_path)
+    sinks = file_sinks(config(["console", "jsonl", "tensorboard"]), tmp_path)
     assert [type(s) for s in sinks] == [JsonlSink, TensorBoardSink]
     assert sinks[1].log_dir == tmp_path / "tensorboard"
     for s in sinks:
@@ -48,10 +48,10 @@ def test_file_sinks_follow_trainer_logger_and_tensorboard_dir(tmp_path, monkeypa
     # verl's variable: one folder a run under it, so runs of one service never mix
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TENSORBOARD_DIR", "boards")
-    (sink,) = file_sinks(trainer(["tensorboard"]), tmp_path / "run")
+    (sink,) = file_sinks(config(["tensorboard"]), tmp_path / "run")
     assert sink.log_dir == tmp_path / "boards" / "p" / "e"
     sink.close()
-    assert file_sinks(trainer(["console"]), tmp_path) == []
+    assert file_sinks(config(["console"]), tmp_path) == []
 
 
 @pytest.mark.parametrize("logger", ["tensorboard", "wandb"])
@@ -125,8 +125,10 @@ def test_wandb_sink_makes_an_offline_run_of_the_experiment(tmp_path, offline_wan
 def test_file_sinks_start_a_wandb_run_under_wandb_dir(tmp_path, offline_wandb, monkeypatch):
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
     overrides = ["trainer.logger=[wandb]", "trainer.project_name=p", "trainer.experiment_name=e"]
-    (sink,) = file_sinks(build_config({}, overrides).trainer, tmp_path / "run", {"k": 1})
-    assert sink.run.config["k"] == 1
+    (sink,) = file_sinks(
+        build_config({}, [*overrides, "data.max_prompt_length=77"]), tmp_path / "run"
+    )
+    assert sink.run.config["data"]["max_prompt_length"] == 77  # the resolved config
     sink.close()
     assert list((tmp_path / "wb").glob("wandb/offline-run-*/run-*.wandb"))
     assert not (tmp_path / "run").exists()
@@ -143,9 +145,9 @@ def test_sinks_made_before_one_that_fails_are_closed(tmp_path, monkeypatch):
         raise OSError(f"cannot write {log_dir}")
 
     monkeypatch.setattr(metrics_sinks, "TensorBoardSink", no_board)
-    trainer = build_config({}, ["trainer.logger=[jsonl,tensorboard]"]).trainer
+    cfg = build_config({}, ["trainer.logger=[jsonl,tensorboard]"])
     with pytest.raises(OSError, match="cannot write"):
-        file_sinks(trainer, tmp_path)
+        file_sinks(cfg, tmp_path)
     assert len(closed) == 1 and closed[0].file.closed
 
 
