@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from services.coordinator.run_types import RunState
+from services.coordinator.run_types import INTERRUPTED_EXIT_CODE, RunState
 
 # Exit codes of every command: a local `meshrl run` ends as a run followed through the
 # coordinator does (RunState.exit_code).
@@ -14,7 +14,7 @@ EXIT_SUCCEEDED = RunState.SUCCEEDED.exit_code
 EXIT_FAILED = RunState.FAILED.exit_code
 EXIT_BAD_REQUEST = RunState.REJECTED.exit_code
 EXIT_STOPPED = RunState.STOPPED.exit_code
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = INTERRUPTED_EXIT_CODE
 
 
 def _launcher_overrides(args: argparse.Namespace) -> list[str]:

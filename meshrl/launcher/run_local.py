@@ -83,6 +83,8 @@ def run_local(cfg: RunConfig) -> RunResult:
             try:
                 run.setup()
                 metrics = run.train()
-                return RunResult(metrics, finished=run.finished)
-            finally:
-                run.close()
+            except BaseException as e:
+                run.close(error=e)  # its sinks record the failure: a wandb run is marked failed
+                raise
+            run.close()
+            return RunResult(metrics, finished=run.finished)

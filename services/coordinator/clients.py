@@ -242,6 +242,11 @@ class ScoredSample:
     def acc(self) -> float:
         return sample_acc(self.score, self.extra)
 
+    @property
+    def failure(self) -> str:
+        """Why the reward service could not score the sample; "" when it did."""
+        return "" if self.ok else self.reason or "not scored (no reason given)"
+
 
 def sample_acc(score: float, extra: dict[str, float]) -> float:
     """A sample's accuracy: the reward's ``acc`` extra (every rule scorer gives one), else

@@ -1,7 +1,8 @@
 """Generations written out for reading (verl's ``trainer.rollout_data_dir`` and
 ``trainer.validation_data_dir``): ``<dir>/<step>.jsonl``, one sample a line, with the
 prompt, the response, its ground truth and score and the reward's extras, so a user sees
-what the model writes and how it was judged without a debugger."""
+what the model writes and how it was judged without a debugger; a sample the reward service
+could not score says why, so a scorer's failure is not read as a wrong answer."""
 
 from __future__ import annotations
 
@@ -25,20 +26,26 @@ def write_generations(
     items: list[dict],
     scores: list[float],
     extras: list[dict[str, float]],
+    reward_failures: list[str] | None = None,
 ) -> Path:
     """Writes ``<folder>/<step>.jsonl`` (whole, then renamed: a reader never sees half a
     file) and returns its path. ``items``: the samples as the reward service got them
-    (``RolloutBatch.reward_items``: prompt, response, ground_truth). Lines: input, output,
-    gts, score, step, then the extras."""
+    (``RolloutBatch.reward_items``: prompt, response, ground_truth); ``reward_failures``:
+    why the reward service could not score each sample, "" when it did (None: all scored).
+    Lines: input, output, gts, score, step, ``reward_failure`` (only for a sample that was
+    not scored: its score 0 is no verdict on the answer), then the extras."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{step}.jsonl"
     tmp = folder / f".{step}.jsonl.tmp"
-    rows = zip(items, scores, extras, strict=True)
+    failures = reward_failures if reward_failures is not None else [""] * len(items)
+    rows = zip(items, scores, extras, failures, strict=True)
     try:
         with tmp.open("w", encoding="utf-8") as f:  # the texts as written, whatever the locale
-            for item, score, extra in rows:
+            for item, score, extra, failure in rows:
                 line = {"input": item["prompt"], "output": item["response"]}
                 line.update(gts=item["ground_truth"], score=score, step=step)
+                if failure:
+                    line["reward_failure"] = failure
                 line.update({k: v for k, v in extra.items() if math.isfinite(v) and k not in line})
                 f.write(json.dumps(line, ensure_ascii=False) + "\n")
         os.replace(tmp, path)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Protocol
 
 from meshrl.config.schema import RunConfig
+from services.coordinator.run_types import ended_exit_code
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,10 @@ CONSOLE_KEYS = [
 
 
 class MetricsSink(Protocol):
+    """Where step metrics go. A sink that records how the run ended (a wandb run: finished,
+    or failed) has ``finish(exit_code)`` as well, which close_sinks calls in place of close:
+    the others need not know."""
+
     def log(self, step: int, metrics: dict[str, float]) -> None: ...
     def close(self) -> None: ...
 
@@ -103,8 +108,15 @@ class WandbSink:
         finite = {k: v for k, v in metrics.items() if math.isfinite(v)}
         self.run.log({**finite, self.STEP: step})
 
+    def finish(self, exit_code: int) -> None:
+        """Ends the run, recording how: 0 marks it finished, any other code failed
+        (``ended_exit_code`` says which code each end gets)."""
+        self.run.finish(exit_code=exit_code)
+
     def close(self) -> None:
-        self.run.finish()
+        # Closed without a word on how the run ended: finished, as wandb's own default.
+        # The coordinator closes its sinks through close_sinks, which says.
+        self.finish(0)
 
 
 def tensorboard_dir(run_dir: Path, project: str, experiment: str) -> Path:
@@ -132,17 +144,22 @@ def file_sinks(cfg: RunConfig, run_dir: Path) -> list[MetricsSink]:
             name, project = trainer.experiment_name, trainer.project_name
             config = cfg.model_dump(mode="json")
             sinks.append(WandbSink(project, name, config, Path(run_dir)))
-    except BaseException:
-        close_sinks(sinks)  # those made before the one that failed
+    except BaseException as e:
+        close_sinks(sinks, ended_exit_code(e, finished=False))  # those made before this one
         raise
     return sinks
 
 
-def close_sinks(sinks: list[MetricsSink]) -> None:
-    """Closes each sink; one that fails to close does not keep the others open."""
+def close_sinks(sinks: list[MetricsSink], exit_code: int) -> None:
+    """Closes each sink, telling those that record it how the run ended (``exit_code``, from
+    ``ended_exit_code``); one that fails to close does not keep the others open."""
     for sink in sinks:
         try:
-            sink.close()
+            finish = getattr(sink, "finish", None)
+            if finish is not None:
+                finish(exit_code)
+            else:
+                sink.close()
         except Exception as e:  # noqa: BLE001 - closing is best effort, each on its own
             log.warning("could not close the metrics sink %s: %s", type(sink).__name__, e)
 

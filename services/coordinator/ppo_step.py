@@ -216,6 +216,7 @@ class PPOStep:
         if summary := reward_failure_summary(results, batch.data_sources):
             log.warning("reward: %s", summary)
         batch.reward_extra = [r.extra for r in results]
+        batch.reward_failures = [r.failure for r in results]
 
     def overlong_penalty(self, lengths: torch.Tensor) -> torch.Tensor | None:
         """DAPO's soft overlong punishment of responses of ``lengths`` (b,); None when off."""
@@ -326,7 +327,8 @@ class PPOStep:
         if penalty is not None:  # in the score; shown apart, as verl's DAPO manager does
             for extra, value in zip(extras, penalty.tolist(), strict=True):
                 extra["overlong_reward"] = value
-        write_generations(self.generations, step, items, batch.scores.tolist(), extras)
+        failures = batch.reward_failures or None
+        write_generations(self.generations, step, items, batch.scores.tolist(), extras, failures)
 
     # --- step 3: advantages -----------------------------------------------------------
     def advantages(self, batch: RolloutBatch) -> tuple[Ragged, Ragged, dict[str, float]]:

@@ -28,6 +28,8 @@ class RolloutBatch:
     reward_scores: torch.Tensor | None = None  # (B·n,) the reward service's, unshaped
     reward_extra: list[dict[str, float]] = field(default_factory=list)
     reward_failed: int = 0  # samples the reward service could not score (they score 0)
+    # why it could not score each sample ("" when it did), for the generation dumps
+    reward_failures: list[str] = field(default_factory=list)
     old_logprobs: Ragged | None = None
     ref_logprobs: Ragged | None = None
     values: Ragged | None = None
@@ -58,6 +60,7 @@ class RolloutBatch:
             reward_scores=self.reward_scores[rows] if self.reward_scores is not None else None,
             reward_extra=pick(self.reward_extra) if self.reward_extra else [],
             reward_failed=self.reward_failed,
+            reward_failures=pick(self.reward_failures) if self.reward_failures else [],
         )
 
     @staticmethod
@@ -82,6 +85,7 @@ class RolloutBatch:
             reward_scores=torch.cat([p.reward_scores for p in parts]) if scored else None,
             reward_extra=[x for p in parts for x in p.reward_extra],
             reward_failed=sum(p.reward_failed for p in parts),
+            reward_failures=[x for p in parts for x in p.reward_failures],
         )
 
     def response_mask(self) -> torch.Tensor:

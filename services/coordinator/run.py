@@ -39,6 +39,7 @@ from services.coordinator.plot import plot_metrics
 from services.coordinator.ppo_step import PPOStep, Roles, WeightSyncFailed
 from services.coordinator.preflight import check_data_sources, load_tokenizer
 from services.coordinator.recovery import STATEFUL_ROLES, Restarter, find_dead
+from services.coordinator.run_types import ended_exit_code
 from services.coordinator.validation import validate
 from services.coordinator.weight_sync import WeightSyncer
 
@@ -480,8 +481,13 @@ class PPORun:
     def stop(self) -> None:
         self._stop.set()
 
-    def close(self) -> None:
-        close_sinks(self.sinks)
+    def close(self, error: BaseException | None = None) -> None:
+        """Closes the sinks, plots, ends the run's threads. ``error``: what ended the run,
+        None when it returned: the sinks record it (a wandb run of a failed or stopped run
+        is not marked finished)."""
+        # A run whose setup raised never learnt its total_steps: it did not finish.
+        finished = error is None and hasattr(self, "total_steps") and self.finished
+        close_sinks(self.sinks, ended_exit_code(error, finished))
         if self.cfg.trainer.plot and (self.run_dir / "metrics.jsonl").exists():
             try:
                 plot_metrics(self.run_dir / "metrics.jsonl", self.run_dir / "metrics.png")

@@ -25,7 +25,7 @@ from meshrl.data.errors import DataError
 from meshrl.rpc.security import SecuritySettings
 from services.coordinator.metrics_sinks import ConsoleSink, MetricsSink, close_sinks, file_sinks
 from services.coordinator.preflight import check_run_config
-from services.coordinator.run_types import RunEvent, RunState, RunStatus
+from services.coordinator.run_types import RunEvent, RunState, RunStatus, ended_exit_code
 
 log = logging.getLogger(__name__)
 
@@ -176,13 +176,17 @@ class ManagedRun:
             sinks = self._sinks()
             try:
                 self.ppo = self.make_ppo(self.cfg, endpoints, self.run_dir, sinks, restarter)
-            except BaseException:
-                close_sinks(sinks)  # the files, and a wandb run, that no run will close
+            except BaseException as e:
+                # the files, and a wandb run (marked failed), that no run will close
+                close_sinks(sinks, ended_exit_code(e, finished=False))
                 raise
             try:
-                return self._train()
-            finally:
-                self.ppo.close()
+                ended = self._train()
+            except BaseException as e:
+                self.ppo.close(error=e)  # its sinks record the failure: a wandb run is failed
+                raise
+            self.ppo.close()  # finished, or stopped: its sinks tell them apart
+            return ended
         finally:
             self.launcher.stop()
 

@@ -38,6 +38,31 @@ _EXIT_CODES = {
     RunState.STOPPED: 3,
 }
 
+# A second Ctrl-C / SIGTERM abandoned the step (KeyboardInterrupt): 128 + SIGINT, as a shell
+# reports a process that SIGINT ended.
+INTERRUPTED_EXIT_CODE = 130
+
+
+def ended_exit_code(error: BaseException | None, finished: bool) -> int:
+    """How a run ended, as the exit code `meshrl run` exits with and its metrics sinks record
+    (a wandb run is marked failed for any code but 0). ``error``: what ended it, None when
+    it returned; ``finished``: whether it then had done every step.
+
+    0 every step done; 3 stopped early (StopRun, a first Ctrl-C / SIGTERM: not a success,
+    though it resumes from its checkpoint); 2 its config or data proved unusable once
+    started; 130 interrupted (a second Ctrl-C); 1 any other error."""
+    if error is None:
+        return (RunState.SUCCEEDED if finished else RunState.STOPPED).exit_code
+    if isinstance(error, KeyboardInterrupt):
+        return INTERRUPTED_EXIT_CODE
+    # Imported here: `meshrl status` imports this module, and must stay light.
+    from meshrl.config import ConfigError
+    from meshrl.data.errors import DataError
+
+    if isinstance(error, ConfigError | DataError):  # as ManagedRun marks the run REJECTED
+        return RunState.REJECTED.exit_code
+    return RunState.FAILED.exit_code
+
 
 @dataclass(frozen=True)
 class RunStatus:

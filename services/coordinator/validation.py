@@ -80,5 +80,5 @@ def validate(
     if generations is not None:
         items, results = [w[0] for w in written], [w[1] for w in written]
         scores, extras = [r.score for r in results], [r.extra for r in results]
-        write_generations(generations, step, items, scores, extras)
+        write_generations(generations, step, items, scores, extras, [r.failure for r in results])
     return validation_metrics(samples, seed=cfg.trainer.seed)

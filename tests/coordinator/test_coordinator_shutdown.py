@@ -53,7 +53,7 @@ class FakePPO:
             for sink in self.sinks:
                 sink.log(self.state.step, {"critic/score/mean": 0.5})
 
-    def close(self):
+    def close(self, error=None):
         pass
 
 

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
+import torch
 
+from meshrl.config import build_config
+from meshrl.ragged import Ragged
+from services.coordinator.clients import ScoredSample
 from services.coordinator.generations import generations_dir, write_generations
+from services.coordinator.ppo_step import PPOStep, Roles
+from services.coordinator.rollout_batch import RolloutBatch
+from services.coordinator.validation import validate
 
 
 def item(prompt: str, response: str, ground_truth: str) -> dict:
@@ -46,3 +55,88 @@ def test_text_in_any_script_is_written_as_utf8_and_a_failed_write_leaves_no_file
             tmp_path / "b", 2, [item("a", "x", "1"), item("b", "y", "2")], [0.0], [{}]
         )
     assert list((tmp_path / "b").iterdir()) == []
+
+
+def test_a_sample_the_reward_service_could_not_score_says_why(tmp_path):
+    # its score 0 is no verdict on the answer: the line tells it from a wrong one
+    path = write_generations(
+        tmp_path,
+        3,
+        [item("1+2=", "4", "3"), item("3+4=", "7", "7")],
+        [0.0, 0.0],
+        [{"acc": 0.0}, {}],
+        ["", "timeout after 10.0s"],
+    )
+    wrong, unscored = [json.loads(x) for x in path.read_text().splitlines()]
+    assert "reward_failure" not in wrong and wrong["acc"] == 0.0
+    assert unscored["reward_failure"] == "timeout after 10.0s" and unscored["score"] == 0.0
+
+
+class Tokenizer:
+    """Token ids as their numbers, space-separated."""
+
+    def batch_decode(self, rows, skip_special_tokens=True):
+        return [" ".join(map(str, r)) for r in rows]
+
+
+class Reward:
+    """Scores response [p] 1.0 for an even p; a response [13] makes its scorer raise."""
+
+    def score(self, items):
+        return [
+            ScoredSample(0.0, False, "ValueError: bad ground truth", {})
+            if it["response"] == "13"
+            else ScoredSample(float(int(it["response"]) % 2 == 0), True, "", {"acc": 1.0})
+            for it in items
+        ]
+
+
+def test_a_step_dump_says_why_a_sample_was_not_scored_after_groups_are_picked(tmp_path):
+    rows = Ragged.from_lists([[10], [13], [12]])
+    batch = RolloutBatch(
+        prompts=rows,
+        responses=rows,
+        rollout_logprobs=rows.with_values(torch.zeros(3)),
+        finish_reasons=["stop"] * 3,
+        group_ids=torch.arange(3),
+        data_sources=["x"] * 3,
+        ground_truths=["0"] * 3,
+        extra_infos=[{}] * 3,
+        weight_version=0,
+    )
+    roles = Roles(rollouts=[], actor=None, reward=Reward())
+    step = PPOStep(build_config({}), roles, Tokenizer(), None, None, tmp_path / "rollouts")
+    try:
+        step.score(batch)
+        # dynamic sampling keeps some groups, in another order: each reason follows its sample
+        step.write_generations(batch.select_groups([1, 2]), 4)
+    finally:
+        step.close()
+    lines = [json.loads(x) for x in (tmp_path / "rollouts" / "4.jsonl").read_text().splitlines()]
+    assert [(x["output"], x.get("reward_failure")) for x in lines] == [
+        ("13", "ValueError: bad ground truth"),
+        ("12", None),
+    ]
+
+
+class Replica:
+    """Answers prompt [p] with [p]."""
+
+    def generate(self, prompts, sampling):
+        return SimpleNamespace(
+            responses=prompts,
+            logprobs=prompts.with_values(torch.zeros(prompts.values.numel())),
+            finish_reasons=["stop"] * len(prompts),
+            weight_version=0,
+        )
+
+
+def test_a_validation_dump_says_why_a_sample_was_not_scored(tmp_path):
+    records = [
+        SimpleNamespace(prompt_ids=[p], data_source="x", ground_truth="0", extra_info={})
+        for p in (10, 13)
+    ]
+    with ThreadPoolExecutor(1) as pool:
+        validate(build_config({}), records, [Replica()], Reward(), Tokenizer(), pool, tmp_path, 2)
+    lines = [json.loads(x) for x in (tmp_path / "2.jsonl").read_text().splitlines()]
+    assert [x.get("reward_failure") for x in lines] == [None, "ValueError: bad ground truth"]

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import struct
+import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -12,8 +15,16 @@ pytest.importorskip("tensorboard")  # the dev extra installs it
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 from meshrl.config import ConfigError, build_config  # noqa: E402
-from services.coordinator.metrics_sinks import JsonlSink, TensorBoardSink, file_sinks  # noqa: E402
+from meshrl.data.errors import DataError  # noqa: E402
+from services.coordinator.metrics_sinks import (  # noqa: E402
+    ConsoleSink,
+    JsonlSink,
+    TensorBoardSink,
+    close_sinks,
+    file_sinks,
+)
 from services.coordinator.preflight import check_run_config  # noqa: E402
+from services.coordinator.run_types import ended_exit_code  # noqa: E402
 
 
 def scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
@@ -99,6 +110,44 @@ def offline_wandb(monkeypatch):
     wandb.teardown()  # its service process, which would outlive the test otherwise
 
 
+def recorded_exit_code(folder, wait_s: float = 10.0) -> int | None:
+    """The exit code in the offline run's record under ``folder`` (the ``.wandb`` file that
+    `wandb sync` uploads: 0 shows as finished, any other code as failed); None when no exit
+    record came within ``wait_s``: wandb's service process writes it a moment after
+    ``finish()`` has returned."""
+    deadline = time.monotonic() + wait_s
+    while (code := _exit_code_in(folder)) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return code
+
+
+def _exit_code_in(folder) -> int | None:
+    """The file is wandb's LevelDB-style log: a 7-byte header, then 32 KiB blocks of chunks
+    (checksum 4 bytes, length 2, kind 1: 1 a whole record, 2-4 its first, middle and last
+    parts), each record a ``wandb_internal_pb2.Record``."""
+    from wandb.proto import wandb_internal_pb2
+
+    (path,) = folder.glob("wandb/offline-run-*/run-*.wandb")
+    data, block, header = path.read_bytes(), 32768, 7
+    assert data[:4] == b":W&B", f"{path} is not a wandb run record"
+    pos, record, code = header, b"", None
+    while pos + header <= len(data):
+        if block - pos % block < header:  # a block's tail too short for a chunk: padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + header])
+        if pos + header + length > len(data):  # a chunk still being written
+            break
+        record += data[pos + header : pos + header + length]
+        pos += header + length
+        if kind in (1, 4):  # a record complete
+            parsed = wandb_internal_pb2.Record.FromString(record)
+            record = b""
+            if parsed.HasField("exit"):
+                code = parsed.exit.exit_code
+    return code
+
+
 def test_wandb_sink_makes_an_offline_run_of_the_experiment(tmp_path, offline_wandb):
     from services.coordinator.metrics_sinks import WandbSink
 
@@ -118,6 +167,7 @@ def test_wandb_sink_makes_an_offline_run_of_the_experiment(tmp_path, offline_wan
     sink.close()
     (record,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")  # in the run folder
     assert record.stat().st_size > 0
+    assert recorded_exit_code(tmp_path) == 0  # closed without a word on the end: finished
     # the console is not captured: each run of a service would record all runs' output
     assert not list(tmp_path.glob("wandb/offline-run-*/files/output.log"))
 
@@ -174,3 +224,102 @@ def test_a_run_that_cannot_be_made_closes_its_sinks(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="no PPO run"):
         run._run()
     assert len(closed) == 1 and closed[0].file.closed
+
+
+@pytest.mark.parametrize(
+    ("error", "finished", "code"),
+    [
+        (None, True, 0),  # every step done
+        (None, False, 3),  # stopped early (StopRun, a first Ctrl-C): not a success
+        (RuntimeError("actor died"), False, 1),
+        (ConfigError("actor_rollout_ref.model.path is empty"), False, 2),
+        (DataError("data.train_files: no rows"), False, 2),
+        (KeyboardInterrupt(), False, 130),  # a second Ctrl-C abandoned the step
+    ],
+)
+def test_each_end_of_a_run_has_the_exit_code_meshrl_run_exits_with(error, finished, code):
+    assert ended_exit_code(error, finished) == code
+
+
+def test_a_stopped_run_is_not_recorded_as_finished_and_other_sinks_close_as_before(
+    tmp_path, offline_wandb
+):
+    from services.coordinator.metrics_sinks import WandbSink
+
+    jsonl = JsonlSink(tmp_path / "metrics.jsonl")
+    wandb_sink = WandbSink("proj", "exp", {}, tmp_path)
+    wandb_sink.log(1, {"critic/score/mean": 0.25})
+    close_sinks([ConsoleSink(write=lambda line: None), jsonl, wandb_sink], exit_code=3)
+    assert recorded_exit_code(tmp_path) == 3  # wandb shows the run failed
+    assert jsonl.file.closed
+
+
+def test_a_run_whose_setup_fails_marks_its_wandb_run_failed(tmp_path, offline_wandb):
+    from services.coordinator.run import Endpoints, PPORun
+
+    nowhere = Endpoints(rollout=["127.0.0.1:9"], actor="127.0.0.1:9", reward="127.0.0.1:9")
+    cfg = build_config(
+        {},
+        [
+            f"actor_rollout_ref.model.path={tmp_path / 'no-model'}",
+            "trainer.logger=[wandb]",
+            "trainer.plot=false",
+        ],
+    )
+    run = PPORun(cfg, nowhere, tmp_path / "run")  # channels open lazily: nothing is called
+    with pytest.raises(ConfigError) as e:
+        run.setup()
+    run.close(error=e.value)
+    assert recorded_exit_code(tmp_path / "run") == 2  # as `meshrl run` exits: rejected
+
+
+def test_a_run_that_cannot_be_made_marks_its_wandb_run_failed(tmp_path, offline_wandb):
+    from services.coordinator.run_manager import ManagedRun
+
+    class Launcher:
+        def start(self):
+            return "endpoints"
+
+        def stop(self):
+            pass
+
+    def make_ppo(*args):
+        raise RuntimeError("no PPO run")
+
+    overrides = [f"trainer.default_local_dir={tmp_path}", "trainer.logger=[wandb]"]
+    run = ManagedRun("r1", build_config({}, overrides), tmp_path, Launcher(), make_ppo)
+    with pytest.raises(RuntimeError, match="no PPO run"):
+        run._run()
+    assert recorded_exit_code(tmp_path) == 1
+
+
+def test_a_managed_run_whose_training_fails_closes_its_run_with_the_error(tmp_path):
+    from services.coordinator.run_manager import ManagedRun
+
+    class Launcher:
+        def start(self):
+            return "endpoints"
+
+        def stop(self):
+            pass
+
+    closed = []
+
+    class FailingPPO:
+        total_steps, state = 4, SimpleNamespace(step=0)
+
+        def setup(self):
+            pass
+
+        def train(self):
+            raise RuntimeError("actor died")
+
+        def close(self, error=None):
+            closed.append(error)
+
+    cfg = build_config({}, [f"trainer.default_local_dir={tmp_path}", "trainer.logger=[]"])
+    run = ManagedRun("r1", cfg, tmp_path, Launcher(), lambda *args: FailingPPO())
+    with pytest.raises(RuntimeError, match="actor died"):
+        run._run()
+    (error,) = closed  # its sinks learn the run failed: a wandb run is marked so
+    assert ended_exit_code(error, finished=False) == 1

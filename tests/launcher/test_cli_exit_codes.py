@@ -11,6 +11,7 @@ from meshrl import cli
 from meshrl.launcher.run_local import RunResult
 from services.coordinator.checkpointing import CheckpointError
 from services.coordinator.clients import RoleCallError
+from services.coordinator.run_types import ended_exit_code
 
 
 class Unavailable(grpc.RpcError):
@@ -58,6 +59,62 @@ def test_a_failed_run_exits_1_not_as_a_bad_config(monkeypatch, config, capsys, e
     _run_ends_with(monkeypatch, error)
     assert cli.main(["run", config]) == cli.EXIT_FAILED == 1
     assert str(error) in capsys.readouterr().err
+
+
+class _Launcher:
+    def __init__(self, cfg, run_dir):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def start(self):
+        return "endpoints"
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        "finished",
+        "stopped",
+        RoleCallError("actor", "127.0.0.1:2", "Update", Unavailable()),
+        KeyboardInterrupt("signal 2"),  # the second Ctrl-C
+    ],
+)
+def test_the_run_closes_knowing_how_it_ended_as_meshrl_run_exits(
+    monkeypatch, tmp_path, config, outcome
+):
+    # what its sinks record (a wandb run: finished or failed) is the command's exit code
+    closed = []
+
+    class Run:
+        finished = outcome == "finished"
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def setup(self):
+            pass
+
+        def train(self):
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return {"critic/score/mean": 0.5}
+
+        def stop(self):
+            pass
+
+        def close(self, error=None):
+            closed.append(ended_exit_code(error, self.finished))
+
+    monkeypatch.setattr(run_local_module, "PPORun", Run)
+    monkeypatch.setattr(run_local_module, "make_launcher", _Launcher)
+    monkeypatch.setattr(run_local_module, "check_run_config", lambda cfg: None)
+    exit_code = cli.main(["run", config, f"trainer.default_local_dir={tmp_path / 'run'}"])
+    assert closed == [exit_code]
 
 
 def test_run_result_is_the_last_metrics():

@@ -123,10 +123,29 @@ def test_hellaswag(response, expected):
         ("The answer is A because he waxes it", 0),  # capital A is the option
         ("Answer: d", 3),
         ("the answer is c because he wears a coat", 2),
+        # "a because ..." reads as the article too (the rule knows no word list): not A,
+        # and the ending's text, when there is one, decides
+        ("Answer: a because he waxes it", None),
+        ("Answer: a because he keeps removing the snow.", 3),
+        ("Answer: a, because he waxes it", 0),  # punctuation ends the pick: the option
     ],
 )
 def test_hellaswag_article_a_is_not_option_a(response, choice):
     assert hellaswag.extract_choice(response, ENDINGS) == choice
+
+
+@pytest.mark.parametrize(
+    ("response", "choice"),
+    [
+        ("a because he waxes it", None),  # a letter and more words is no bare choice
+        ("B then D", None),
+        ("2 of them", None),
+        (" (c) ", 2),  # a bare choice: punctuation and spaces aside
+        ("D.", 3),
+    ],
+)
+def test_hellaswag_bare_choice_is_the_whole_response(response, choice):
+    assert hellaswag.extract_choice(response) == choice
 
 
 def test_hellaswag_reads_verl_choices():
