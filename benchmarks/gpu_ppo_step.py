@@ -39,6 +39,14 @@ PADDING_FREE = [
     "critic.ppo_max_token_len_per_gpu=16384",
 ]
 
+# LoRA adapters of rank 32 on every linear layer of the actor and the critic (base frozen).
+LORA = [
+    "actor_rollout_ref.model.lora_rank=32",
+    "actor_rollout_ref.model.lora_alpha=64",
+    "critic.model.lora_rank=32",
+    "critic.model.lora_alpha=64",
+]
+
 # Placement of each variant: launcher.role_gpus plus what changes with it.
 VARIANTS: dict[str, list[str]] = {
     # One GPU for all roles; the rollout's KV cache is freed while the trainer roles run.
@@ -51,6 +59,9 @@ VARIANTS: dict[str, list[str]] = {
     "colocated_compiled": [],
     # Both of the above (compiled via VARIANT_ENV).
     "colocated_fast": PADDING_FREE,
+    # LoRA actor and critic, eager and compiled: rollout receives the merged weights.
+    "colocated_lora": LORA,
+    "colocated_compiled_lora": LORA,
     # Rollout on GPU 1, actor + critic + ref on GPU 0; weights by NCCL.
     "split": ["launcher.role_gpus={rollout: '1', actor: '0', critic: '0', ref: '0'}"],
 }
@@ -59,6 +70,7 @@ VARIANTS: dict[str, list[str]] = {
 VARIANT_ENV: dict[str, dict[str, str]] = {
     "colocated_compiled": {"MESHRL_COMPILE_LAYERS": "1"},
     "colocated_fast": {"MESHRL_COMPILE_LAYERS": "1"},
+    "colocated_compiled_lora": {"MESHRL_COMPILE_LAYERS": "1"},
 }
 
 

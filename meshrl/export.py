@@ -21,6 +21,8 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
 from services.coordinator.checkpointing import MANIFEST, PREFIX, CheckpointError, step_of, verify
+from services.trainer.checkpoint import META_FILE
+from services.trainer.lora import ADAPTER, BASE, hf_name, merged_weight
 
 # Small files of a model folder that describe it (not weights): the model's, then the
 # tokenizer's.
@@ -67,7 +69,11 @@ def _rename(role: str, key: str) -> str | None:
     become a `*ForTokenClassification` with one label (`score` = value head)."""
     if not key.startswith("model."):
         return None  # optimizer state
-    name = key[len("model.") :]
+    # A LoRA layer's base weight takes the layer's own name; its adapter factors are
+    # merged into it (_merge_adapters) and have none.
+    name = hf_name(key[len("model.") :])
+    if name is None:
+        return None
     if role == "critic":
         if name.startswith("value_head."):
             return "score." + name[len("value_head.") :]
@@ -247,6 +253,41 @@ def _publish(tmp: Path, out: Path) -> None:
     tmp.rmdir()
 
 
+def _lora_scaling(shards_dir: Path) -> float | None:
+    """The adapters' lora_alpha / r, from the role's meta.json (None: no adapters)."""
+    meta_file = shards_dir / META_FILE
+    meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+    lora = meta.get("lora")
+    return None if lora is None else float(lora["scaling"])
+
+
+def _merge_adapters(
+    state: dict[str, torch.Tensor], reader, metadata: dict, scaling: float | None
+) -> None:
+    """Merges each LoRA layer's factors into its base weight in ``state`` (DCP keys without
+    the ``model.`` prefix), reading the factors, which are small, as they are needed."""
+    for key, base in state.items():
+        if BASE not in key or not key.endswith(".weight"):
+            continue
+        layer = key[: key.index(BASE)]
+        factors = {f"{layer}.lora_{ab}.{ADAPTER}.weight": None for ab in ("A", "B")}
+        missing = [k for k in factors if f"model.{k}" not in metadata]
+        if missing or scaling is None:
+            raise ExportError(
+                f"{key} is a LoRA layer's base weight, but the checkpoint lacks "
+                + (f"{missing[0]}" if missing else "the adapters' settings (meta.json 'lora')")
+            )
+        loaded = {
+            k: torch.empty(
+                metadata[f"model.{k}"].size, dtype=metadata[f"model.{k}"].properties.dtype
+            )
+            for k in factors
+        }
+        dcp.load({"model": loaded}, storage_reader=reader, no_dist=True)
+        a, b = loaded.values()
+        state[key] = merged_weight(base, a, b, scaling)
+
+
 def _write_weights(
     shards_dir: Path,
     role: str,
@@ -264,6 +305,7 @@ def _write_weights(
     ]
     _check_shapes(role, config, {_rename(role, k): m.size for k, m in tensors})
     dtype = _saved_dtype(config)
+    scaling = _lora_scaling(shards_dir)
     index: dict[str, str] = {}
     total = 0
     groups = list(_groups(tensors, shard_bytes, dtype))
@@ -274,6 +316,7 @@ def _write_weights(
             }
         }
         dcp.load(state, storage_reader=reader, no_dist=True)
+        _merge_adapters(state["model"], reader, metadata, scaling)
         name = (
             "model.safetensors"
             if len(groups) == 1

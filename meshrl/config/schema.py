@@ -81,6 +81,17 @@ class ModelConfig(Section):
     use_remove_padding: bool = False
     """Padding-free forwards: each micro-batch is one row of its sequences back to back,
     attention kept inside each (varlen attention; see docs/trainer.md)."""
+    lora_rank: int = Field(0, ge=0)
+    """LoRA adapters of this rank on ``target_modules`` of the trained role (actor or
+    critic); the base weights are frozen. 0: every weight is trained. The reference always
+    scores with the base model; rollout gets the merged weights (docs/trainer.md)."""
+    lora_alpha: float = Field(16, gt=0)
+    """LoRA's scale numerator: the adapter's update is multiplied by lora_alpha/lora_rank."""
+    target_modules: str | list[str] = "all-linear"
+    """Layers that get adapters: peft's names (suffixes such as q_proj, or "all-linear":
+    every linear layer but the LM head)."""
+    exclude_modules: str | list[str] | None = None
+    """Layers left without adapters, as peft reads them."""
 
 
 class OptimConfig(Section):
@@ -103,11 +114,38 @@ class OptimConfig(Section):
 
 
 class PolicyLossConfig(Section):
-    loss_mode: Literal["vanilla", "gspo"] = "vanilla"
+    loss_mode: Literal["vanilla", "gspo", "geo_mean", "clip_cov", "kl_cov"] = "vanilla"
     """vanilla: PPO's clipped token ratio with dual clip; gspo: GSPO's sequence ratio
     (the geometric mean of a response's token ratios, clipped once, aggregated
     seq-mean-token-mean whatever loss_agg_mode says; Zheng et al. 2025). GSPO's clip
-    ranges are tiny: the paper takes clip_ratio_low=3e-4, clip_ratio_high=4e-4."""
+    ranges are tiny: the paper takes clip_ratio_low=3e-4, clip_ratio_high=4e-4.
+    geo_mean: GMPO's sequence ratio (the geometric mean of the token ratios, each clipped
+    in log space at -clip_ratio_low / +clip_ratio_high, the paper 0.4 both; averaged over
+    responses whatever loss_agg_mode says; Zhao et al. 2025). clip_cov / kl_cov: PPO
+    without dual clip that takes a random few high-covariance tokens out of the loss /
+    the unclipped policy gradient with a KL penalty on the highest-covariance tokens
+    (Cui et al. 2025); both select per micro-batch, as verl."""
+    clip_cov_ratio: float = Field(0.0002, gt=0, le=1)
+    """clip_cov: share of a micro-batch's response tokens taken out of the loss at most
+    (at least one), drawn among the candidates (seeded by trainer.seed)."""
+    clip_cov_lb: float = 1.0
+    """clip_cov: a candidate's covariance (A - mean A)(log π - mean log π) is above this."""
+    clip_cov_ub: float = 5.0
+    """clip_cov: and below this."""
+    kl_cov_ratio: float = Field(0.0002, gt=0, le=1)
+    """kl_cov: share of a micro-batch's response tokens penalised (at least one): those
+    of largest covariance."""
+    ppo_kl_coef: float = Field(0.1, ge=0)
+    """kl_cov: weight of the penalty |log π - log π_old| on those tokens."""
+
+    @model_validator(mode="after")
+    def _check_clip_cov_bounds(self) -> PolicyLossConfig:
+        if self.clip_cov_lb >= self.clip_cov_ub:
+            raise ValueError(
+                f"clip_cov_lb={self.clip_cov_lb} must be below "
+                f"clip_cov_ub={self.clip_cov_ub}: no token would be a clip_cov candidate"
+            )
+        return self
 
 
 class ActorConfig(Section):

@@ -3,17 +3,20 @@ updates, and streams its full weights to the rollout servers."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from torch.distributed.tensor import DTensor
 from torch.profiler import record_function
 
 from meshrl.algorithms.aggregation import aggregate_loss
 from meshrl.algorithms.kl import kl_penalty
 from meshrl.algorithms.policy_loss import (
+    clip_cov_policy_loss,
+    geo_mean_policy_loss,
     gspo_policy_loss,
+    kl_cov_policy_loss,
     ppo_policy_loss,
     rollout_mismatch_metrics,
     truncated_is_weights,
@@ -23,6 +26,7 @@ from meshrl.ragged import Ragged
 from services.trainer.distributed import World
 from services.trainer.forward import response_logprobs, rollout_temperature
 from services.trainer.fsdp import keeps_gathered, mixed_precision, reshard, shard_model
+from services.trainer.lora import add_lora, iter_merged_params, named_full_shapes
 from services.trainer.micro_batches import MicroBatch, MiniBatch
 from services.trainer.model_loading import load_policy_model
 from services.trainer.padding_free import pack_micro_batch
@@ -44,8 +48,14 @@ class PolicyLossSettings:
     kl_loss_coef: float
     kl_loss_type: str
     tis_imp_ratio_cap: float
-    loss_mode: str  # vanilla (PPO) or gspo
+    loss_mode: str  # vanilla (PPO), gspo, geo_mean, clip_cov or kl_cov
     loss_width: int  # response columns of the loss: Dr. GRPO's constant T (max_response_length)
+    clip_cov_ratio: float
+    clip_cov_lb: float
+    clip_cov_ub: float
+    kl_cov_ratio: float
+    ppo_kl_coef: float
+    seed: int  # trainer.seed, of clip_cov's draws
 
     @staticmethod
     def from_config(cfg: RunConfig) -> PolicyLossSettings:
@@ -62,7 +72,21 @@ class PolicyLossSettings:
             tis_imp_ratio_cap=a.tis_imp_ratio_cap,
             loss_mode=a.policy_loss.loss_mode,
             loss_width=cfg.data.max_response_length,
+            clip_cov_ratio=a.policy_loss.clip_cov_ratio,
+            clip_cov_lb=a.policy_loss.clip_cov_lb,
+            clip_cov_ub=a.policy_loss.clip_cov_ub,
+            kl_cov_ratio=a.policy_loss.kl_cov_ratio,
+            ppo_kl_coef=a.policy_loss.ppo_kl_coef,
+            seed=cfg.trainer.seed,
         )
+
+    def draw_seed(self, update: int, rows: torch.Tensor) -> int:
+        """Seed of clip_cov's draw in one micro-batch, from the run (``seed``), the update
+        (the actor's weight_version: checkpoints keep it) and the micro-batch's rows. verl
+        draws from torch's global generator; this draw is reproducible, a resumed run draws
+        as the uninterrupted one would have, and micro-batches, steps and ranks differ."""
+        key = repr([self.seed, update, *rows.tolist()]).encode()
+        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
 
 
 @dataclass(frozen=True)
@@ -100,10 +124,12 @@ class ActorRole(TrainedRole):
         arr = cfg.actor_rollout_ref
         model = load_policy_model(
             arr.model.path,
-            world.device,
+            "cpu",
             arr.model.enable_gradient_checkpointing,
             arr.model.use_remove_padding,
         )
+        # Before sharding (FSDP2 shards what it finds), on the CPU (the same draw on every rank).
+        model = add_lora(model, arr.model, cfg.trainer.seed).to(world.device)
         model = shard_model(model, world.mesh, mixed_precision(arr.model.dtype))
         return ActorRole(
             model=model,
@@ -235,10 +261,29 @@ class ActorRole(TrainedRole):
 
         counts = {"global_token_count": mini.token_count, "global_seq_count": mini.seq_count}
         clip = {"clip_ratio_low": cfg.clip_ratio_low, "clip_ratio_high": cfg.clip_ratio_high}
+        token_agg = {"loss_agg_mode": cfg.loss_agg_mode, "is_weights": is_weights, **counts}
         if cfg.loss_mode == "gspo":
             pg = gspo_policy_loss(
                 logprobs, old_logprobs, advantages, mask, **clip,
                 global_seq_count=mini.seq_count, is_weights=is_weights,
+            )  # fmt: skip
+        elif cfg.loss_mode == "geo_mean":
+            pg = geo_mean_policy_loss(
+                logprobs, old_logprobs, advantages, mask, **clip,
+                global_seq_count=mini.seq_count, is_weights=is_weights,
+            )  # fmt: skip
+        elif cfg.loss_mode == "clip_cov":
+            draw = torch.Generator(self.world.device)
+            draw.manual_seed(cfg.draw_seed(self.weight_version, micro.rows))
+            pg = clip_cov_policy_loss(
+                logprobs, old_logprobs, advantages, mask, **clip, **token_agg,
+                clip_cov_ratio=cfg.clip_cov_ratio, clip_cov_lb=cfg.clip_cov_lb,
+                clip_cov_ub=cfg.clip_cov_ub, generator=draw,
+            )  # fmt: skip
+        elif cfg.loss_mode == "kl_cov":
+            pg = kl_cov_policy_loss(
+                logprobs, old_logprobs, advantages, mask, **token_agg,
+                kl_cov_ratio=cfg.kl_cov_ratio, ppo_kl_coef=cfg.ppo_kl_coef,
             )  # fmt: skip
         else:
             pg = ppo_policy_loss(
@@ -266,19 +311,16 @@ class ActorRole(TrainedRole):
         return loss, metrics
 
     def named_param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
-        """Hugging Face names and full (un-sharded) shapes, in ``iter_full_params`` order."""
-        return [(name, tuple(p.shape)) for name, p in self.model.named_parameters()]
+        """Hugging Face names and full (un-sharded) shapes, in ``iter_full_params`` order
+        (LoRA adapters are merged into their layers' weights: lora.py)."""
+        return named_full_shapes(self.model)
 
     def iter_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, full tensor), one parameter at a time, so the whole model is never
         gathered at once. Each gather is a collective: every rank must drain this
         iterator in step."""
         reshard(self.model)  # the float32 masters, whatever a forward left gathered
-        for name, param in self.model.named_parameters():
-            # no_grad per item: a `with` around the yields would leak into the caller.
-            with torch.no_grad():
-                full = param.full_tensor() if isinstance(param, DTensor) else param.detach()
-            yield name, full
+        yield from iter_merged_params(self.model)
 
 
 def widen(x: torch.Tensor, width: int) -> torch.Tensor:

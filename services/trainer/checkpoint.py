@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -48,13 +49,20 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+    path: str | os.PathLike,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    check: Callable[[dict], None] | None = None,
 ) -> dict:
-    """Restores what ``save_checkpoint`` wrote (resharding as needed); returns its meta."""
+    """Restores what ``save_checkpoint`` wrote (resharding as needed); returns its meta.
+
+    ``check(meta)`` may refuse the checkpoint (raise) before anything is loaded."""
     meta_file = Path(path) / META_FILE
     if not meta_file.is_file():
         raise ValueError(f"{path} is not a trainer checkpoint (no {META_FILE})")
     meta = json.loads(meta_file.read_text())
+    if check is not None:
+        check(meta)
     if optimizer is not None and not meta.get("with_optimizer"):
         raise ValueError(f"{path} was saved without optimizer state")
     reshard(model)  # loads into the float32 masters; a gathered copy would go stale

@@ -13,6 +13,7 @@ from meshrl.ragged import Ragged
 from services.trainer.distributed import World
 from services.trainer.forward import response_values
 from services.trainer.fsdp import keeps_gathered, mixed_precision, resharded, shard_model
+from services.trainer.lora import add_lora
 from services.trainer.micro_batches import MicroBatch, MiniBatch
 from services.trainer.model_loading import load_value_model
 from services.trainer.padding_free import pack_micro_batch
@@ -59,8 +60,11 @@ class CriticRole(TrainedRole):
         c = cfg.critic
         path = c.model.path or cfg.actor_rollout_ref.model.path
         model = load_value_model(
-            path, world.device, c.model.enable_gradient_checkpointing, c.model.use_remove_padding
+            path, "cpu", c.model.enable_gradient_checkpointing, c.model.use_remove_padding
         )
+        # On the decoder (the value head stays fully trained), on the CPU: see ActorRole.build.
+        add_lora(model.model, c.model, cfg.trainer.seed)
+        model = model.to(world.device)
         model = shard_model(model, world.mesh, mixed_precision(compute_dtype(cfg)))
         dynamic = c.use_dynamic_bsz
         if dynamic is None:  # verl's default: the actor's setting

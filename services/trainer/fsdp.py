@@ -185,6 +185,8 @@ def _copy_masters_to_gathered(modules: list[FSDPModule]) -> None:
         if group is None or not group.is_unsharded:
             continue
         for param in group.fsdp_params:
+            if not param.sharded_param.requires_grad:
+                continue  # frozen (LoRA's base weights): its gathered copy is still current
             master = param.sharded_param.to_local()
             if master.shape != param._unsharded_param.shape:
                 raise RuntimeError(

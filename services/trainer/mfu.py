@@ -3,7 +3,8 @@
 Counted FLOPs (forward + backward = 3x forward), per sequence of s tokens:
 
     6 * N * s                dense matmuls (N: parameters that multiply, the LM head
-                             included, the input embedding lookup not, unless tied)
+                             included, the input embedding lookup not, unless tied;
+                             a frozen one, LoRA's base weights, counts 4/6: no weight grad)
     6 * L * d_attn * s^2     causal attention (QK^T and PV: 2 * 2 * s^2/2 * d_attn forward)
 
 Recomputation (gradient checkpointing, chunked LM head) is not counted: MFU counts the
@@ -21,18 +22,31 @@ from torch import nn
 PEAK_BF16_FLOPS = 989e12
 
 
-def matmul_params(model: nn.Module) -> int:
-    """Parameters that take part in matmuls: all but an untied input embedding."""
-    total = sum(p.numel() for p in model.parameters())
+def matmul_params(model: nn.Module, frozen_only: bool = False) -> int:
+    """Parameters that take part in matmuls: all but an untied input embedding (with
+    ``frozen_only``, those of them that are not trained)."""
     inner = model if hasattr(model, "get_input_embeddings") else getattr(model, "model", None)
     embed = inner.get_input_embeddings() if inner is not None else None
     head = getattr(model, "lm_head", None)
-    if embed is not None and (head is None or head.weight is not embed.weight):
-        total -= embed.weight.numel()
-    return total
+    lookup_only = (
+        embed.weight
+        if embed is not None and (head is None or head.weight is not embed.weight)
+        else None
+    )
+    return sum(
+        p.numel()
+        for p in model.parameters()
+        if p is not lookup_only and not (frozen_only and p.requires_grad)
+    )
 
 
-def training_flops(n_params: int, layers: int, attn_dim: int, seq_lens: Iterable[int]) -> float:
+def weighted_matmul_params(model: nn.Module) -> float:
+    """Matmul parameters weighted for :func:`training_flops`: a frozen weight (LoRA's base)
+    costs 4 FLOPs a token, not 6: its backward computes the input's gradient only."""
+    return matmul_params(model) - matmul_params(model, frozen_only=True) / 3
+
+
+def training_flops(n_params: float, layers: int, attn_dim: int, seq_lens: Iterable[int]) -> float:
     """FLOPs of one forward + backward over sequences of the given lengths."""
     lens = [int(s) for s in seq_lens]
     return 6.0 * n_params * sum(lens) + 6.0 * layers * attn_dim * sum(s * s for s in lens)
@@ -72,11 +86,11 @@ def perf_metrics(
     epochs: int,
     seconds: float,
     world_size: int,
-    n_params: int | None = None,
+    n_params: float | None = None,
 ) -> dict[str, float]:
     """``perf/mfu/{role}`` and ``perf/throughput/{role}`` (tokens/s per GPU) of an update."""
     layers, attn_dim = model_shape(model)
-    n = n_params if n_params is not None else matmul_params(model)
+    n = n_params if n_params is not None else weighted_matmul_params(model)
     flops = epochs * training_flops(n, layers, attn_dim, seq_lens)
     tokens = epochs * sum(seq_lens)
     seconds = max(seconds, 1e-9)

@@ -14,6 +14,7 @@ import torch
 from meshrl.config.schema import ActorConfig, CriticConfig, RunConfig
 from services.trainer.checkpoint import load_checkpoint, save_checkpoint
 from services.trainer.distributed import World
+from services.trainer.lora import lora_settings
 from services.trainer.mfu import UpdateTimer, perf_metrics
 from services.trainer.optim import LrSchedule, build_optimizer
 from services.trainer.sequences import SequenceBatch
@@ -108,8 +109,30 @@ class TrainedRole:
 
     def save(self, path: str, with_optimizer: bool) -> None:
         meta = {"role": self.name, "weight_version": self.weight_version}
+        if (lora := lora_settings(self.model)) is not None:
+            meta["lora"] = lora  # what an export needs to merge the adapters
         save_checkpoint(path, self.model, self.optimizer if with_optimizer else None, meta)
 
     def load(self, path: str, with_optimizer: bool) -> None:
-        meta = load_checkpoint(path, self.model, self.optimizer if with_optimizer else None)
+        expected = lora_settings(self.model)
+        meta = load_checkpoint(
+            path,
+            self.model,
+            self.optimizer if with_optimizer else None,
+            # Checked before any tensor is read: DCP would only name a missing key.
+            check=lambda meta: _check_lora(path, meta.get("lora"), expected),
+        )
         self.weight_version = int(meta.get("weight_version", 0))
+
+
+def _check_lora(path: str, saved: dict | None, expected: dict | None) -> None:
+    def describe(lora: dict | None) -> str:
+        if lora is None:
+            return "no LoRA adapters (lora_rank 0)"
+        return f"LoRA adapters of rank {lora['rank']}, lora_alpha {lora['alpha']}"
+
+    if saved != expected:
+        raise ValueError(
+            f"{path} holds {describe(saved)}, but this run's model has {describe(expected)}: "
+            "resume with the model settings the checkpoint was trained with"
+        )

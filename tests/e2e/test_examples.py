@@ -26,6 +26,8 @@ EXPECTED = {
     # ReMax: the REINFORCE++ example with the greedy-rollout baseline instead
     "reinforce_plus_plus.yaml+remax": ["timing_s/gen_max"],
     "gspo.yaml": ["actor/pg_clipfrac"],
+    "gmpo.yaml": ["actor/pg_clipfrac_lower"],
+    "grpo_lora.yaml": ["actor/kl_loss", "training/rollout_probs_diff_max"],
     "dapo.yaml": [
         "train/num_gen_batches",
         "train/kept_prompts_ratio",
@@ -60,6 +62,10 @@ def test_example_runs(name, tiny_model, arithmetic_data, tmp_path):
             "algorithm.filter_groups.max_num_gen_batches=20",
             "data.gen_batch_size=12",
         ]
+    if file == "grpo_lora.yaml":
+        # The untrained model scores 0 everywhere: zero advantages. An entropy bonus makes
+        # every update move the adapters, so that step 2 samples with changed weights.
+        extra = ["actor_rollout_ref.actor.entropy_coeff=0.05"]
     cfg = build_config(
         tree,
         [
@@ -85,5 +91,11 @@ def test_example_runs(name, tiny_model, arithmetic_data, tmp_path):
     assert math.isfinite(rows[-1]["actor/pg_loss"])
     if file == "dapo.yaml":  # the even answers' groups (all right) were dropped every step
         assert all(0 < r["train/kept_prompts_ratio"] < 1 for r in rows)
+    if file == "grpo_lora.yaml":
+        # Step 1's updates moved the adapted policy (the second mini-batch saw the first's
+        # step), and rollout sampled step 2 with those weights merged: its log-probs are
+        # the actor's, as for a full fine-tune (float32 on CPU).
+        assert rows[0]["actor/ppo_kl"] != 0
+        assert rows[-1]["training/rollout_probs_diff_max"] < 1e-4
     if "critic/vf_loss" not in EXPECTED[name]:
         assert "critic/vf_loss" not in rows[-1], "no critic for critic-free estimators"

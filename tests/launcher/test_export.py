@@ -19,25 +19,43 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 from meshrl.cli import main
+from meshrl.config.schema import ModelConfig
 from meshrl.export import ExportError, export_checkpoint
 from meshrl.testing.tiny_model import make_tiny_model_dir, make_tiny_qwen2_dir
 from services.coordinator.checkpointing import write_manifest
+from services.trainer.lora import add_lora, iter_merged_params, lora_settings
 from services.trainer.model_loading import load_policy_model, load_value_model
 
 IDS = torch.tensor([[1, 5, 6, 7, 8, 9]])
 
 
-def write_step_checkpoint(run_dir: Path, actor_model: Path, critic_model: Path | None = None):
+def write_step_checkpoint(
+    run_dir: Path,
+    actor_model: Path,
+    critic_model: Path | None = None,
+    lora: ModelConfig | None = None,
+):
     """global_step_1 of `run_dir` as a run leaves it: actor and critic shards, hf/ side
-    files of the actor's model, the run config, the manifest."""
+    files of the actor's model, the run config, the manifest. With `lora`, both roles carry
+    trained (non-zero) adapters and their meta.json says so, as TrainedRole.save writes it."""
     ck = run_dir / "checkpoints" / "global_step_1"
     actor = load_policy_model(str(actor_model))
     critic = load_value_model(str(critic_model or actor_model))
     with torch.no_grad():  # a trained head: not the zeros it starts from
         critic.value_head.weight.normal_()
         critic.value_head.bias.fill_(0.5)
+    if lora is not None:
+        add_lora(actor, lora)
+        add_lora(critic.model, lora)
+        with torch.no_grad():  # trained adapters: B is no longer the zeros it starts from
+            for name, p in [*actor.named_parameters(), *critic.named_parameters()]:
+                if ".lora_B." in name:
+                    p.normal_(std=0.5)
     for name, model in (("actor", actor), ("critic", critic)):
         dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(ck / name), no_dist=True)
+        if lora is not None:
+            meta = {"role": name, "lora": lora_settings(model)}
+            (ck / name / "meta.json").write_text(json.dumps(meta))
     (ck / "hf").mkdir()
     for f in actor_model.iterdir():
         if not f.name.endswith(".safetensors"):
@@ -103,7 +121,10 @@ def test_a_float32_critic_exports_its_value_head_as_score(llama_checkpoint, tmp_
     assert not (out / "generation_config.json").exists()
     model = AutoModelForTokenClassification.from_pretrained(out)
     with torch.no_grad():
-        assert torch.equal(model(input_ids=IDS).logits[..., 0], critic(IDS))
+        # Another module computing the same function: equal up to float summation order.
+        torch.testing.assert_close(
+            model(input_ids=IDS).logits[..., 0], critic(IDS), atol=1e-5, rtol=0
+        )
 
 
 def test_a_critic_started_from_its_own_model_gets_that_models_config(tmp_path):
@@ -114,7 +135,10 @@ def test_a_critic_started_from_its_own_model_gets_that_models_config(tmp_path):
     model = AutoModelForTokenClassification.from_pretrained(out)
     assert model.config.hidden_size == 32
     with torch.no_grad():
-        assert torch.equal(model(input_ids=IDS).logits[..., 0], critic(IDS))
+        # Another module computing the same function: equal up to float summation order.
+        torch.testing.assert_close(
+            model(input_ids=IDS).logits[..., 0], critic(IDS), atol=1e-5, rtol=0
+        )
 
     # the same shards described by the actor's config: refused, naming a tensor
     run_cfg = yaml.safe_load((ck / "config.yaml").read_text())
@@ -124,6 +148,32 @@ def test_a_critic_started_from_its_own_model_gets_that_models_config(tmp_path):
     with pytest.raises(ExportError, match=r"do not fit its config.json .*model\..*\(32"):
         export_checkpoint(ck, "critic", tmp_path / "hf2")
     assert not (tmp_path / "hf2").exists()
+
+
+def test_lora_adapters_are_merged_into_the_exported_weights(tmp_path):
+    model_dir = make_tiny_model_dir(tmp_path / "model")
+    lora = ModelConfig(lora_rank=4, lora_alpha=8)
+    ck, actor, critic = write_step_checkpoint(tmp_path / "run", model_dir, lora=lora)
+    # Small shards: a layer's adapter factors are read wherever its base weight lands.
+    out = export_checkpoint(ck, "actor", tmp_path / "hf", shard_bytes=20_000)
+    assert len(list(out.glob("model-*.safetensors"))) > 1
+    model = AutoModelForCausalLM.from_pretrained(out)
+    merged = dict(iter_merged_params(actor))
+    assert set(model.state_dict()) == set(merged)
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(tensor, merged[name], atol=1e-6, rtol=0, msg=name)
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=IDS).logits, actor(IDS).logits)
+
+    critic_out = export_checkpoint(ck, "critic", tmp_path / "hf_critic")
+    scorer = AutoModelForTokenClassification.from_pretrained(critic_out)
+    with torch.no_grad():
+        torch.testing.assert_close(scorer(input_ids=IDS).logits[..., 0], critic(IDS))
+
+    (ck / "actor" / "meta.json").unlink()  # the adapters' scale is no longer known
+    write_manifest(ck)
+    with pytest.raises(ExportError, match="LoRA layer's base weight.*adapters' settings"):
+        export_checkpoint(ck, "actor", tmp_path / "hf2")
 
 
 @pytest.mark.parametrize("already", ["an earlier export", "a file"])

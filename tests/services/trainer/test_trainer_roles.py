@@ -5,8 +5,7 @@ import math
 import pytest
 import torch
 from torch.distributed.tensor import DTensor
-from trainer_helpers import make_batch, trainer_config
-from transformers import AutoModelForCausalLM
+from trainer_helpers import make_batch, plain_log_probs, trainer_config
 
 from meshrl.ragged import Ragged
 from services.trainer.actor import ActorRole
@@ -24,21 +23,6 @@ ACTOR_METRICS = {
 }
 
 
-def _plain_log_probs(model_dir, batch, temperature):
-    """Row by row, no padding: the reference the trainer's batched path must equal."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    logprobs, entropies = [], []
-    with torch.no_grad():
-        for i in range(len(batch)):
-            prompt, response = batch.prompts.row(i), batch.responses.row(i)
-            ids = torch.cat([prompt, response]).long().unsqueeze(0)
-            logits = model(ids).logits[0, len(prompt) - 1 : -1] / temperature  # (r, V)
-            logp = torch.log_softmax(logits, dim=-1)
-            logprobs.append(logp.gather(-1, response.long().unsqueeze(-1)).squeeze(-1))
-            entropies.append(-(logp.exp() * logp).sum(-1))
-    return torch.cat(logprobs), torch.cat(entropies)
-
-
 def _params(role) -> dict[str, torch.Tensor]:
     return {name: t.clone() for name, t in role.iter_full_params()}
 
@@ -47,14 +31,14 @@ def test_actor_log_probs_equal_a_plain_forward(world, tiny_model_dir):
     actor = ActorRole.build(trainer_config(tiny_model_dir), world)
     batch = make_batch(7, seed=1)
     logprobs, entropy = actor.compute_log_probs(batch, with_entropy=True)
-    expected_lp, expected_ent = _plain_log_probs(tiny_model_dir, batch, temperature=0.8)
+    expected_lp, expected_ent = plain_log_probs(tiny_model_dir, batch, temperature=0.8)
     assert torch.equal(logprobs.offsets, batch.responses.offsets)
     torch.testing.assert_close(logprobs.values, expected_lp, atol=1e-5, rtol=0)
     torch.testing.assert_close(entropy.values, expected_ent, atol=1e-5, rtol=0)
     # An explicit temperature wins over the rollout's.
     at_one, none = actor.compute_log_probs(batch, temperature=1.0)
     torch.testing.assert_close(
-        at_one.values, _plain_log_probs(tiny_model_dir, batch, 1.0)[0], atol=1e-5, rtol=0
+        at_one.values, plain_log_probs(tiny_model_dir, batch, 1.0)[0], atol=1e-5, rtol=0
     )
     assert none is None
 
@@ -384,3 +368,111 @@ def test_gspo_first_update_is_ppo_at_ratio_one_and_accumulates_like_one_micro_ba
     assert m_big["actor/pg_loss"] == pytest.approx(m_small["actor/pg_loss"], abs=1e-5)
     for name in p_big:
         torch.testing.assert_close(p_big[name], p_small[name], atol=1e-5, rtol=0)
+
+
+def _policy_update(world, model_dir, batch, overrides, advantages=None, shift=0.0):
+    """A fresh actor's first update of ``batch`` (advantages: a linspace over its tokens),
+    with old log-probs lowered by ``shift``: every ratio starts near ``exp(shift)``."""
+    actor = ActorRole.build(trainer_config(model_dir, overrides), world)
+    old, _ = actor.compute_log_probs(batch)
+    if advantages is None:
+        advantages = torch.linspace(-1, 1, old.values.numel())
+    old, adv = old.with_values(old.values - shift), old.with_values(advantages)
+    metrics = actor.update_policy(batch, old, adv, None, None, global_step=1)
+    return metrics, _params(actor)
+
+
+def test_geo_mean_first_update_is_ppo_at_ratio_one_and_accumulates_like_one_micro_batch(
+    world, tiny_model_dir
+):
+    # On-policy with one advantage a response (as an outcome estimator gives), GMPO's
+    # gradient is vanilla PPO's under seq-mean-token-mean: -A_i / (N |y_i|) on each token.
+    # The default token-mean weighs responses otherwise, which a run ignoring the mode would
+    # take. Later epochs are off-policy; the split into micro-batches must not matter there.
+    batch = make_batch(8, seed=6)
+    per_response = torch.linspace(-1, 1, len(batch)).repeat_interleave(batch.response_lengths)
+    one_step = ["actor_rollout_ref.actor.ppo_mini_batch_size=4"]  # prompts: all 8 rows
+    geo_mean = ["actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean"]
+    vanilla = ["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"]
+
+    def update(overrides):
+        return _policy_update(world, tiny_model_dir, batch, overrides, per_response)
+
+    (_, p_geo), (_, p_ppo) = update([*one_step, *geo_mean]), update([*one_step, *vanilla])
+    for name in p_geo:
+        torch.testing.assert_close(p_geo[name], p_ppo[name], atol=1e-6, rtol=0)
+    two_epochs = ["actor_rollout_ref.actor.ppo_epochs=2", *one_step, *geo_mean]
+    m_big, p_big = update([*two_epochs, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"])
+    m_small, p_small = update(
+        [*two_epochs, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"]
+    )
+    assert m_big["actor/pg_loss"] == pytest.approx(m_small["actor/pg_loss"], abs=1e-5)
+    for name in p_big:
+        torch.testing.assert_close(p_big[name], p_small[name], atol=1e-5, rtol=0)
+
+
+def test_clip_cov_holds_tokens_back_and_a_seed_draws_the_same_ones(world, tiny_model_dir):
+    # One on-policy update (no PPO clipping), bounds wide enough for every token to be a
+    # candidate. A ratio of 1 holds every token back: no policy loss, pg_clipfrac 1. A ratio
+    # of 0.3 draws some of each micro-batch (a row): trainer.seed draws the same tokens
+    # again, another seed others. No shuffle: the seed then only seeds the draw.
+    batch = make_batch(8, seed=7)
+    clip_cov = [
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.shuffle=false",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov",
+        "actor_rollout_ref.actor.policy_loss.clip_cov_lb=-1e9",
+        "actor_rollout_ref.actor.policy_loss.clip_cov_ub=1e9",
+    ]
+
+    def update(*overrides):
+        adv = torch.linspace(-0.5, 1, batch.num_response_tokens)  # PPO's loss is not 0
+        return _policy_update(world, tiny_model_dir, batch, [*clip_cov, *overrides], adv)
+
+    m_all, _ = update("actor_rollout_ref.actor.policy_loss.clip_cov_ratio=1")
+    assert m_all["actor/pg_loss"] == 0.0
+    assert m_all["actor/pg_clipfrac"] == pytest.approx(1.0)
+    some = "actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0.3"
+    (m_a, p_a), (_, p_b) = update(some), update(some)
+    _, p_other = update(some, "trainer.seed=2")
+    assert 0 < m_a["actor/pg_clipfrac"] < 1
+    assert all(torch.equal(p_a[name], p_b[name]) for name in p_a)
+    assert not all(torch.equal(p_a[name], p_other[name]) for name in p_a)
+
+
+def test_kl_cov_penalises_the_log_ratio_and_accumulates_like_one_micro_batch(world, tiny_model_dir):
+    # Old log-probs 0.1 below the policy's: every log-ratio starts at 0.1, not at the noise
+    # around 0 of an on-policy update, where |log r|'s gradient would take the noise's sign.
+    # Without its penalty KL-Cov is PPO without any clip. With it, on every token
+    # (kl_cov_ratio 1, so that no split can choose otherwise), the update differs and does
+    # not depend on the split into micro-batches; ppo_kl is verl's mean |log r| of this mode.
+    batch = make_batch(8, seed=8)
+    one_step = ["actor_rollout_ref.actor.ppo_mini_batch_size=4"]
+    kl_cov = [
+        *one_step,
+        "actor_rollout_ref.actor.policy_loss.loss_mode=kl_cov",
+        "actor_rollout_ref.actor.policy_loss.kl_cov_ratio=1",
+    ]
+    no_clip = [
+        "actor_rollout_ref.actor.clip_ratio_low=1",
+        "actor_rollout_ref.actor.clip_ratio_high=1e9",
+        "actor_rollout_ref.actor.clip_ratio_c=1e9",
+    ]
+
+    def update(*overrides):
+        return _policy_update(world, tiny_model_dir, batch, list(overrides), shift=0.1)
+
+    (_, p_free), (_, p_ppo) = (
+        update(*kl_cov, "actor_rollout_ref.actor.policy_loss.ppo_kl_coef=0"),
+        update(*one_step, *no_clip),
+    )
+    for name in p_free:
+        torch.testing.assert_close(p_free[name], p_ppo[name], atol=1e-6, rtol=0)
+    penalised = [*kl_cov, "actor_rollout_ref.actor.policy_loss.ppo_kl_coef=1"]
+    m_big, p_big = update(*penalised, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4")
+    m_small, p_small = update(*penalised, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
+    assert m_big["actor/pg_loss"] == pytest.approx(m_small["actor/pg_loss"], abs=1e-5)
+    for name in p_big:
+        torch.testing.assert_close(p_big[name], p_small[name], atol=1e-5, rtol=0)
+    assert max((p_small[n] - p_free[n]).abs().max().item() for n in p_free) > 1e-5
+    assert m_small["actor/ppo_kl"] == pytest.approx(0.1, abs=1e-4)

@@ -1,20 +1,24 @@
 """An actor served by 2 FSDP ranks (torchrun) against one served by 1 rank, over gRPC:
 same log-probs, same update, weight sync out of the sharded model, and DCP resharding."""
 
-import dataclasses
 import os
 import signal
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 import torch
-from trainer_helpers import batch_to_proto, initialized_actors, make_batch, trainer_config
+from trainer_helpers import (
+    batch_to_proto,
+    initialized_actors,
+    join_in_background,
+    make_batch,
+    trainer_config,
+)
 
 from meshrl.api.v1 import common_pb2, trainer_pb2
-from meshrl.weight_sync import GroupSpec, WeightGroup, WeightManifest, receive_weights
+from meshrl.weight_sync import GroupSpec, WeightManifest, receive_weights
 from meshrl.wire import tensor_from_proto, tensor_to_proto
 from services.trainer.actor import ActorRole
 
@@ -94,20 +98,6 @@ def test_update_equals_one_rank(servers):
     assert (after1 - old).abs().max() > 1e-3
 
 
-def _join_in_background(spec: GroupSpec, rank: int):
-    box = {}
-
-    def join():
-        try:
-            box["group"] = WeightGroup.join(dataclasses.replace(spec, rank=rank))
-        except Exception as e:  # noqa: BLE001 - re-raised in the test thread
-            box["error"] = e
-
-    thread = threading.Thread(target=join)
-    thread.start()
-    return thread, box
-
-
 def test_weight_sync_after_a_failed_join_and_dcp_resharding(
     servers, world, tiny_model_dir, tmp_path
 ):
@@ -128,7 +118,7 @@ def test_weight_sync_after_a_failed_join_and_dcp_resharding(
         common_pb2.WeightGroupSpec(transport="gloo", world_size=2, timeout_s=30), timeout=10
     )
     assert (fresh.master_port, fresh.group_id) != (spec.master_port, spec.group_id)
-    thread, box = _join_in_background(GroupSpec.from_proto(fresh), rank=1)
+    thread, box = join_in_background(GroupSpec.from_proto(fresh), rank=1)
     joined = stub.JoinWeightGroup(common_pb2.JoinWeightGroupRequest(spec=fresh), timeout=60)
     thread.join(60)
     assert joined.group_id == fresh.group_id and "group" in box, box.get("error")

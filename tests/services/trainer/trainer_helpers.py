@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from meshrl.api.v1 import common_pb2, trainer_pb2_grpc
 from meshrl.config import RunConfig, build_config, config_to_yaml
 from meshrl.launcher.ports import free_port
 from meshrl.ragged import Ragged
 from meshrl.rpc.client import open_channel, wait_for_health
+from meshrl.weight_sync import GroupSpec, WeightGroup
 from meshrl.wire import ragged_to_proto
 from services.trainer.sequences import SequenceBatch
 
@@ -147,3 +151,37 @@ def initialized_actors(
     finally:
         for proc in reversed(procs):
             proc.stop()
+
+
+def plain_log_probs(model, batch: SequenceBatch, temperature: float):
+    """(log-probs, entropies) of every response token, row by row with no padding, from a
+    Hugging Face model or its folder: what the trainer's batched paths must equal."""
+    if not isinstance(model, torch.nn.Module):
+        model = AutoModelForCausalLM.from_pretrained(model)
+    model.eval()
+    logprobs, entropies = [], []
+    with torch.no_grad():
+        for i in range(len(batch)):
+            prompt, response = batch.prompts.row(i), batch.responses.row(i)
+            ids = torch.cat([prompt, response]).long().unsqueeze(0)
+            logits = model(ids).logits[0, len(prompt) - 1 : -1] / temperature  # (r, V)
+            logp = torch.log_softmax(logits, dim=-1)
+            logprobs.append(logp.gather(-1, response.long().unsqueeze(-1)).squeeze(-1))
+            entropies.append(-(logp.exp() * logp).sum(-1))
+    return torch.cat(logprobs), torch.cat(entropies)
+
+
+def join_in_background(spec: GroupSpec, rank: int):
+    """Joins a weight group as ``rank`` in a thread (the test process playing rollout):
+    (thread, box), where box gets "group" or "error"."""
+    box = {}
+
+    def join():
+        try:
+            box["group"] = WeightGroup.join(dataclasses.replace(spec, rank=rank))
+        except Exception as e:  # noqa: BLE001 - re-raised in the test thread
+            box["error"] = e
+
+    thread = threading.Thread(target=join)
+    thread.start()
+    return thread, box

@@ -1,0 +1,140 @@
+"""LoRA adapters on a trained role's model (verl's ``model.lora_rank``), through peft.
+
+peft wraps each target layer in place: its weight becomes ``<layer>.base_layer.weight``
+(frozen) beside ``<layer>.lora_A.default.weight`` ``(r, in)`` and
+``<layer>.lora_B.default.weight`` ``(out, r)``, both trained. Only the trainer sees those
+names: what leaves it (weight sync to rollout, exported folders) is each layer's merged
+weight under its Hugging Face name, ``W + (lora_alpha / r) * B @ A``, so rollout engines
+(the native one, vLLM) load it like any full fine-tune's.
+
+B starts at zero, so a fresh adapter's merged weights are the base model's: the reference
+(always the base model) and rollout agree with the actor before its first update.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import torch
+from peft import LoraConfig, inject_adapter_in_model
+from peft.tuners.lora import LoraLayer
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from meshrl.config.schema import ModelConfig
+
+ADAPTER = "default"  # peft's name for the one adapter a role has
+BASE = ".base_layer."
+ADAPTER_PARTS = (".lora_A.", ".lora_B.", ".lora_embedding_A.", ".lora_embedding_B.")
+
+
+def add_lora(model: nn.Module, cfg: ModelConfig, seed: int = 0) -> nn.Module:
+    """Adds adapters of ``cfg.lora_rank`` to ``model`` (on the CPU) in place and freezes
+    everything else in it; returns ``model``. Nothing happens for rank 0.
+
+    A is drawn at random from ``seed``: every FSDP rank draws the same A (each shards its
+    own copy), and a restarted role the same as before.
+
+    Raises:
+        ValueError: no layer matched ``target_modules``, or they name the LM head (whose
+            log-probs are computed from its weight in chunks: chunked_head.py).
+    """
+    if cfg.lora_rank == 0:
+        return model
+    if _names_lm_head(cfg.target_modules):
+        raise ValueError(
+            f"model.target_modules {cfg.target_modules!r} puts an adapter on lm_head; "
+            "meshrl computes log-probs from the LM head's weight in chunks and trains "
+            "adapters on the decoder's layers only: leave lm_head out"
+        )
+    config = LoraConfig(
+        r=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha,
+        target_modules=cfg.target_modules,
+        exclude_modules=cfg.exclude_modules,
+        lora_dropout=0.0,  # as verl: the old log-probs and the update see one function
+    )
+    if any(p.device.type != "cpu" for p in model.parameters()):
+        raise ValueError("add_lora draws the adapters on the CPU: move the model after it")
+    try:
+        with torch.random.fork_rng(devices=[]):  # the caller's random stream is untouched
+            torch.manual_seed(seed)
+            inject_adapter_in_model(config, model, adapter_name=ADAPTER)
+    except ValueError as e:  # peft: "Target modules ... not found in the base model"
+        raise ValueError(f"model.target_modules {cfg.target_modules!r}: {e}") from None
+    return model
+
+
+def _names_lm_head(target_modules: str | list[str]) -> bool:
+    """As peft matches: a string is a regular expression over whole module names
+    ("all-linear" leaves the output layer out), a list holds name suffixes."""
+    if isinstance(target_modules, str):
+        return (
+            target_modules != "all-linear" and re.fullmatch(target_modules, "lm_head") is not None
+        )
+    return any(t == "lm_head" or t.endswith(".lm_head") for t in target_modules)
+
+
+def lora_settings(model: nn.Module) -> dict | None:
+    """``{"rank", "alpha", "scaling"}`` of the model's adapters, or None without any: a
+    checkpoint records them, so its export can merge and its loader can tell a mismatch."""
+    for module in model.modules():
+        if isinstance(module, LoraLayer) and ADAPTER in module.r:
+            return {
+                "rank": module.r[ADAPTER],
+                "alpha": module.lora_alpha[ADAPTER],
+                "scaling": module.scaling[ADAPTER],
+            }
+    return None
+
+
+def hf_name(name: str) -> str | None:
+    """A trainer parameter's name outside the trainer: the wrapped layer's own name for its
+    base weight, None for an adapter's factors (they are merged into that weight)."""
+    if any(part in name for part in ADAPTER_PARTS):
+        return None
+    return name.replace(BASE, ".")
+
+
+def merged_weight(
+    base: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """``base (out, in) + scaling * lora_b (out, r) @ lora_a (r, in)``, in base's dtype."""
+    delta = (lora_b.float() @ lora_a.float()) * scaling
+    return (base.float() + delta).to(base.dtype)
+
+
+def named_full_shapes(model: nn.Module) -> list[tuple[str, tuple[int, ...]]]:
+    """Hugging Face names and full shapes, in :func:`iter_merged_params` order."""
+    return [
+        (name, tuple(p.shape))
+        for peft_name, p in model.named_parameters()
+        if (name := hf_name(peft_name)) is not None
+    ]
+
+
+def iter_merged_params(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(Hugging Face name, full tensor) of every weight, adapters merged, one at a time.
+
+    Each full tensor is a gather over the FSDP ranks (a collective): every rank must
+    drain this iterator in step. The model must be resharded (its float32 masters)."""
+    for name, param in model.named_parameters():
+        out_name = hf_name(name)
+        if out_name is None:
+            continue
+        with torch.no_grad():  # per item: a `with` around the yields would leak into the caller
+            full = _full(param)
+            if BASE in name and name.endswith(".weight"):
+                layer = model.get_submodule(name[: name.index(BASE)])
+                full = merged_weight(
+                    full,
+                    _full(layer.lora_A[ADAPTER].weight),
+                    _full(layer.lora_B[ADAPTER].weight),
+                    layer.scaling[ADAPTER],
+                )
+        yield out_name, full
+
+
+def _full(param: torch.Tensor) -> torch.Tensor:
+    return param.full_tensor() if isinstance(param, DTensor) else param.detach()
