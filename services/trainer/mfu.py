@@ -1,4 +1,5 @@
-"""Model FLOPs utilisation of an update: the FLOPs the model needs over the time it took.
+"""Model FLOPs utilisation of an update: the FLOPs the model needs over the time it took
+(and, beside it, the update's peak GPU memory).
 
 Counted FLOPs (forward + backward = 3x forward), per sequence of s tokens:
 
@@ -60,13 +61,17 @@ def model_shape(model: nn.Module) -> tuple[int, int]:
 
 
 class UpdateTimer:
-    """Wall time of an update, synchronised with the device at both ends."""
+    """Wall time of an update, synchronised with the device at both ends; on a GPU it also
+    starts the peak-memory counters afresh, so :func:`peak_memory_metrics` reads the
+    update's own peak (not a log-prob pass's before it)."""
 
     def __init__(self, device: torch.device):
         self.device = device
 
     def __enter__(self) -> UpdateTimer:
         self._sync()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
         self.start = time.perf_counter()
         return self
 
@@ -77,6 +82,20 @@ class UpdateTimer:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def peak_memory_metrics(role: str, device: torch.device) -> dict[str, float]:
+    """``perf/max_memory_allocated_gb/{role}`` (tensors) and ``perf/max_memory_reserved_gb/{role}``
+    (the caching allocator's segments) of this process's GPU since the update began, in
+    GiB, as verl's ``perf/max_memory_*_gb``; nothing off a GPU. On one rank per role
+    process, so co-located roles each report their own."""
+    if device.type != "cuda":
+        return {}
+    gib = 1024**3
+    return {
+        f"perf/max_memory_allocated_gb/{role}": torch.cuda.max_memory_allocated(device) / gib,
+        f"perf/max_memory_reserved_gb/{role}": torch.cuda.max_memory_reserved(device) / gib,
+    }
 
 
 def perf_metrics(

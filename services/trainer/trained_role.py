@@ -15,7 +15,7 @@ from meshrl.config.schema import ActorConfig, CriticConfig, RunConfig
 from services.trainer.checkpoint import load_checkpoint, save_checkpoint
 from services.trainer.distributed import World
 from services.trainer.lora import lora_settings
-from services.trainer.mfu import UpdateTimer, perf_metrics
+from services.trainer.mfu import UpdateTimer, peak_memory_metrics, perf_metrics
 from services.trainer.optim import LrSchedule, build_optimizer
 from services.trainer.sequences import SequenceBatch
 from services.trainer.update_loop import MicroLoss, UpdateSettings, run_update
@@ -104,6 +104,7 @@ class TrainedRole:
                 self.world.world_size,
             )
         )
+        metrics.update(peak_memory_metrics(self.name, self.world.device))
         self.weight_version += 1
         return metrics
 
