@@ -574,4 +574,16 @@ class RunConfig(Section):
 
     @property
     def use_ref(self) -> bool:
+        """The run needs reference log-probs (a KL penalty or a KL loss)."""
         return self.algorithm.use_kl_in_reward or self.actor_rollout_ref.actor.use_kl_loss
+
+    @property
+    def ref_in_actor(self) -> bool:
+        """A LoRA actor computes the reference log-probs itself, with its adapters off (its
+        base weights are the reference policy), as verl's ref_in_actor: no reference server
+        and no second copy of the base model."""
+        return self.use_ref and self.actor_rollout_ref.model.lora_rank > 0
+
+    @property
+    def use_ref_server(self) -> bool:
+        return self.use_ref and not self.ref_in_actor

@@ -123,7 +123,7 @@ class LocalLauncher:
         )
         if cfg.use_critic:
             add("critic", "services.trainer.server", ["--role", "critic"], cfg.critic.world_size)
-        if cfg.use_ref:
+        if cfg.use_ref_server:
             add(
                 "ref",
                 "services.trainer.server",

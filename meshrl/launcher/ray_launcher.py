@@ -76,7 +76,7 @@ def role_specs(cfg: RunConfig) -> list[RoleSpec]:
         specs.append(
             RoleSpec("critic", "critic", trainer, ("--role", "critic"), cfg.critic.world_size)
         )
-    if cfg.use_ref:
+    if cfg.use_ref_server:
         specs.append(
             RoleSpec("ref", "ref", trainer, ("--role", "ref"), cfg.actor_rollout_ref.ref.world_size)
         )

@@ -141,12 +141,19 @@ class TrainerClient(_RoleClient):
         self.stub = trainer_pb2_grpc.TrainerServiceStub(self.channel)
 
     def compute_log_probs(
-        self, prompts: Ragged, responses: Ragged, temperature: float, with_entropy: bool = False
+        self,
+        prompts: Ragged,
+        responses: Ragged,
+        temperature: float,
+        with_entropy: bool = False,
+        base_model: bool = False,
     ) -> tuple[Ragged, Ragged | None]:
+        """``base_model``: a LoRA actor's base weights alone (the reference policy)."""
         req = common_pb2.LogProbsRequest(
             batch=_sequence_batch(prompts, responses),
             temperature=temperature,
             with_entropy=with_entropy,
+            base_model=base_model,
         )
         resp = self._call("ComputeLogProbs", req)
         logprobs = responses.with_values(tensor_from_proto(resp.logprobs).float())

@@ -228,6 +228,11 @@ class PPOStep:
         )
 
     def ref_log_probs(self, batch: RolloutBatch) -> None:
+        if self.cfg.ref_in_actor:  # LoRA: the actor's base weights, adapters off (no ref server)
+            batch.ref_logprobs, _ = self.roles.actor.compute_log_probs(
+                batch.prompts, batch.responses, self.temperature, base_model=True
+            )
+            return
         batch.ref_logprobs, _ = self.roles.ref.compute_log_probs(
             batch.prompts, batch.responses, self.temperature
         )
@@ -308,7 +313,7 @@ class PPOStep:
     def score_and_infer(self, batch: RolloutBatch, timer: PhaseTimer) -> None:
         phases = [] if batch.scores is not None else [("reward", self.score)]  # scored already
         phases.append(("old_log_prob", self.old_log_probs))
-        if self.roles.ref is not None:
+        if self.roles.ref is not None or self.cfg.ref_in_actor:
             phases.append(("ref", self.ref_log_probs))
         if self.roles.critic is not None:
             phases.append(("values", self.values))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +27,7 @@ from meshrl.ragged import Ragged
 from services.trainer.distributed import World
 from services.trainer.forward import response_logprobs, rollout_temperature
 from services.trainer.fsdp import keeps_gathered, mixed_precision, reshard, shard_model
-from services.trainer.lora import add_lora, iter_merged_params, named_full_shapes
+from services.trainer.lora import adapters_off, add_lora, iter_merged_params, named_full_shapes
 from services.trainer.micro_batches import MicroBatch, MiniBatch
 from services.trainer.model_loading import load_policy_model
 from services.trainer.padding_free import pack_micro_batch
@@ -149,22 +150,29 @@ class ActorRole(TrainedRole):
         )
 
     def compute_log_probs(
-        self, batch: SequenceBatch, temperature: float | None = None, with_entropy: bool = False
+        self,
+        batch: SequenceBatch,
+        temperature: float | None = None,
+        with_entropy: bool = False,
+        base_model: bool = False,
     ) -> tuple[Ragged, Ragged | None]:
         """Log-probs (and entropies) of every response token, aligned with responses.ids.
 
         ``temperature`` None uses the rollout's, the one ``update_policy`` uses. On one
         rank the gathered weights stay for the update that follows (``fsdp.resharded``).
+        ``base_model``: a LoRA actor's base weights alone, the reference policy
+        (``lora.adapters_off``; ValueError without adapters).
         """
-        return policy_log_probs(
-            self.model,
-            batch,
-            temperature or self.temperature,
-            with_entropy,
-            self.log_prob,
-            self.world,
-            keep_gathered=keeps_gathered(self.world.world_size),
-        )
+        with adapters_off(self.model) if base_model else nullcontext():
+            return policy_log_probs(
+                self.model,
+                batch,
+                temperature or self.temperature,
+                with_entropy,
+                self.log_prob,
+                self.world,
+                keep_gathered=keeps_gathered(self.world.world_size),
+            )
 
     def update_policy(
         self,

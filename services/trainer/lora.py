@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from peft import LoraConfig, inject_adapter_in_model
@@ -74,6 +75,33 @@ def _names_lm_head(target_modules: str | list[str]) -> bool:
             target_modules != "all-linear" and re.fullmatch(target_modules, "lm_head") is not None
         )
     return any(t == "lm_head" or t.endswith(".lm_head") for t in target_modules)
+
+
+@contextmanager
+def adapters_off(model: nn.Module) -> Iterator[None]:
+    """Within the block ``model`` computes with its base weights alone: the reference
+    policy, which a LoRA actor serves itself (verl's ref_in_actor) instead of a reference
+    server holding a second copy of the base model.
+
+    Raises:
+        ValueError: the model has no adapters (its base model is not kept apart).
+    """
+    layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
+    if not layers:
+        raise ValueError(
+            "base-model log-probs need LoRA adapters (model.lora_rank > 0): this actor "
+            "trains every weight, so its base model is not kept; use a reference server"
+        )
+    # peft's switch: each layer's forward returns base_layer(x) alone while it is set. Set
+    # directly, not through enable_adapters(), which would also flip the adapters'
+    # requires_grad under FSDP2.
+    for layer in layers:
+        layer._disable_adapters = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer._disable_adapters = False
 
 
 def lora_settings(model: nn.Module) -> dict | None:

@@ -43,9 +43,14 @@ class RefRole:
         return sum(p.numel() for p in self.model.parameters())
 
     def compute_log_probs(
-        self, batch: SequenceBatch, temperature: float | None = None, with_entropy: bool = False
+        self,
+        batch: SequenceBatch,
+        temperature: float | None = None,
+        with_entropy: bool = False,
+        base_model: bool = False,
     ) -> tuple[Ragged, Ragged | None]:
-        """Log-probs (and entropies) of every response token under the frozen policy."""
+        """Log-probs (and entropies) of every response token under the frozen policy.
+        ``base_model`` changes nothing: the reference is the base model."""
         return policy_log_probs(
             self.model,
             batch,

@@ -139,6 +139,7 @@ class RankHandlers:
             self._batch(req.batch),
             req.temperature if req.temperature > 0 else None,
             req.with_entropy,
+            base_model=req.base_model,
         )
         return common_pb2.LogProbsResponse(
             logprobs=tensor_to_proto(logprobs.values),

@@ -97,5 +97,10 @@ def test_example_runs(name, tiny_model, arithmetic_data, tmp_path):
         # the actor's, as for a full fine-tune (float32 on CPU).
         assert rows[0]["actor/ppo_kl"] != 0
         assert rows[-1]["training/rollout_probs_diff_max"] < 1e-4
+        # The reference is the actor's base model, adapters off: no reference server, and
+        # the KL to it grows once the adapters moved.
+        assert not (tmp_path / "logs" / "ref.log").exists()
+        assert (tmp_path / "logs" / "actor.log").exists()
+        assert rows[-1]["actor/kl_loss"] > 0
     if "critic/vf_loss" not in EXPECTED[name]:
         assert "critic/vf_loss" not in rows[-1], "no critic for critic-free estimators"

@@ -73,14 +73,16 @@ class SequenceBatch(_message.Message):
     def __init__(self, prompts: _Optional[_Union[TokenBatch, _Mapping]] = ..., responses: _Optional[_Union[TokenBatch, _Mapping]] = ...) -> None: ...
 
 class LogProbsRequest(_message.Message):
-    __slots__ = ("batch", "temperature", "with_entropy")
+    __slots__ = ("batch", "temperature", "with_entropy", "base_model")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     WITH_ENTROPY_FIELD_NUMBER: _ClassVar[int]
+    BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
     batch: SequenceBatch
     temperature: float
     with_entropy: bool
-    def __init__(self, batch: _Optional[_Union[SequenceBatch, _Mapping]] = ..., temperature: _Optional[float] = ..., with_entropy: _Optional[bool] = ...) -> None: ...
+    base_model: bool
+    def __init__(self, batch: _Optional[_Union[SequenceBatch, _Mapping]] = ..., temperature: _Optional[float] = ..., with_entropy: _Optional[bool] = ..., base_model: _Optional[bool] = ...) -> None: ...
 
 class LogProbsResponse(_message.Message):
     __slots__ = ("logprobs", "entropy", "weight_version")

@@ -10,6 +10,7 @@ from services.trainer.critic import CriticRole
 from services.trainer.fsdp import reshard
 from services.trainer.lora import hf_name, merged_weight
 from services.trainer.mfu import matmul_params, weighted_matmul_params
+from services.trainer.reference import RefRole
 
 LORA = ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8"]
 
@@ -179,3 +180,25 @@ def test_adapters_are_drawn_from_the_run_seed_and_leave_the_callers_random_strea
     assert torch.equal(torch.random.get_rng_state(), state)
     assert all(torch.equal(first[n], again[n]) for n in first)  # what every FSDP rank draws
     assert not any(torch.equal(first[n], other[n]) for n in first)
+
+
+def test_a_lora_actor_serves_its_base_model_as_the_reference(world, tiny_model_dir):
+    cfg = trainer_config(tiny_model_dir, [*LORA, "actor_rollout_ref.actor.use_kl_loss=true"])
+    assert cfg.ref_in_actor and not cfg.use_ref_server  # no reference server is started
+    actor = ActorRole.build(trainer_config(tiny_model_dir, LORA), world)
+    batch = make_batch(4, seed=2)
+    _update(actor, batch)  # the adapters moved: the policy is no longer the base model
+    policy, _ = actor.compute_log_probs(batch)
+    base, _ = actor.compute_log_probs(batch, base_model=True)
+    reference, _ = RefRole.build(cfg, world).compute_log_probs(batch)
+    torch.testing.assert_close(base.values, reference.values, atol=1e-5, rtol=0)
+    assert (policy.values - base.values).abs().max() > 1e-3
+    again, _ = actor.compute_log_probs(batch)  # the adapters are on again
+    assert torch.equal(again.values, policy.values)
+
+    full = ActorRole.build(trainer_config(tiny_model_dir), world)
+    with pytest.raises(ValueError, match=r"base-model log-probs need LoRA adapters"):
+        full.compute_log_probs(batch, base_model=True)
+    assert not trainer_config(
+        tiny_model_dir, ["actor_rollout_ref.actor.use_kl_loss=true"]
+    ).ref_in_actor

@@ -56,6 +56,17 @@ def test_two_rank_lora_update_equals_one_rank_and_streams_merged_weights(
         ]
         torch.testing.assert_close(after[1], after[0], atol=1e-4, rtol=0)
         assert (after[0] - old).abs().max() > 1e-3
+        # The base model (the reference, adapters off) from the sharded actor: every rank
+        # switches its adapters off for the call, and they are back on after it.
+        base_request = common_pb2.LogProbsRequest(batch=batch_to_proto(BATCH), base_model=True)
+        base = [
+            tensor_from_proto(s.stub.ComputeLogProbs(base_request, timeout=120).logprobs)
+            for s in servers
+        ]
+        torch.testing.assert_close(base[1], base[0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(base[0], old, atol=1e-5, rtol=0)  # B was 0 before the update
+        back_on = tensor_from_proto(two.stub.ComputeLogProbs(logprobs, timeout=120).logprobs)
+        torch.testing.assert_close(back_on, after[1], atol=1e-6, rtol=0)
 
         # The 2-rank actor streams its weights to this process (playing rollout).
         stub = two.stub
