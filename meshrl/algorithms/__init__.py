@@ -44,7 +44,10 @@ from meshrl.algorithms.metrics import explained_variance, masked_stats
 from meshrl.algorithms.overlong import overlong_penalty
 from meshrl.algorithms.policy_loss import (
     PolicyLoss,
+    clip_cov_policy_loss,
+    geo_mean_policy_loss,
     gspo_policy_loss,
+    kl_cov_policy_loss,
     ppo_policy_loss,
     rollout_mismatch_metrics,
     truncated_is_weights,
@@ -91,6 +94,9 @@ __all__ = [
     "place_on_last_token",
     "ppo_policy_loss",
     "gspo_policy_loss",
+    "geo_mean_policy_loss",
+    "clip_cov_policy_loss",
+    "kl_cov_policy_loss",
     "reinforce_plus_plus_advantages",
     "reinforce_plus_plus_baseline_advantages",
     "remax_advantages",

@@ -76,6 +76,17 @@ def check_run_config(cfg: RunConfig) -> None:
             actor.clip_ratio_low or actor.clip_ratio,
             actor.clip_ratio_high or actor.clip_ratio,
         )
+    if actor.policy_loss.loss_mode == "geo_mean" and None in (
+        actor.clip_ratio_low,
+        actor.clip_ratio_high,
+    ):
+        log.warning(
+            "policy_loss.loss_mode=geo_mean clips each token's log-ratio at -clip_ratio_low / "
+            "+clip_ratio_high, here %s / %s (unset ones fall back to clip_ratio); GMPO's "
+            "paper takes 0.4 / 0.4 (ratios e^-0.4 to e^0.4)",
+            actor.clip_ratio_low or actor.clip_ratio,
+            actor.clip_ratio_high or actor.clip_ratio,
+        )
     if fg.enable and 0 < fg.max_num_gen_batches and (gen or train) * fg.max_num_gen_batches < train:
         raise ConfigError(
             f"data.gen_batch_size={gen} x algorithm.filter_groups.max_num_gen_batches="

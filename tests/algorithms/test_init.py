@@ -13,7 +13,7 @@ def test_all_names_are_exported():
         "KL_ESTIMATORS kl_penalty FixedKLController AdaptiveKLController make_kl_controller "
         "TokenRewards token_level_rewards AdvantageResult gae_advantages grpo_advantages "
         "rloo_advantages reinforce_plus_plus_advantages reinforce_plus_plus_baseline_advantages "
-        "remax_advantages ADVANTAGE_ESTIMATORS PolicyLoss ppo_policy_loss gspo_policy_loss truncated_is_weights "
+        "remax_advantages ADVANTAGE_ESTIMATORS PolicyLoss ppo_policy_loss gspo_policy_loss geo_mean_policy_loss clip_cov_policy_loss kl_cov_policy_loss truncated_is_weights "
         "rollout_mismatch_metrics ValueLoss clipped_value_loss entropy_from_logits "
         "logprobs_from_logits explained_variance masked_stats"
     ).split():

@@ -1,5 +1,7 @@
 """Start-of-run config checks, and checkpoint pruning."""
 
+import logging
+
 import pytest
 
 from meshrl.config import ConfigError, build_config
@@ -17,6 +19,25 @@ def test_gae_without_a_critic_fails_at_start():
         parse_run_config("algorithm: {adv_estimator: gae}\n", ["critic.enable=false"])
     check_run_config(build_config({}, ["critic.enable=false", "algorithm.adv_estimator=grpo"]))
     check_run_config(build_config({}, []))  # gae with the critic it enables by default
+
+
+@pytest.mark.parametrize("mode, paper", [("gspo", "3e-4 / 4e-4"), ("geo_mean", "0.4 / 0.4")])
+def test_sequence_ratio_losses_warn_when_their_clip_ranges_are_left_to_clip_ratio(
+    mode, paper, caplog
+):
+    key = f"actor_rollout_ref.actor.policy_loss.loss_mode={mode}"
+    with caplog.at_level(logging.WARNING, logger="services.coordinator.preflight"):
+        check_run_config(build_config({}, [key]))
+    assert f"loss_mode={mode}" in caplog.text and paper in caplog.text
+    assert "here 0.2 / 0.2" in caplog.text  # what clip_ratio gives them
+    caplog.clear()
+    ranges = [
+        "actor_rollout_ref.actor.clip_ratio_low=0.4",
+        "actor_rollout_ref.actor.clip_ratio_high=0.4",
+    ]
+    with caplog.at_level(logging.WARNING, logger="services.coordinator.preflight"):
+        check_run_config(build_config({}, [key, *ranges]))
+    assert f"loss_mode={mode}" not in caplog.text
 
 
 def _save(manager: CheckpointManager, step: int):
