@@ -109,6 +109,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
+    if args.adapter:
+        from meshrl.export import ExportError
+        from meshrl.export_adapter import export_adapter
+
+        if args.role != "actor":
+            raise ExportError("--adapter exports the actor's LoRA adapters only, not the critic's")
+        out = export_adapter(args.checkpoint, args.to)
+        print(f"exported the actor's LoRA adapters of {args.checkpoint} to {out}")
+        return 0
     from meshrl.export import export_checkpoint
 
     out = export_checkpoint(args.checkpoint, args.role, args.to)
@@ -209,6 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("checkpoint", help="a checkpoints/global_step_<k> folder")
     export.add_argument("--role", choices=["actor", "critic"], default="actor")
     export.add_argument("--to", required=True, help="output folder")
+    export.add_argument(
+        "--adapter",
+        action="store_true",
+        help="a LoRA actor's adapters alone, as a peft adapter folder (without it: the whole "
+        "model with the adapters merged)",
+    )
     export.set_defaults(fn=_cmd_export)
 
     demo = sub.add_parser(

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 import yaml
+from peft import PeftModel
 from safetensors import safe_open
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
@@ -21,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 from meshrl.cli import main
 from meshrl.config.schema import ModelConfig
 from meshrl.export import ExportError, export_checkpoint
+from meshrl.export_adapter import export_adapter
 from meshrl.testing.tiny_model import make_tiny_model_dir, make_tiny_qwen2_dir
 from services.coordinator.checkpointing import write_manifest
 from services.trainer.lora import add_lora, iter_merged_params, lora_settings
@@ -170,6 +172,20 @@ def test_lora_adapters_are_merged_into_the_exported_weights(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(scorer(input_ids=IDS).logits[..., 0], critic(IDS))
 
+    # The adapters alone, as peft loads them onto the base model: the same function.
+    assert main(["export", str(ck), "--adapter", "--to", str(tmp_path / "adapter")]) == 0
+    adapter = tmp_path / "adapter"
+    assert sorted(p.name for p in adapter.iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), adapter)
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model(input_ids=IDS).logits, model(input_ids=IDS).logits)
+    assert (
+        main(["export", str(ck), "--adapter", "--role", "critic", "--to", str(tmp_path / "c")]) == 2
+    )
+
     (ck / "actor" / "meta.json").unlink()  # the adapters' scale is no longer known
     write_manifest(ck)
     with pytest.raises(ExportError, match="LoRA layer's base weight.*adapters' settings"):
@@ -274,3 +290,10 @@ def test_a_separate_tokenizer_folder_gives_its_tokenizer_files_only(tmp_path):
     copy_model_files(model, tokenizer, dest)
     assert (dest / "config.json").read_text() == '{"model": "the policy"}'
     assert (dest / "tokenizer.json").is_file()
+
+
+def test_adapter_export_of_a_full_fine_tune_says_to_export_the_model(llama_checkpoint, tmp_path):
+    ck, _, _ = llama_checkpoint
+    with pytest.raises(ExportError, match="trained without LoRA adapters.*without --adapter"):
+        export_adapter(ck, tmp_path / "adapter")
+    assert not (tmp_path / "adapter").exists()
