@@ -88,10 +88,12 @@ class ModelConfig(Section):
     lora_alpha: float = Field(16, gt=0)
     """LoRA's scale numerator: the adapter's update is multiplied by lora_alpha/lora_rank."""
     target_modules: str | list[str] = "all-linear"
-    """Layers that get adapters: peft's names (suffixes such as q_proj, or "all-linear":
-    every linear layer but the LM head)."""
+    """Layers that get adapters, as peft matches them: a list of name suffixes ([q_proj,
+    v_proj]), "all-linear" (every linear layer but the LM head), one name (q_proj, read as
+    [q_proj]), or any other string as a regular expression over whole module names. Plain
+    linear layers only: an embedding or a Conv1D is refused at start."""
     exclude_modules: str | list[str] | None = None
-    """Layers left without adapters, as peft reads them."""
+    """Layers left without adapters, read as target_modules is."""
 
 
 class OptimConfig(Section):

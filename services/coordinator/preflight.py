@@ -106,6 +106,34 @@ def check_run_config(cfg: RunConfig) -> None:
                 "greedy baseline is generated for the step's prompts before any are filtered; "
                 "pick grpo, rloo or another estimator"
             )
+    check_lora_targets(cfg)
+
+
+def check_lora_targets(cfg: RunConfig) -> None:
+    """Raises ConfigError naming ``<section>.target_modules`` when a role's LoRA adapters
+    would match no layer, the LM head, or a layer they cannot be merged on: the trainer
+    would refuse them only once every server is up. Checked on the model built from its
+    config.json on the meta device (no weights read); a model folder that is not on this
+    machine is left to the trainer."""
+    roles = [("actor_rollout_ref.model", cfg.actor_rollout_ref.model, "causal_lm")]
+    if cfg.use_critic:
+        roles.append(("critic.model", cfg.critic.model, "decoder"))
+    for key, section, kind in roles:
+        path = section.path or cfg.actor_rollout_ref.model.path
+        if section.lora_rank == 0 or not (Path(path) / "config.json").is_file():
+            continue
+        import torch  # here: a run without LoRA never pays for these imports
+        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+        from services.trainer.lora import inject
+
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        with torch.device("meta"):
+            model = (AutoModelForCausalLM if kind == "causal_lm" else AutoModel).from_config(config)
+        try:
+            inject(model, section, key)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
 
 def _installed(package: str) -> bool:

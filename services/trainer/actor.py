@@ -130,7 +130,8 @@ class ActorRole(TrainedRole):
             arr.model.use_remove_padding,
         )
         # Before sharding (FSDP2 shards what it finds), on the CPU (the same draw on every rank).
-        model = add_lora(model, arr.model, cfg.trainer.seed).to(world.device)
+        model = add_lora(model, arr.model, cfg.trainer.seed, "actor_rollout_ref.model")
+        model = model.to(world.device)
         model = shard_model(model, world.mesh, mixed_precision(arr.model.dtype))
         return ActorRole(
             model=model,

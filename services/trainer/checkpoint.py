@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -66,6 +67,19 @@ def load_checkpoint(
     if optimizer is not None and not meta.get("with_optimizer"):
         raise ValueError(f"{path} was saved without optimizer state")
     reshard(model)  # loads into the float32 masters; a gathered copy would go stale
+    try:
+        _load(path, model, optimizer)
+    except CheckpointException as e:
+        # A BaseException, not an Exception: left as it is it would pass every handler up
+        # to gRPC's and leave the call unanswered until its deadline.
+        first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{path} does not fit this role's model: {first}") from None
+    return meta
+
+
+def _load(
+    path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+) -> None:
     if optimizer is None:
         state = {"model": get_model_state_dict(model)}
         dcp.load(state, checkpoint_id=str(path))
@@ -79,4 +93,3 @@ def load_checkpoint(
         set_state_dict(
             model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
         )
-    return meta

@@ -63,7 +63,7 @@ class CriticRole(TrainedRole):
             path, "cpu", c.model.enable_gradient_checkpointing, c.model.use_remove_padding
         )
         # On the decoder (the value head stays fully trained), on the CPU: see ActorRole.build.
-        add_lora(model.model, c.model, cfg.trainer.seed)
+        add_lora(model.model, c.model, cfg.trainer.seed, "critic.model")
         model = model.to(world.device)
         model = shard_model(model, world.mesh, mixed_precision(compute_dtype(cfg)))
         dynamic = c.use_dynamic_bsz

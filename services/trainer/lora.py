@@ -19,6 +19,7 @@ from contextlib import contextmanager
 
 import torch
 from peft import LoraConfig, inject_adapter_in_model
+from peft.tuners.lora import Linear as LoraLinear
 from peft.tuners.lora import LoraLayer
 from torch import nn
 from torch.distributed.tensor import DTensor
@@ -30,41 +31,81 @@ BASE = ".base_layer."
 ADAPTER_PARTS = (".lora_A.", ".lora_B.", ".lora_embedding_A.", ".lora_embedding_B.")
 
 
-def add_lora(model: nn.Module, cfg: ModelConfig, seed: int = 0) -> nn.Module:
+def add_lora(model: nn.Module, cfg: ModelConfig, seed: int = 0, key: str = "model") -> nn.Module:
     """Adds adapters of ``cfg.lora_rank`` to ``model`` (on the CPU) in place and freezes
-    everything else in it; returns ``model``. Nothing happens for rank 0.
+    everything else in it; returns ``model``. Nothing happens for rank 0. ``key``: the
+    config section the settings come from, for messages (``actor_rollout_ref.model``).
 
     A is drawn at random from ``seed``: every FSDP rank draws the same A (each shards its
     own copy), and a restarted role the same as before.
 
     Raises:
-        ValueError: no layer matched ``target_modules``, or they name the LM head (whose
-            log-probs are computed from its weight in chunks: chunked_head.py).
+        ValueError: see :func:`inject`.
     """
     if cfg.lora_rank == 0:
         return model
-    if _names_lm_head(cfg.target_modules):
+    if any(p.device.type not in ("cpu", "meta") for p in model.parameters()):
+        raise ValueError("add_lora draws the adapters on the CPU: move the model after it")
+    with torch.random.fork_rng(devices=[]):  # the caller's random stream is untouched
+        torch.manual_seed(seed)
+        inject(model, cfg, key)
+    return model
+
+
+def inject(model: nn.Module, cfg: ModelConfig, key: str) -> None:
+    """peft's injection of ``cfg``'s adapters into ``model`` (any device: a model on the
+    meta device checks a config at start without loading weights), then the checks.
+
+    Raises:
+        ValueError, naming ``{key}.target_modules``: no layer matched; they name the LM head
+            (its log-probs come from its weight in chunks: chunked_head.py); or they put an
+            adapter on a layer that is not a plain linear layer (an embedding, GPT-2's
+            Conv1D), whose merge this module does not do.
+    """
+    targets = _as_peft_targets(cfg.target_modules)
+    if _names_lm_head(targets):
         raise ValueError(
-            f"model.target_modules {cfg.target_modules!r} puts an adapter on lm_head; "
+            f"{key}.target_modules={cfg.target_modules!r} puts an adapter on lm_head; "
             "meshrl computes log-probs from the LM head's weight in chunks and trains "
             "adapters on the decoder's layers only: leave lm_head out"
         )
     config = LoraConfig(
         r=cfg.lora_rank,
         lora_alpha=cfg.lora_alpha,
-        target_modules=cfg.target_modules,
-        exclude_modules=cfg.exclude_modules,
+        target_modules=targets,
+        exclude_modules=_as_peft_targets(cfg.exclude_modules),
         lora_dropout=0.0,  # as verl: the old log-probs and the update see one function
     )
-    if any(p.device.type != "cpu" for p in model.parameters()):
-        raise ValueError("add_lora draws the adapters on the CPU: move the model after it")
     try:
-        with torch.random.fork_rng(devices=[]):  # the caller's random stream is untouched
-            torch.manual_seed(seed)
-            inject_adapter_in_model(config, model, adapter_name=ADAPTER)
+        inject_adapter_in_model(config, model, adapter_name=ADAPTER)
     except ValueError as e:  # peft: "Target modules ... not found in the base model"
-        raise ValueError(f"model.target_modules {cfg.target_modules!r}: {e}") from None
-    return model
+        raise ValueError(f"{key}.target_modules={cfg.target_modules!r}: {e}") from None
+    for name, layer in model.named_modules():
+        if isinstance(layer, LoraLayer) and not _plain_linear(layer):
+            base = type(layer.get_base_layer()).__name__
+            raise ValueError(
+                f"{key}.target_modules={cfg.target_modules!r} puts an adapter on {name} "
+                f"({base}); meshrl merges adapters of plain linear layers (nn.Linear) only: "
+                "leave it out (exclude_modules) or name linear layers"
+            )
+
+
+def _plain_linear(layer: LoraLayer) -> bool:
+    """W (out, in) + s * B @ A holds for peft's Linear adapter on an nn.Linear only."""
+    return (
+        isinstance(layer, LoraLinear)
+        and not layer.fan_in_fan_out
+        and type(layer.get_base_layer()) is nn.Linear
+    )
+
+
+def _as_peft_targets(targets: str | list[str] | None) -> str | list[str] | None:
+    """A single layer name (``q_proj``) as the one-name list peft would take for it: peft
+    reads any string but "all-linear" as a regular expression over whole module names, so
+    "q_proj" alone would match nothing. Other strings are left to peft as expressions."""
+    if isinstance(targets, str) and targets != "all-linear" and re.fullmatch(r"\w+", targets):
+        return [targets]
+    return targets
 
 
 def _names_lm_head(target_modules: str | list[str]) -> bool:
@@ -75,6 +116,11 @@ def _names_lm_head(target_modules: str | list[str]) -> bool:
             target_modules != "all-linear" and re.fullmatch(target_modules, "lm_head") is not None
         )
     return any(t == "lm_head" or t.endswith(".lm_head") for t in target_modules)
+
+
+def adapted_layers(model: nn.Module) -> list[str]:
+    """Names of the layers that carry adapters, in module order."""
+    return [name for name, m in model.named_modules() if isinstance(m, LoraLayer)]
 
 
 @contextmanager
@@ -105,14 +151,16 @@ def adapters_off(model: nn.Module) -> Iterator[None]:
 
 
 def lora_settings(model: nn.Module) -> dict | None:
-    """``{"rank", "alpha", "scaling"}`` of the model's adapters, or None without any: a
-    checkpoint records them, so its export can merge and its loader can tell a mismatch."""
+    """``{"rank", "alpha", "scaling", "layers"}`` of the model's adapters, or None without
+    any: a checkpoint records them, so its export can merge and its loader can tell a
+    mismatch (another rank or scale, or adapters on other layers)."""
     for module in model.modules():
         if isinstance(module, LoraLayer) and ADAPTER in module.r:
             return {
                 "rank": module.r[ADAPTER],
                 "alpha": module.lora_alpha[ADAPTER],
                 "scaling": module.scaling[ADAPTER],
+                "layers": adapted_layers(model),
             }
     return None
 

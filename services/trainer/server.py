@@ -231,6 +231,11 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 result = getattr(self.handlers, method)(request)
             except Exception as e:  # noqa: BLE001 - re-raised after the ranks agree
                 error = e
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:  # noqa: BLE001 - e.g. torch's CheckpointException
+                # Not an Exception: no handler up to gRPC's would answer the call with it.
+                error = RuntimeError(f"{type(e).__name__}: {e}")
             failed = [r for r in self.channel.failed_ranks(error is None) if r != 0]
         if isinstance(error, WeightGroupError):
             raise ServiceError(grpc.StatusCode.UNAVAILABLE, f"weight sync failed: {error}")

@@ -132,8 +132,18 @@ def _check_lora(path: str, saved: dict | None, expected: dict | None) -> None:
             return "no LoRA adapters (lora_rank 0)"
         return f"LoRA adapters of rank {lora['rank']}, lora_alpha {lora['alpha']}"
 
-    if saved != expected:
+    if saved == expected:
+        return
+    if saved is not None and expected is not None and describe(saved) == describe(expected):
+        # Same rank and scale, other layers (target_modules / exclude_modules changed).
+        only_saved = sorted(set(saved.get("layers", [])) - set(expected["layers"]))
+        only_here = sorted(set(expected["layers"]) - set(saved.get("layers", [])))
         raise ValueError(
-            f"{path} holds {describe(saved)}, but this run's model has {describe(expected)}: "
-            "resume with the model settings the checkpoint was trained with"
+            f"{path} holds LoRA adapters on other layers than this run's model "
+            f"(target_modules / exclude_modules): only in the checkpoint {only_saved[:3]}, "
+            f"only here {only_here[:3]}; resume with the settings it was trained with"
         )
+    raise ValueError(
+        f"{path} holds {describe(saved)}, but this run's model has {describe(expected)}: "
+        "resume with the model settings the checkpoint was trained with"
+    )

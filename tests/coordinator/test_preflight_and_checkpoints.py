@@ -5,6 +5,7 @@ import logging
 import pytest
 
 from meshrl.config import ConfigError, build_config
+from meshrl.testing.tiny_model import make_tiny_model_dir
 from services.coordinator.checkpointing import CheckpointManager, CoordinatorState
 from services.coordinator.preflight import check_run_config
 from services.coordinator.run_manager import parse_run_config
@@ -75,3 +76,19 @@ def test_too_few_prompts_for_one_batch_is_a_data_error_naming_the_keys():
     with pytest.raises(DataError, match=r"data\.train_files: .* 3 prompts.*data\.train_batch_size"):
         make_loader(cfg, ["p"] * 3)
     assert make_loader(cfg, ["p"] * 16).steps_per_epoch == 2
+
+
+def test_lora_targets_are_checked_on_the_models_config_before_any_server_starts(tmp_path):
+    model = make_tiny_model_dir(tmp_path / "model", hidden=32, layers=1, heads=2, intermediate=64)
+    base = [f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.model.lora_rank=4"]
+    check_run_config(build_config({}, base))  # all-linear: fine
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.model\.target_modules=.*nope"):
+        check_run_config(build_config({}, [*base, "actor_rollout_ref.model.target_modules=[nope]"]))
+    critic = ["critic.model.lora_rank=4", "critic.model.target_modules=[embed_tokens]"]
+    with pytest.raises(ConfigError, match=r"^critic\.model\.target_modules=.*embed_tokens"):
+        check_run_config(build_config({}, [*base, *critic]))
+    # A model folder that is not on this machine is left to the trainer.
+    elsewhere = ["actor_rollout_ref.model.path=/nowhere", "actor_rollout_ref.model.lora_rank=4"]
+    check_run_config(
+        build_config({}, [*elsewhere, "actor_rollout_ref.model.target_modules=[nope]"])
+    )

@@ -3,12 +3,14 @@
 import pytest
 import torch
 from trainer_helpers import make_batch, plain_log_probs, trainer_config
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, GPT2Config
 
+from meshrl.config.schema import ModelConfig
 from services.trainer.actor import ActorRole
+from services.trainer.checkpoint import load_checkpoint, save_checkpoint
 from services.trainer.critic import CriticRole
 from services.trainer.fsdp import reshard
-from services.trainer.lora import hf_name, merged_weight
+from services.trainer.lora import add_lora, hf_name, merged_weight
 from services.trainer.mfu import matmul_params, weighted_matmul_params
 from services.trainer.reference import RefRole
 
@@ -144,7 +146,12 @@ def test_critic_adapters_train_with_its_whole_value_head(world, tiny_model_dir):
 
 @pytest.mark.parametrize(
     "targets, message",
-    [("[nope_proj]", "nope_proj"), ("[lm_head]", "adapter on lm_head")],
+    [
+        ("[nope_proj]", r"actor_rollout_ref\.model\.target_modules=\['nope_proj'\]: .*nope_proj"),
+        ("[lm_head]", "adapter on lm_head"),
+        # peft would put embedding adapters (lora_embedding_A/B) there: not merged here
+        ("[embed_tokens,q_proj]", r"adapter on model\.embed_tokens \(Embedding\).*linear"),
+    ],
 )
 def test_target_modules_that_miss_or_hit_the_lm_head_are_refused(
     world, tiny_model_dir, targets, message
@@ -202,3 +209,44 @@ def test_a_lora_actor_serves_its_base_model_as_the_reference(world, tiny_model_d
     assert not trainer_config(
         tiny_model_dir, ["actor_rollout_ref.actor.use_kl_loss=true"]
     ).ref_in_actor
+
+
+def test_one_layer_name_is_read_as_that_layer_not_a_whole_module_name(world, tiny_model_dir):
+    cfg = trainer_config(tiny_model_dir, [*LORA, "actor_rollout_ref.model.target_modules=q_proj"])
+    trained = _trained_names(ActorRole.build(cfg, world).model)
+    assert trained and all(".q_proj.lora_" in n for n in trained)
+
+
+def test_gpt2_conv1d_layers_are_refused(tmp_path):
+    # GPT-2 keeps its projections as Conv1D (weights stored transposed): W + s*B@A would be
+    # merged the wrong way round.
+    config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=22, n_positions=16)
+    model = AutoModelForCausalLM.from_config(config)
+    with pytest.raises(ValueError, match=r"critic\.model\.target_modules.*c_attn \(Conv1D\)"):
+        add_lora(model, ModelConfig(lora_rank=2, target_modules=["c_attn"]), key="critic.model")
+
+
+def test_resuming_with_adapters_on_other_layers_is_refused(world, tiny_model_dir, tmp_path):
+    actor = ActorRole.build(trainer_config(tiny_model_dir, LORA), world)
+    actor.save(str(tmp_path / "ckpt"), with_optimizer=False)
+    other = [*LORA, "actor_rollout_ref.model.target_modules=[q_proj,v_proj]"]
+    fewer = ActorRole.build(trainer_config(tiny_model_dir, other), world)
+    with pytest.raises(ValueError, match=r"other layers.*only in the checkpoint \['model\.layers"):
+        fewer.load(str(tmp_path / "ckpt"), with_optimizer=False)
+    other_alpha = [*LORA[:1], "actor_rollout_ref.model.lora_alpha=4"]
+    with pytest.raises(ValueError, match="lora_alpha 8.*lora_alpha 4"):
+        ActorRole.build(trainer_config(tiny_model_dir, other_alpha), world).load(
+            str(tmp_path / "ckpt"), with_optimizer=False
+        )
+
+
+def test_a_checkpoint_of_another_model_is_refused_with_a_value_error(
+    world, tiny_model_dir, tmp_path
+):
+    # torch's CheckpointException is a BaseException: unconverted, it passed every handler
+    # and left the trainer's RPC unanswered until its deadline.
+    full = ActorRole.build(trainer_config(tiny_model_dir), world)
+    save_checkpoint(tmp_path / "ckpt", full.model, None, {})
+    adapted = ActorRole.build(trainer_config(tiny_model_dir, LORA), world)
+    with pytest.raises(ValueError, match="does not fit this role's model"):
+        load_checkpoint(tmp_path / "ckpt", adapted.model, None)
