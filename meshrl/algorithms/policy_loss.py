@@ -51,6 +51,24 @@ def _where_valid(x: Tensor, valid: Tensor) -> Tensor:
     return torch.where(valid, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
+def _token_log_ratios(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(valid, log_ratio, advantages), each ``(b, t)``: the positions to read, log(pi/pi_old)
+    clamped at +-20 (a ratio past e^20 is an overflow, not a signal) and the advantages,
+    both zero outside ``valid`` so that garbage under padding never reaches a gradient."""
+    valid = valid_positions(mask, logprobs)
+    log_ratio = _where_valid(logprobs - old_logprobs, valid).clamp(-20.0, 20.0)
+    return valid, log_ratio, _where_valid(advantages, valid)
+
+
+def _surrogates(
+    adv: Tensor, ratio: Tensor, clip_ratio_low: float, clip_ratio_high: float
+) -> tuple[Tensor, Tensor]:
+    """PPO's two per-token losses ``(b, t)``: -A r and -A clip(r, 1 - low, 1 + high)."""
+    return -adv * ratio, -adv * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+
+
 def ppo_policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -102,13 +120,9 @@ def ppo_policy_loss(
     """
     if clip_ratio_c is not None and clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be > 1.0, got {clip_ratio_c}")
-    valid = valid_positions(mask, logprobs)
-    log_ratio = _where_valid(logprobs - old_logprobs, valid).clamp(-20.0, 20.0)
+    valid, log_ratio, adv = _token_log_ratios(logprobs, old_logprobs, advantages, mask)
     ratio = log_ratio.exp()
-    adv = _where_valid(advantages, valid)
-
-    unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    unclipped, clipped = _surrogates(adv, ratio, clip_ratio_low, clip_ratio_high)
     pg = torch.maximum(unclipped, clipped)
     clip_taken = clipped > unclipped
 
@@ -185,9 +199,7 @@ def gspo_policy_loss(
     own = _where_valid(logprobs, valid)
     ratio = (own - own.detach() + seq_log_ratio.unsqueeze(-1)).clamp(max=10.0).exp()
     adv = _where_valid(advantages, valid)
-
-    unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    unclipped, clipped = _surrogates(adv, ratio, clip_ratio_low, clip_ratio_high)
     pg = torch.maximum(unclipped, clipped)
     if is_weights is not None:
         pg = pg * _where_valid(is_weights.detach(), valid)
@@ -250,9 +262,7 @@ def geo_mean_policy_loss(
         log-ratio was capped at ``high``, ``clipfrac_lower`` of those with ``A < 0`` capped
         at ``-low``; ``approx_kl`` the token-level k1 as for PPO.
     """
-    valid = valid_positions(mask, logprobs)
-    log_ratio = _where_valid(logprobs - old_logprobs, valid).clamp(-20.0, 20.0)
-    adv = _where_valid(advantages, valid)
+    valid, log_ratio, adv = _token_log_ratios(logprobs, old_logprobs, advantages, mask)
     zero = torch.zeros((), dtype=log_ratio.dtype, device=log_ratio.device)
     # The pessimistic side of PPO's min, taken per token on the log-ratio. A = 0 (and
     # padding, where A was set to 0) adds log 1 but still counts in the response's length.
@@ -370,13 +380,9 @@ def clip_cov_policy_loss(
     """
     if clip_cov_ratio <= 0:
         raise ValueError(f"clip_cov_ratio must be > 0, got {clip_cov_ratio}")
-    valid = valid_positions(mask, logprobs)
-    log_ratio = _where_valid(logprobs - old_logprobs, valid).clamp(-20.0, 20.0)
+    valid, log_ratio, adv = _token_log_ratios(logprobs, old_logprobs, advantages, mask)
     ratio = log_ratio.exp()
-    adv = _where_valid(advantages, valid)
-
-    unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    unclipped, clipped = _surrogates(adv, ratio, clip_ratio_low, clip_ratio_high)
     cov = _token_covariance(logprobs, adv, valid)
     candidates = valid & ~(clipped > unclipped) & (cov > clip_cov_lb) & (cov < clip_cov_ub)
     # A uniform draw of n candidates: the n largest of independent uniform keys.
@@ -459,9 +465,7 @@ def kl_cov_policy_loss(
     """
     if kl_cov_ratio <= 0:
         raise ValueError(f"kl_cov_ratio must be > 0, got {kl_cov_ratio}")
-    valid = valid_positions(mask, logprobs)
-    log_ratio = _where_valid(logprobs - old_logprobs, valid).clamp(-20.0, 20.0)
-    adv = _where_valid(advantages, valid)
+    valid, log_ratio, adv = _token_log_ratios(logprobs, old_logprobs, advantages, mask)
 
     cov = _token_covariance(logprobs, adv, valid)
     penalised = _largest(cov, valid, _fraction_count(valid, kl_cov_ratio))

@@ -21,6 +21,19 @@ from meshrl.data.errors import DataError
 
 log = logging.getLogger(__name__)
 
+# Sequence-ratio losses whose clip ranges are on another scale than PPO's 0.2: what they
+# clip, and what their paper takes (a warning when the ranges are left to clip_ratio).
+PAPER_CLIP_RANGES = {
+    "gspo": (
+        "a response's ratio",
+        "GSPO's paper takes 3e-4 / 4e-4, as a sequence ratio moves far less than a token's",
+    ),
+    "geo_mean": (
+        "each token's log-ratio (at -low / +high)",
+        "GMPO's paper takes 0.4 / 0.4 (ratios e^-0.4 to e^0.4)",
+    ),
+}
+
 ANY_SOURCE = "*"
 """What the reward server lists when it scores every data_source (custom function, RM)."""
 
@@ -65,27 +78,17 @@ def check_run_config(cfg: RunConfig) -> None:
             f"train on all {gen} prompts)"
         )
     actor = cfg.actor_rollout_ref.actor
-    if actor.policy_loss.loss_mode == "gspo" and None in (
-        actor.clip_ratio_low,
-        actor.clip_ratio_high,
-    ):
+    mode = actor.policy_loss.loss_mode
+    if mode in PAPER_CLIP_RANGES and None in (actor.clip_ratio_low, actor.clip_ratio_high):
+        what, paper = PAPER_CLIP_RANGES[mode]
         log.warning(
-            "policy_loss.loss_mode=gspo clips a response's ratio at clip_ratio_low / "
-            "clip_ratio_high, here %s / %s (unset ones fall back to clip_ratio); GSPO's "
-            "paper takes 3e-4 / 4e-4, as a sequence ratio moves far less than a token's",
+            "policy_loss.loss_mode=%s clips %s at clip_ratio_low / clip_ratio_high, here "
+            "%s / %s (unset ones fall back to clip_ratio); %s",
+            mode,
+            what,
             actor.clip_ratio_low or actor.clip_ratio,
             actor.clip_ratio_high or actor.clip_ratio,
-        )
-    if actor.policy_loss.loss_mode == "geo_mean" and None in (
-        actor.clip_ratio_low,
-        actor.clip_ratio_high,
-    ):
-        log.warning(
-            "policy_loss.loss_mode=geo_mean clips each token's log-ratio at -clip_ratio_low / "
-            "+clip_ratio_high, here %s / %s (unset ones fall back to clip_ratio); GMPO's "
-            "paper takes 0.4 / 0.4 (ratios e^-0.4 to e^0.4)",
-            actor.clip_ratio_low or actor.clip_ratio,
-            actor.clip_ratio_high or actor.clip_ratio,
+            paper,
         )
     if fg.enable and 0 < fg.max_num_gen_batches and (gen or train) * fg.max_num_gen_batches < train:
         raise ConfigError(

@@ -201,6 +201,20 @@ def test_sinks_made_before_one_that_fails_are_closed(tmp_path, monkeypatch):
     assert len(closed) == 1 and closed[0].file.closed
 
 
+class _IdleLauncher:
+    """A launcher that starts nothing: the run fails before it would need a server."""
+
+    def start(self):
+        return "endpoints"
+
+    def stop(self):
+        pass
+
+
+def _no_ppo_run(*args):
+    raise RuntimeError("no PPO run")
+
+
 def test_a_run_that_cannot_be_made_closes_its_sinks(tmp_path, monkeypatch):
     # e.g. a wandb run started for it would otherwise stay open in the coordinator service
     from services.coordinator.run_manager import ManagedRun
@@ -209,18 +223,8 @@ def test_a_run_that_cannot_be_made_closes_its_sinks(tmp_path, monkeypatch):
     real_close = JsonlSink.close
     monkeypatch.setattr(JsonlSink, "close", lambda self: closed.append(self) or real_close(self))
 
-    class Launcher:
-        def start(self):
-            return "endpoints"
-
-        def stop(self):
-            pass
-
-    def make_ppo(*args):
-        raise RuntimeError("no PPO run")
-
     cfg = build_config({}, [f"trainer.default_local_dir={tmp_path}"])
-    run = ManagedRun("r1", cfg, tmp_path, Launcher(), make_ppo)
+    run = ManagedRun("r1", cfg, tmp_path, _IdleLauncher(), _no_ppo_run)
     with pytest.raises(RuntimeError, match="no PPO run"):
         run._run()
     assert len(closed) == 1 and closed[0].file.closed
@@ -276,18 +280,8 @@ def test_a_run_whose_setup_fails_marks_its_wandb_run_failed(tmp_path, offline_wa
 def test_a_run_that_cannot_be_made_marks_its_wandb_run_failed(tmp_path, offline_wandb):
     from services.coordinator.run_manager import ManagedRun
 
-    class Launcher:
-        def start(self):
-            return "endpoints"
-
-        def stop(self):
-            pass
-
-    def make_ppo(*args):
-        raise RuntimeError("no PPO run")
-
     overrides = [f"trainer.default_local_dir={tmp_path}", "trainer.logger=[wandb]"]
-    run = ManagedRun("r1", build_config({}, overrides), tmp_path, Launcher(), make_ppo)
+    run = ManagedRun("r1", build_config({}, overrides), tmp_path, _IdleLauncher(), _no_ppo_run)
     with pytest.raises(RuntimeError, match="no PPO run"):
         run._run()
     assert recorded_exit_code(tmp_path) == 1
@@ -295,10 +289,6 @@ def test_a_run_that_cannot_be_made_marks_its_wandb_run_failed(tmp_path, offline_
 
 def test_a_managed_run_whose_training_fails_closes_its_run_with_the_error(tmp_path):
     from services.coordinator.run_manager import ManagedRun
-
-    class Launcher:
-        def start(self):
-            return "endpoints"
 
         def stop(self):
             pass
@@ -318,7 +308,7 @@ def test_a_managed_run_whose_training_fails_closes_its_run_with_the_error(tmp_pa
             closed.append(error)
 
     cfg = build_config({}, [f"trainer.default_local_dir={tmp_path}", "trainer.logger=[]"])
-    run = ManagedRun("r1", cfg, tmp_path, Launcher(), lambda *args: FailingPPO())
+    run = ManagedRun("r1", cfg, tmp_path, _IdleLauncher(), lambda *args: FailingPPO())
     with pytest.raises(RuntimeError, match="actor died"):
         run._run()
     (error,) = closed  # its sinks learn the run failed: a wandb run is marked so
