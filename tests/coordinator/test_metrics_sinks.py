@@ -290,9 +290,6 @@ def test_a_run_that_cannot_be_made_marks_its_wandb_run_failed(tmp_path, offline_
 def test_a_managed_run_whose_training_fails_closes_its_run_with_the_error(tmp_path):
     from services.coordinator.run_manager import ManagedRun
 
-        def stop(self):
-            pass
-
     closed = []
 
     class FailingPPO:
