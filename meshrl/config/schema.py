@@ -356,10 +356,13 @@ class FilterGroupsConfig(Section):
     from further batches of prompts until ``data.train_batch_size`` prompts remain."""
 
     enable: bool = False
-    metric: Literal["acc", "score", "seq_reward"] = "acc"
+    metric: Literal["acc", "score", "seq_reward", "seq_final_reward"] = "acc"
     """The per-sample value whose spread within a group decides, as in verl: the reward's
     ``acc``; ``score``, the reward service's score; ``seq_reward``, that score with the
-    overlong penalty (reward.overlong_buffer) added, before any KL penalty."""
+    overlong penalty (reward.overlong_buffer) added, before any KL penalty;
+    ``seq_final_reward``, the reward the advantage is computed from: seq_reward, as the KL
+    penalty is not in the reward (with algorithm.use_kl_in_reward it is refused at start:
+    the groups are picked before the reference log-probs exist)."""
     max_num_gen_batches: int = Field(10, ge=0)
     """Generation batches a step may take before the run fails, naming the shortfall
     (0 = no limit: a data set the model has fully solved would then loop for ever)."""

@@ -24,14 +24,17 @@ def filter_values(metric: str, batch: RolloutBatch) -> torch.Tensor:
 
     - "acc": the reward's ``acc`` extra (a score >= 1 where the scorer gives none);
     - "score": the reward service's score, before the coordinator's overlong penalty;
-    - "seq_reward": the score the advantage sees, penalty included (no KL penalty yet).
+    - "seq_reward": the score with the overlong penalty, before any KL penalty;
+    - "seq_final_reward": the sequence's final reward, what the advantage is computed from:
+      the same as "seq_reward", since a run that filters keeps the KL penalty out of the
+      reward (preflight refuses the two together).
     """
     if metric == "acc":
         pairs = zip(batch.reward_scores.tolist(), batch.reward_extra, strict=True)
         return torch.tensor([sample_acc(s, e) for s, e in pairs], dtype=torch.float32)
     if metric == "score":
         return batch.reward_scores.float()
-    if metric == "seq_reward":
+    if metric in ("seq_reward", "seq_final_reward"):
         return batch.scores.float()
     raise ValueError(f"unknown filter_groups metric {metric!r}")
 

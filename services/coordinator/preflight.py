@@ -96,6 +96,14 @@ def check_run_config(cfg: RunConfig) -> None:
             f"{fg.max_num_gen_batches} prompts are fewer than data.train_batch_size={train}: "
             "every step would fail; raise either"
         )
+    if fg.enable and fg.metric == "seq_final_reward" and cfg.algorithm.use_kl_in_reward:
+        raise ConfigError(
+            "algorithm.filter_groups.metric=seq_final_reward with "
+            "algorithm.use_kl_in_reward=true: the groups are picked right after scoring, "
+            "before the reference log-probs that the KL penalty needs exist; filter by "
+            "seq_reward (the same reward without the KL penalty) or set "
+            "algorithm.use_kl_in_reward=false (a KL loss, actor.use_kl_loss, works with it)"
+        )
     if fg.enable:
         n = cfg.actor_rollout_ref.rollout.n
         if n < 2:

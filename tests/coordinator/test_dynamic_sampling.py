@@ -36,6 +36,8 @@ def test_filter_values_by_metric_as_verl_means_them():
     assert filter_values("acc", batch).tolist() == [1.0, 1.0, 0.0]  # no acc: score >= 1
     assert filter_values("score", batch).tolist() == pytest.approx([0.9, 1.0, 0.2])  # unshaped
     assert filter_values("seq_reward", batch).tolist() == pytest.approx([0.9, 0.5, 0.2])
+    # the reward the advantage sees: the KL penalty stays out of a filtering run's reward
+    assert filter_values("seq_final_reward", batch).tolist() == pytest.approx([0.9, 0.5, 0.2])
 
 
 def test_ragged_concat_and_batch_select_groups():
@@ -222,6 +224,15 @@ def test_run_config_checks():
     with pytest.raises(ConfigError, match=r"data.gen_batch_size=768 differs from "
                        r"data.train_batch_size=256.*filter_groups.enable=true"):  # fmt: skip
         check_run_config(build_config({}, ["data.gen_batch_size=768"]))
+    final = [
+        *on,
+        "actor_rollout_ref.rollout.n=4",
+        "algorithm.filter_groups.metric=seq_final_reward",
+    ]
+    check_run_config(build_config({}, [*final, "algorithm.use_kl_in_reward=false"]))
+    with pytest.raises(ConfigError, match=r"metric=seq_final_reward with algorithm.use_kl_in_"
+                       r"reward=true: .*before the reference log-probs"):  # fmt: skip
+        check_run_config(build_config({}, [*final, "algorithm.use_kl_in_reward=true"]))
     off = build_config({}, [])
     assert not off.algorithm.filter_groups.enable
     assert off.algorithm.filter_groups.max_num_gen_batches == 10
