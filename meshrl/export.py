@@ -100,7 +100,7 @@ def _groups(items: list[tuple[str, TensorStorageMetadata]], limit: int, dtype: t
 # --- what is exported, from where -----------------------------------------------------
 
 
-def _check_checkpoint(checkpoint: Path, role: str) -> None:
+def check_checkpoint(checkpoint: Path, role: str) -> None:
     """A complete step checkpoint holding `role`; otherwise an error that says what the path
     is (a run folder, a role's sub-folder, nothing) before the manifest's verdict."""
     if not checkpoint.is_dir():
@@ -126,12 +126,12 @@ def _checkpoint_hint(path: Path) -> str | None:
     return None
 
 
-def _run_config(checkpoint: Path) -> dict:
+def saved_run_config(checkpoint: Path) -> dict:
     path = checkpoint / "config.yaml"
     return (yaml.safe_load(path.read_text()) if path.is_file() else None) or {}
 
 
-def _model_path(run_cfg: dict, *keys: str) -> str:
+def configured_path(run_cfg: dict, *keys: str) -> str:
     node = run_cfg
     for key in keys:
         node = node.get(key) if isinstance(node, dict) else None
@@ -143,7 +143,7 @@ def _side_folder(checkpoint: Path, run_cfg: dict) -> Path:
     older than hf/ the run's model folder (which must still exist)."""
     if (checkpoint / "hf" / "config.json").is_file():
         return checkpoint / "hf"
-    model = _model_path(run_cfg, "actor_rollout_ref", "model", "path")
+    model = configured_path(run_cfg, "actor_rollout_ref", "model", "path")
     if not (Path(model) / "config.json").is_file():
         raise ExportError(
             f"{checkpoint} holds no hf/config.json, and the run's model folder "
@@ -156,8 +156,8 @@ def _side_folder(checkpoint: Path, run_cfg: dict) -> Path:
 def _critic_config_folder(checkpoint: Path, run_cfg: dict, side: Path) -> Path:
     """A critic started from a model of its own (critic.model.path) has that model's shapes,
     not the actor's; the exported config must come from there."""
-    own = _model_path(run_cfg, "critic", "model", "path")
-    if not own or own == _model_path(run_cfg, "actor_rollout_ref", "model", "path"):
+    own = configured_path(run_cfg, "critic", "model", "path")
+    if not own or own == configured_path(run_cfg, "actor_rollout_ref", "model", "path"):
         return side
     if not (Path(own) / "config.json").is_file():
         raise ExportError(
@@ -221,7 +221,7 @@ def _check_shapes(role: str, config, shapes: dict[str, torch.Size]) -> None:
 # --- the output folder --------------------------------------------------------------
 
 
-def _check_output(out: Path) -> None:
+def check_output(out: Path) -> None:
     # Never mix with what is there: stale shards and their index beside new ones are loaded
     # by vLLM (it follows the index), and an actor and a critic would overwrite each other.
     if out.exists() and (
@@ -232,7 +232,7 @@ def _check_output(out: Path) -> None:
         )
 
 
-def _staging_folder(out: Path) -> Path:
+def staging_folder(out: Path) -> Path:
     """Where the export is written before it takes the output's name: beside the output, or
     inside it when it exists (empty: a mount point such as `docker run -v host:/out` cannot
     be removed or replaced, and its parent may not be writable)."""
@@ -241,7 +241,7 @@ def _staging_folder(out: Path) -> Path:
     return out.parent / f".tmp-export-{out.name}"
 
 
-def _publish(tmp: Path, out: Path) -> None:
+def publish(tmp: Path, out: Path) -> None:
     """The finished export takes the output's name; config.json comes last, so an interrupted
     export never leaves a folder that looks complete."""
     if tmp.parent != out:
@@ -346,9 +346,9 @@ def export_checkpoint(
     checkpoint, out = Path(checkpoint), Path(out_dir).resolve()
     if role not in ROLES:
         raise ExportError(f"--role must be actor or critic, not {role!r}")
-    _check_checkpoint(checkpoint, role)
-    _check_output(out)
-    run_cfg = _run_config(checkpoint)  # the run's config.yaml, saved with the checkpoint
+    check_checkpoint(checkpoint, role)
+    check_output(out)
+    run_cfg = saved_run_config(checkpoint)  # the run's config.yaml, saved with the checkpoint
     side = _side_folder(checkpoint, run_cfg)
     if role == "critic":
         config_folder = _critic_config_folder(checkpoint, run_cfg, side)
@@ -356,7 +356,7 @@ def export_checkpoint(
         config_folder = side
     config = _hf_config(role, config_folder)
 
-    tmp = _staging_folder(out)
+    tmp = staging_folder(out)
     shutil.rmtree(tmp, ignore_errors=True)  # a leftover of an export that was killed
     try:
         copy_side_files(side, tmp)  # the run's tokenizer, whichever model the role started from
@@ -364,7 +364,7 @@ def export_checkpoint(
             config.save_pretrained(tmp)
             (tmp / "generation_config.json").unlink(missing_ok=True)
         _write_weights(checkpoint / role, role, tmp, config, shard_bytes)
-        _publish(tmp, out)
+        publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

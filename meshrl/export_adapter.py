@@ -20,12 +20,12 @@ from safetensors.torch import save_file
 
 from meshrl.export import (
     ExportError,
-    _check_checkpoint,
-    _check_output,
-    _model_path,
-    _publish,
-    _run_config,
-    _staging_folder,
+    check_checkpoint,
+    check_output,
+    configured_path,
+    publish,
+    saved_run_config,
+    staging_folder,
 )
 from services.trainer.checkpoint import META_FILE
 from services.trainer.lora import ADAPTER
@@ -51,8 +51,8 @@ def _lora_meta(shards_dir: Path, checkpoint: Path) -> dict:
 
 def export_adapter(checkpoint: str | Path, out_dir: str | Path) -> Path:
     checkpoint, out = Path(checkpoint), Path(out_dir).resolve()
-    _check_checkpoint(checkpoint, "actor")
-    _check_output(out)
+    check_checkpoint(checkpoint, "actor")
+    check_output(out)
     shards = checkpoint / "actor"
     lora = _lora_meta(shards, checkpoint)
     reader = dcp.FileSystemReader(str(shards))
@@ -68,7 +68,7 @@ def export_adapter(checkpoint: str | Path, out_dir: str | Path) -> Path:
     tensors = {peft_key(name): t.contiguous() for name, t in state["model"].items()}
     # The layers that carry adapters, by the suffix peft matches (q_proj, down_proj, ...).
     targets = sorted({k.split(".lora_")[0].rsplit(".", 1)[-1] for k in state["model"]})
-    base = _model_path(_run_config(checkpoint), "actor_rollout_ref", "model", "path")
+    base = configured_path(saved_run_config(checkpoint), "actor_rollout_ref", "model", "path")
     config = LoraConfig(
         r=int(lora["rank"]),
         lora_alpha=lora["alpha"],
@@ -78,13 +78,13 @@ def export_adapter(checkpoint: str | Path, out_dir: str | Path) -> Path:
         base_model_name_or_path=base or None,
     )
 
-    tmp = _staging_folder(out)
+    tmp = staging_folder(out)
     shutil.rmtree(tmp, ignore_errors=True)  # a leftover of an export that was killed
     try:
         tmp.mkdir(parents=True)
         save_file(tensors, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
         config.save_pretrained(str(tmp))
-        _publish(tmp, out)
+        publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
