@@ -69,6 +69,46 @@ def _run(name: str, fn, out: Path):
     return RESULTS[name]
 
 
+def diagnose_norm_kernels() -> dict:
+    """The fused-norm GEMMs against the plain Triton GEMM on rows normed by the eager
+    ``fused_ops.rms_norm`` (the same tiles and sums: they should agree to an ulp), and
+    against torch, at 256 rows of the 0.5B shape, with the sums of squares handed in parts
+    and with the kernel's own first pass; each with its default config and the config
+    call 1 found best for the plain op."""
+    from services.rollout import kernels
+    from services.rollout.fused_ops import rms_norm
+    from services.rollout.kernels.matmul import MatmulConfig, RowNorm, gate_up_silu, linear
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(256, 896, generator=g, device="cuda").bfloat16()
+    gain = (1 + 0.1 * torch.randn(896, generator=g, device="cuda")).bfloat16()
+    normed = rms_norm(x, gain, 1e-6)
+    squares = x.float().pow(2).view(256, 28, 32).sum(-1)
+    out = {}
+    for name, rows, fn, plain, torch_path, best in (
+        ("gate_up+norm", 9728, gate_up_silu, gate_up_silu,
+         lambda w: kernels.silu_mul_halves(torch.nn.functional.linear(normed, w)),
+         MatmulConfig(64, 64, 64, 4, 3)),
+        ("qkv+norm", 1152, linear, linear,
+         lambda w: torch.nn.functional.linear(normed, w), MatmulConfig(64, 64, 128, 4, 3)),
+    ):  # fmt: skip
+        w = (torch.randn(rows, 896, generator=g, device="cuda") * 896**-0.5).bfloat16()
+        want_torch = torch_path(w).float()
+        for config_name, config in (("default", None), ("best_plain", best)):
+            base = plain(normed, w, config=config).float()
+            for squares_name, handed in (("handed", squares), ("own_pass", None)):
+                got = fn(x, w, norm=RowNorm(gain, 1e-6, handed), config=config).float()
+                ulp = 2.0**-7 * base.abs().clamp(min=2.0**-10)
+                out[f"{name}/{config_name}/{squares_name}"] = {
+                    "vs_plain_triton_max_abs": float((got - base).abs().max()),
+                    "vs_plain_triton_over_2_ulps": int(((got - base).abs() > 2 * ulp).sum()),
+                    "vs_torch_max_abs": float((got - want_torch).abs().max()),
+                    "plain_triton_vs_torch_max_abs": float((base - want_torch).abs().max()),
+                    "elements": got.numel(),
+                }
+    return out
+
+
 def check_fp32(workdir: str) -> dict:
     """float32, 4 layers: the fused step (default Triton configs) in CUDA graphs and
     eagerly against a Hugging Face forward, greedy, 16 slots for 40 sequences."""
@@ -179,7 +219,9 @@ def main() -> None:
     parser.add_argument("--workdir", default="/tmp/meshrl_bench")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--steps", default="tune,check_fp32,check_bf16,rounds,side_by_side")
+    parser.add_argument(
+        "--steps", default="diagnose,tune,check_fp32,check_bf16,rounds,side_by_side"
+    )
     args = parser.parse_args()
     out, steps = Path(args.out), set(args.steps.split(","))
     RESULTS["meta"] = {
@@ -190,6 +232,8 @@ def main() -> None:
         + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
     }
     tuned: dict = {}
+    if "diagnose" in steps:
+        _run("diagnose_norm_kernels", diagnose_norm_kernels, out)
     if "tune" in steps:
         found = _run("tune", lambda: tune((256, 64), out, names=tuple(ALL_SHAPES)), out)
         if "shapes" in found:

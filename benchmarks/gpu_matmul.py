@@ -93,7 +93,10 @@ def _operands(shape: dict, m: int, device) -> dict:
     ops = dict(x=x, weights=weights, biases=biases, norm=None, residual=None)
     if shape.get("norm"):
         gain = (1 + 0.1 * torch.randn(k, generator=gen, device=device)).to(DTYPE)
-        ops["norm"] = RowNorm(gain, 1e-6)
+        # The rows' sums of squares in 28 parts, as o_proj's residual add (32-column
+        # tiles of 896) hands them on in the decoder.
+        squares = x.float().pow(2).view(m, 28, k // 28).sum(-1)
+        ops["norm"] = RowNorm(gain, 1e-6, squares)
     if shape.get("residual"):
         ops["residual"] = torch.randn(m, n, generator=gen, device=device).to(DTYPE)
     return ops
@@ -142,9 +145,12 @@ def _triton_call(shape: dict, ops: dict, config: MatmulConfig):
     norm, residual = ops["norm"], ops["residual"]
     if shape["gate_up"]:
         return lambda i: gate_up_silu(x, weights[i % COPIES], norm=norm, config=config)
-    return lambda i: linear(
-        x, weights[i % COPIES], biases[i % COPIES], norm=norm, residual=residual, config=config
-    )
+    if residual is not None:  # as the decoder calls it: with the rows' sums of squares
+        return lambda i: linear(
+            x, weights[i % COPIES], biases[i % COPIES], residual=residual, with_squares=True,
+            config=config,
+        )[0]  # fmt: skip
+    return lambda i: linear(x, weights[i % COPIES], biases[i % COPIES], norm=norm, config=config)
 
 
 def _smem(shape: dict, bm: int, bn: int, bk: int, stages: int) -> int:

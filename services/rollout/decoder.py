@@ -147,10 +147,12 @@ class StaticDecoder:
             and all(f.gate_up_weight is not None for f in self.fused)
         )
 
-    def _gemm(self, kind, x, weight, bias=None, *, norm=None, residual=None):
+    def _gemm(self, kind, x, weight, bias=None, *, norm=None, squares=None, residual=None):
         """One decode-step projection with its norm (``norm``: the norm module whose
-        output it reads) or residual add fused in; ``kind`` "linear" or "gate_up". Where
-        cuBLAS won the tuning ("torch"), the same math in torch ops."""
+        output it reads; ``squares``: its input rows' sums of squares in parts, from the
+        projection that wrote them) or residual add fused in; ``kind`` "linear" or
+        "gate_up". With a residual returns (out, its rows' sums of squares in parts).
+        Where cuBLAS won the tuning ("torch"), the same math in torch ops."""
         n = weight.shape[0] // 2 if kind == "gate_up" else weight.shape[0]
         tag = kind + ("+norm" if norm is not None else "+residual" if residual is not None else "")
         config = self.matmul_configs.get((tag, n, x.shape[1], x.shape[0]))
@@ -160,28 +162,43 @@ class StaticDecoder:
             if kind == "gate_up":
                 return kernels.silu_mul_halves(F.linear(x, weight))
             y = F.linear(x, weight, bias)
-            return y if residual is None else residual + y
-        row_norm = None if norm is None else RowNorm(norm.weight, norm.variance_epsilon)
+            if residual is None:
+                return y
+            y = residual + y
+            return y, y.float().pow(2).sum(-1, keepdim=True)
+        row_norm = None
+        if norm is not None:
+            row_norm = RowNorm(norm.weight, norm.variance_epsilon, squares)
         if kind == "gate_up":
             return kernels.gate_up_silu(x, weight, norm=row_norm, config=config)
-        return kernels.linear(x, weight, bias, norm=row_norm, residual=residual, config=config)
+        return kernels.linear(
+            x, weight, bias, norm=row_norm, residual=residual,
+            with_squares=residual is not None, config=config,
+        )  # fmt: skip
 
     def _decode_layers_fused(self, x, attend):
         """The layers of :meth:`decode` with the norms and adds inside the GEMMs: x (bs,
-        hidden) the embeddings; returns the last layer's residual stream (bs, hidden)."""
+        hidden) the embeddings; returns the last layer's residual stream (bs, hidden).
+        Each residual add also sums its rows' squares, which the next norm reads; the
+        first layer's norm sums its own."""
         bs = x.shape[0]
+        squares = None
         for i, layer in enumerate(self.layers):
             fused, attn, mlp = self.fused[i], layer.self_attn, layer.mlp
             qkv = self._gemm(
-                "linear", x, fused.qkv_weight, fused.qkv_bias, norm=layer.input_layernorm
-            )
+                "linear", x, fused.qkv_weight, fused.qkv_bias, norm=layer.input_layernorm,
+                squares=squares,
+            )  # fmt: skip
             q, k, v = self._heads(i, qkv, (bs,))
             o = attend(i, q, k, v).reshape(bs, -1)
-            x = self._gemm("linear", o, attn.o_proj.weight, attn.o_proj.bias, residual=x)
+            x, squares = self._gemm("linear", o, attn.o_proj.weight, attn.o_proj.bias, residual=x)
             act = self._gemm(
-                "gate_up", x, fused.gate_up_weight, norm=layer.post_attention_layernorm
+                "gate_up", x, fused.gate_up_weight, norm=layer.post_attention_layernorm,
+                squares=squares,
+            )  # fmt: skip
+            x, squares = self._gemm(
+                "linear", act, mlp.down_proj.weight, mlp.down_proj.bias, residual=x
             )
-            x = self._gemm("linear", act, mlp.down_proj.weight, mlp.down_proj.bias, residual=x)
         return x
 
     def _qkv(self, i: int, h: torch.Tensor, lead: tuple[int, ...]):

@@ -368,11 +368,53 @@ def check_fused(case: dict) -> None:
         assert ((plain - sums).abs() > bound).float().mean() > 0.5, "the case cannot tell"
 
 
+# Sums of squares handed from one GEMM to the next: the producer's residual add writes
+# each row's sum of squares in parts (per column tile, or per reduce block when split),
+# the consumer's norm sums the parts instead of a first pass of its own.
+SQUARES_CASES = {
+    "bf16-tiles": dict(dtype="bfloat16", m=33, n=136, k=200, split_k=1, gate_up=False),
+    "bf16-split3-then-gate_up": dict(dtype="bfloat16", m=5, n=1100, k=400, split_k=3, gate_up=True),
+    "fp32-tiles-then-gate_up": dict(dtype="float32", m=33, n=72, k=64, split_k=1, gate_up=True),
+}
+
+
+def check_squares(case: dict) -> None:
+    dtype = DTYPES[case["dtype"]]
+    m, n, k = case["m"], case["n"], case["k"]
+    gen = torch.Generator().manual_seed(m + n + k)
+    x = _rows(m, k, dtype, False, gen)
+    weight, _ = _weight(n, k, dtype, False, gen)
+    residual = (3 * torch.randn(m, n, generator=gen)).to(dtype)
+    config = MatmulConfig(16, 32, 64, num_warps=4, num_stages=2, split_k=case["split_k"])
+    assert split_plan(k, config)[0] == case["split_k"]
+
+    out, squares = td.linear(x, weight, residual=residual, with_squares=True, config=config)
+
+    assert torch.equal(out, td.linear(x, weight, residual=residual, config=config))
+    parts = -(-n // 512) if case["split_k"] > 1 else -(-n // 32)
+    assert squares.shape == (m, parts) and squares.dtype == torch.float32
+    _close(squares.sum(1), out.float().pow(2).sum(1), 1e-5, 1e-5, "sums of squares")
+    # The next projection's norm from those parts = its own first pass over the rows.
+    gain = (1.0 + 0.5 * torch.randn(n, generator=gen)).to(dtype)
+    inter = 40
+    next_weight, _ = _weight(2 * inter if case["gate_up"] else inter, n, dtype, False, gen)
+    project = td.gate_up_silu if case["gate_up"] else td.linear
+    handed = project(out, next_weight, norm=RowNorm(gain, 1e-6, squares))
+    own = project(out, next_weight, norm=RowNorm(gain, 1e-6))
+    # The same up to the float32 order of the sum of squares: an ulp of a normed input.
+    tol = 1e-5 if dtype == torch.float32 else 4 * BF16_ULP
+    _close(handed, own, tol, tol, "norm from handed squares vs its own pass")
+    # One part a row (the decoder's torch fallback hands on its own sums).
+    whole = out.float().pow(2).sum(1, keepdim=True)
+    _close(project(out, next_weight, norm=RowNorm(gain, 1e-6, whole)), own, tol, tol, "one part")
+
+
 GROUPS = [
     ("linear", LINEAR_CASES, check_linear),
     ("gate_up_silu", GATE_UP_CASES, check_gate_up),
     ("rounding", ROUNDING_CASES, check_rounding),
     ("fused", FUSED_CASES, check_fused),
+    ("squares", SQUARES_CASES, check_squares),
 ]
 
 
@@ -397,6 +439,12 @@ def test_gate_up_silu_in_interpreter(interpreter_results, name):
 @pytest.mark.parametrize("name", list(ROUNDING_CASES))
 def test_rounding_in_interpreter(interpreter_results, name):
     report(interpreter_results, f"rounding/{name}")
+
+
+@needs_triton
+@pytest.mark.parametrize("name", list(SQUARES_CASES))
+def test_sums_of_squares_handed_to_the_next_norm_in_interpreter(interpreter_results, name):
+    report(interpreter_results, f"squares/{name}")
 
 
 @needs_triton
