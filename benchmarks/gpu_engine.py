@@ -327,7 +327,6 @@ BASE_SETTINGS = dict(
     pack=True,  # prompts prefilled packed
     rope=True,  # rope and the cache write inside the attention kernel (else a kernel before)
     gemm=None,  # None: cuBLAS; "default": Triton GEMMs, default configs; "tuned": tuned ones
-    norms=False,  # with a Triton gemm: norms and residual adds inside the GEMMs
 )
 DECODE_VARIANTS = (
     ("default", {}),
@@ -358,7 +357,6 @@ def configure(engine: FastEngine, settings: dict, tuned: dict | None = None) -> 
     engine.decoder.rope_in_attention = s["rope"]
     engine.decoder.pack_prompts = s["pack"]
     engine.decoder.linear_kernels = s["gemm"] is not None
-    engine.decoder.norms_in_gemms = s["norms"]
     engine.decoder.matmul_configs = dict(tuned or {}) if s["gemm"] == "tuned" else {}
     gpu_sampler._compiled.pop("no_kernel", None)
     kernels.sample_gumbel = _SAMPLE_GUMBEL
@@ -431,13 +429,12 @@ def best_settings(variants: dict) -> tuple[str, dict]:
 def tuned_configs(tune: dict) -> dict:
     """The decoder's ``matmul_configs`` from ``benchmarks.gpu_matmul.tune``'s results: each
     shape's best config in a CUDA graph where it beat cuBLAS's graph, else "torch"."""
-    from benchmarks.gpu_matmul import ALL_SHAPES
+    from benchmarks.gpu_matmul import SHAPES
     from services.rollout.kernels.matmul import MatmulConfig
 
     configs = {}
-    for name, shape in ALL_SHAPES.items():
+    for name, shape in SHAPES.items():
         kind = "gate_up" if shape["gate_up"] else "linear"
-        kind += "+norm" if shape.get("norm") else "+residual" if shape.get("residual") else ""
         for m, found in tune.get("shapes", {}).get(name, {}).items():
             best = found.get("best_graph")
             key = (kind, shape["n"], shape["k"], int(m))

@@ -40,7 +40,6 @@ import torch.nn.functional as F
 from services.rollout import kernels
 from services.rollout.kernels.matmul import (
     MatmulConfig,
-    RowNorm,
     default_config,
     gate_up_silu,
     linear,
@@ -56,16 +55,6 @@ SHAPES = {
     "gate_up": dict(n=4864, k=896, bias=False, gate_up=True),
     "down": dict(n=896, k=4864, bias=False, gate_up=False),
 }
-FUSED_SHAPES = {
-    # The decoder's ``norms_in_gemms`` step: the RMSNorm in the prologue of q/k/v and
-    # gate/up, the residual add in the epilogue of o and down. Their torch path is the
-    # engine's unfused one: the compiled add + norm, then the GEMM (and SiLU x up).
-    "qkv+norm": dict(SHAPES["qkv"], norm=True),
-    "o+residual": dict(SHAPES["o"], residual=True),
-    "gate_up+norm": dict(SHAPES["gate_up"], norm=True),
-    "down+residual": dict(SHAPES["down"], residual=True),
-}
-ALL_SHAPES = {**SHAPES, **FUSED_SHAPES}
 COPIES = 4
 """Weight sets cycled through: 4 x 30 MB of a layer's four weights, over the H200's L2."""
 DTYPE = torch.bfloat16
@@ -90,67 +79,21 @@ def _operands(shape: dict, m: int, device) -> dict:
     if shape["bias"]:
         biases = [torch.randn(n, generator=gen, device=device).to(DTYPE) for _ in range(COPIES)]
     x = torch.randn(m, k, generator=gen, device=device).to(DTYPE)
-    ops = dict(x=x, weights=weights, biases=biases, norm=None, residual=None)
-    if shape.get("norm"):
-        gain = (1 + 0.1 * torch.randn(k, generator=gen, device=device)).to(DTYPE)
-        # The rows' sums of squares in 28 parts, as o_proj's residual add (32-column
-        # tiles of 896) hands them on in the decoder.
-        squares = x.float().pow(2).view(m, 28, k // 28).sum(-1)
-        ops["norm"] = RowNorm(gain, 1e-6, squares)
-    if shape.get("residual"):
-        ops["residual"] = torch.randn(m, n, generator=gen, device=device).to(DTYPE)
-    return ops
+    return dict(x=x, weights=weights, biases=biases)
 
 
 def _torch_call(shape: dict, ops: dict):
     x, weights, biases = ops["x"], ops["weights"], ops["biases"]
-    norm, residual = ops["norm"], ops["residual"]
-    if norm is not None:
-        rms_norm = _compiled_rms_norm()
-
-        def normed():
-            return rms_norm(x, norm.weight, norm.eps)
-    else:
-
-        def normed():
-            return x
-
     if shape["gate_up"]:
-        return lambda i: kernels.silu_mul_halves(F.linear(normed(), weights[i % COPIES]))
-    if residual is not None:
-        # The engine's unfused order: the projection, then the compiled add + norm (whose
-        # norm output the next projection would read).
-        add_rms_norm = _compiled_add_rms_norm()
-        gain = torch.ones(shape["n"], dtype=DTYPE, device=x.device)
-        return lambda i: add_rms_norm(
-            residual, F.linear(x, weights[i % COPIES], biases[i % COPIES]), gain, 1e-6
-        )[0]
-    return lambda i: F.linear(normed(), weights[i % COPIES], biases[i % COPIES])
-
-
-def _compiled_rms_norm():
-    from services.rollout.fused_ops import FusedOps
-
-    return FusedOps(compile=True).rms_norm
-
-
-def _compiled_add_rms_norm():
-    from services.rollout.fused_ops import FusedOps
-
-    return FusedOps(compile=True).add_rms_norm
+        return lambda i: kernels.silu_mul_halves(F.linear(x, weights[i % COPIES]))
+    return lambda i: F.linear(x, weights[i % COPIES], biases[i % COPIES])
 
 
 def _triton_call(shape: dict, ops: dict, config: MatmulConfig):
     x, weights, biases = ops["x"], ops["weights"], ops["biases"]
-    norm, residual = ops["norm"], ops["residual"]
     if shape["gate_up"]:
-        return lambda i: gate_up_silu(x, weights[i % COPIES], norm=norm, config=config)
-    if residual is not None:  # as the decoder calls it: with the rows' sums of squares
-        return lambda i: linear(
-            x, weights[i % COPIES], biases[i % COPIES], residual=residual, with_squares=True,
-            config=config,
-        )[0]  # fmt: skip
-    return lambda i: linear(x, weights[i % COPIES], biases[i % COPIES], norm=norm, config=config)
+        return lambda i: gate_up_silu(x, weights[i % COPIES], config=config)
+    return lambda i: linear(x, weights[i % COPIES], biases[i % COPIES], config=config)
 
 
 def _smem(shape: dict, bm: int, bn: int, bk: int, stages: int) -> int:
@@ -315,7 +258,7 @@ def _compile_one(job: tuple[str, int, dict]) -> bool:
     """In a worker process: runs (shape, m, config) once, which compiles it into Triton's
     on-disk cache. A failure is left for the timing process to record."""
     name, m, config = job
-    shape = ALL_SHAPES[name]
+    shape = SHAPES[name]
     ops = _WORKER_OPERANDS.get((name, m))
     if ops is None:
         ops = _WORKER_OPERANDS[(name, m)] = _operands(shape, m, DEVICE)
@@ -328,12 +271,11 @@ def _compile_one(job: tuple[str, int, dict]) -> bool:
         return False
 
 
-def stage1_jobs(m_values, device, names=tuple(SHAPES)) -> list[tuple[str, int, MatmulConfig]]:
+def stage1_jobs(m_values, device) -> list[tuple[str, int, MatmulConfig]]:
     """Every stage-1 candidate, once per compiled variant: Triton specializes an int
     argument on == 1 and on % 16 == 0, so M = 64 and M = 256 share their kernels."""
     jobs, seen = [], set()
-    for name in names:
-        shape = ALL_SHAPES[name]
+    for name, shape in SHAPES.items():
         for m in m_values:
             for config in candidates(shape, m, device):
                 key = (name, config, m == 1, m % 16 == 0)
@@ -368,7 +310,7 @@ def _try(shape: dict, ops: dict, config: MatmulConfig, ref: torch.Tensor) -> dic
 
 
 def tune_shape(name: str, m: int, pool: ProcessPoolExecutor | None = None) -> dict:
-    shape = ALL_SHAPES[name]
+    shape = SHAPES[name]
     device = torch.device(DEVICE)
     ops = _operands(shape, m, device)
     torch_call = _torch_call(shape, ops)
@@ -429,10 +371,9 @@ def layer_graph(m: int, configs: dict[str, MatmulConfig | None]) -> dict:
     }
 
 
-def tune(m_values=(64, 256), out=None, *, jobs: int | None = None, names=tuple(SHAPES)) -> dict:
-    """The search for every shape in ``names`` (keys of ALL_SHAPES) at every M in
-    ``m_values``; returns the results (and writes ``out/gpu_matmul.json`` when ``out`` is
-    given). The layer graphs time the four plain shapes."""
+def tune(m_values=(64, 256), out=None, *, jobs: int | None = None) -> dict:
+    """The search for every shape at every M in ``m_values``; returns the results (and
+    writes ``out/gpu_matmul.json`` when ``out`` is given)."""
     import triton
 
     device = torch.device(DEVICE)
@@ -446,7 +387,7 @@ def tune(m_values=(64, 256), out=None, *, jobs: int | None = None, names=tuple(S
         "dtype": str(DTYPE),
         "copies": COPIES,
         "m_values": list(m_values),
-        "shapes": {name: {} for name in names},
+        "shapes": {name: {} for name in SHAPES},
         "layer_graph": {},
     }
     if jobs is None:
@@ -454,10 +395,10 @@ def tune(m_values=(64, 256), out=None, *, jobs: int | None = None, names=tuple(S
     pool = ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) if jobs > 1 else None
     try:
         t = time.perf_counter()
-        stage1 = stage1_jobs(m_values, device, names)
+        stage1 = stage1_jobs(m_values, device)
         precompile(pool, stage1)
         results["precompile"] = {"jobs": len(stage1), "workers": jobs, "s": time.perf_counter() - t}
-        _tune_all(results, m_values, pool, out, names)
+        _tune_all(results, m_values, pool, out)
     finally:
         if pool is not None:
             pool.shutdown()
@@ -466,13 +407,12 @@ def tune(m_values=(64, 256), out=None, *, jobs: int | None = None, names=tuple(S
     return results
 
 
-def _tune_all(results: dict, m_values, pool, out, names) -> None:
-    """Every shape at every M, then the layer graphs (when all four plain shapes were
-    tuned); an error is recorded where it happened and the rest goes on. The JSON is
-    rewritten after each step."""
+def _tune_all(results: dict, m_values, pool, out) -> None:
+    """Every shape at every M, then the layer graphs; an error is recorded where it
+    happened and the rest goes on. The JSON is rewritten after each step."""
     for m in m_values:
         best, default = {}, {}
-        for name in names:
+        for name in SHAPES:
             t = time.perf_counter()
             try:
                 found = tune_shape(name, m, pool)
@@ -486,8 +426,6 @@ def _tune_all(results: dict, m_values, pool, out, names) -> None:
                 default[name] = MatmulConfig(**found["default"]["config"])
             print(_row(name, m, found), flush=True)
             _save(results, out)
-        if not set(SHAPES) <= set(names):
-            continue
         try:
             layer = {"best": layer_graph(m, best), "default": layer_graph(m, default)}
             print(_layer_row(m, layer), flush=True)
@@ -554,13 +492,9 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     parser.add_argument("--m", default="64,256", help="row counts, comma-separated")
     parser.add_argument("--jobs", type=int, default=None, help="compile processes (0: none)")
-    parser.add_argument(
-        "--shapes", default=",".join(SHAPES), help=f"comma-separated, of {list(ALL_SHAPES)}"
-    )
     args = parser.parse_args()
     print(HEADER, flush=True)
-    m_values = tuple(int(m) for m in args.m.split(","))
-    results = tune(m_values, args.out, jobs=args.jobs, names=tuple(args.shapes.split(",")))
+    results = tune(tuple(int(m) for m in args.m.split(",")), args.out, jobs=args.jobs)
     print(f"precompile: {results['precompile']}; total {results['total_s']:.1f} s")
 
 

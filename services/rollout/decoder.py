@@ -21,7 +21,6 @@ from meshrl.packed_attention import packed_causal_attention
 from services.rollout import kernels
 from services.rollout.fused_ops import FusedOps
 from services.rollout.fused_weights import FusedLayer, can_fuse, fuse_layer
-from services.rollout.kernels.matmul import RowNorm
 from services.rollout.kv_cache import KVShape
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -87,14 +86,8 @@ class StaticDecoder:
         with configs tuned for the GPU and shape (``benchmarks/gpu_matmul.py``) did they
         match cuBLAS on the H200 (within 1%), and their default configs lost by 4%."""
         self.matmul_configs: dict[tuple[str, int, int, int], object] = {}
-        """(kind, n, k, rows) -> a tuned ``MatmulConfig``, or "torch" where cuBLAS won for
-        that shape; missing: the kernel's default config. Kinds: "linear", "gate_up", and
-        with ``norms_in_gemms`` "linear+norm", "linear+residual", "gate_up+norm"."""
-        self.norms_in_gemms = False
-        """With ``linear_kernels``, a decode step without norm or add kernels: each RMSNorm
-        runs in the prologue of the projection that reads it (q/k/v, gate/up) and each
-        residual add in the epilogue of the one that feeds it (o, down), six launches a
-        layer instead of nine (``benchmarks/gpu_matmul.py`` tunes their configs)."""
+        """(kind "linear" or "gate_up", n, k, rows) -> a tuned ``MatmulConfig``, or "torch"
+        where cuBLAS won for that shape; missing: the kernel's default config."""
         self.rope_in_attention = True
         """With the Triton attention, rope and the cache write inside the attention kernel
         (:func:`kernels.decode_attention_rope`, one launch a layer; 2.6% more tokens/s on the
@@ -136,88 +129,16 @@ class StaticDecoder:
                 return kernels.linear(x, weight, bias, config=config)
         return F.linear(x, weight, bias)
 
-    @property
-    def fuses_norms(self) -> bool:
-        """Whether :meth:`decode` runs the norms and residual adds inside the GEMMs."""
-        return (
-            self.norms_in_gemms
-            and self.linear_kernels
-            and self.silu
-            and self.fused is not None
-            and all(f.gate_up_weight is not None for f in self.fused)
-        )
-
-    def _gemm(self, kind, x, weight, bias=None, *, norm=None, squares=None, residual=None):
-        """One decode-step projection with its norm (``norm``: the norm module whose
-        output it reads; ``squares``: its input rows' sums of squares in parts, from the
-        projection that wrote them) or residual add fused in; ``kind`` "linear" or
-        "gate_up". With a residual returns (out, its rows' sums of squares in parts).
-        Where cuBLAS won the tuning ("torch"), the same math in torch ops."""
-        n = weight.shape[0] // 2 if kind == "gate_up" else weight.shape[0]
-        tag = kind + ("+norm" if norm is not None else "+residual" if residual is not None else "")
-        config = self.matmul_configs.get((tag, n, x.shape[1], x.shape[0]))
-        if config == "torch":
-            if norm is not None:
-                x = self.ops.rms_norm(x, norm.weight, norm.variance_epsilon)
-            if kind == "gate_up":
-                return kernels.silu_mul_halves(F.linear(x, weight))
-            y = F.linear(x, weight, bias)
-            if residual is None:
-                return y
-            y = residual + y
-            return y, y.float().pow(2).sum(-1, keepdim=True)
-        row_norm = None
-        if norm is not None:
-            row_norm = RowNorm(norm.weight, norm.variance_epsilon, squares)
-        if kind == "gate_up":
-            return kernels.gate_up_silu(x, weight, norm=row_norm, config=config)
-        return kernels.linear(
-            x, weight, bias, norm=row_norm, residual=residual,
-            with_squares=residual is not None, config=config,
-        )  # fmt: skip
-
-    def _decode_layers_fused(self, x, attend):
-        """The layers of :meth:`decode` with the norms and adds inside the GEMMs: x (bs,
-        hidden) the embeddings; returns the last layer's residual stream (bs, hidden).
-        Each residual add also sums its rows' squares, which the next norm reads; the
-        first layer's norm sums its own."""
-        bs = x.shape[0]
-        squares = None
-        for i, layer in enumerate(self.layers):
-            fused, attn, mlp = self.fused[i], layer.self_attn, layer.mlp
-            qkv = self._gemm(
-                "linear", x, fused.qkv_weight, fused.qkv_bias, norm=layer.input_layernorm,
-                squares=squares,
-            )  # fmt: skip
-            q, k, v = self._heads(i, qkv, (bs,))
-            o = attend(i, q, k, v).reshape(bs, -1)
-            x, squares = self._gemm("linear", o, attn.o_proj.weight, attn.o_proj.bias, residual=x)
-            act = self._gemm(
-                "gate_up", x, fused.gate_up_weight, norm=layer.post_attention_layernorm,
-                squares=squares,
-            )  # fmt: skip
-            x, squares = self._gemm(
-                "linear", act, mlp.down_proj.weight, mlp.down_proj.bias, residual=x
-            )
-        return x
-
     def _qkv(self, i: int, h: torch.Tensor, lead: tuple[int, ...]):
         """q (*lead, H, d), k and v (*lead, kvh, d) of layer i, from normed hidden states
         h (*lead, hidden); views of one fused projection's output when fused."""
         attn = self.layers[i].self_attn
         if self.fused is not None:
             w = self.fused[i]
-            return self._heads(i, self._linear(h, w.qkv_weight, w.qkv_bias), lead)
-        return self._heads(i, (attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)), lead)
-
-    def _heads(self, i: int, qkv, lead: tuple[int, ...]):
-        """Layer i's q, k, v split into heads (Qwen3: each head normed) from the fused
-        projection's output (*lead, q_out + 2 kv_out) or a (q, k, v) triple."""
-        attn = self.layers[i].self_attn
-        if isinstance(qkv, torch.Tensor):
-            w = self.fused[i]
-            qkv = qkv.split([w.q_out, w.kv_out, w.kv_out], dim=-1)
-        q, k, v = qkv
+            qkv = self._linear(h, w.qkv_weight, w.qkv_bias)
+            q, k, v = qkv.split([w.q_out, w.kv_out, w.kv_out], dim=-1)
+        else:
+            q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
         q = q.view(*lead, self.num_heads, self.head_dim)
         k = k.view(*lead, self.kv_heads, self.head_dim)
         v = v.view(*lead, self.kv_heads, self.head_dim)
@@ -363,14 +284,11 @@ class StaticDecoder:
         ops = self.ops
         cos_t, sin_t = self.rope_table(width)
         x = self.embed(tokens)  # (bs, hidden)
+        h = ops.rms_norm(x, self.layers[0].input_layernorm.weight, self.eps)
         if self.attention == "triton":
             attend = self._triton_attention(positions, k_cache, v_cache, cos_t, sin_t, width)
         else:
             attend = self._torch_attention(positions, k_cache, v_cache, cos_t, sin_t, width)
-        if self.fuses_norms and bs <= LINEAR_KERNEL_ROWS:
-            x = self._decode_layers_fused(x, attend)
-            return self.lm_head(ops.rms_norm(x, self.norm.weight, self.norm.variance_epsilon))
-        h = ops.rms_norm(x, self.layers[0].input_layernorm.weight, self.eps)
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(i, h, (bs,))  # (bs, h, d)
             o = attend(i, q, k, v)  # (bs, H, d)

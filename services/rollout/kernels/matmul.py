@@ -40,11 +40,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import NamedTuple
 
 import torch
 
-from services.rollout.kernels.runtime import cdiv, is_interpreted, jit, sm_count, tl, triton
+from services.rollout.kernels.runtime import cdiv, is_interpreted, jit, sm_count, tl
 
 MIN_BLOCK = 16
 """tl.dot needs at least 16 along each dimension: a tile of one row is 16 rows, 15 masked."""
@@ -75,18 +74,6 @@ class MatmulConfig:
             assert size >= MIN_BLOCK and size & (size - 1) == 0, f"{name} {size}: 2**j >= 16"
         assert self.num_warps in (1, 2, 4, 8, 16), f"num_warps {self.num_warps}"
         assert self.num_stages >= 1 and self.split_k >= 1, self
-
-
-class RowNorm(NamedTuple):
-    """An RMSNorm applied to a GEMM's input rows in its prologue (``fused_ops.rms_norm``'s
-    math): the norm's weight (K,) in the input's dtype, contiguous, and its epsilon.
-    ``squares``: the rows' sums of squares in parts (M, parts) float32, as the GEMM that
-    wrote the rows returns them (``linear(..., with_squares=True)``); None: the GEMM sums
-    them itself in a first pass over its rows."""
-
-    weight: torch.Tensor
-    eps: float
-    squares: torch.Tensor | None = None
 
 
 def default_config(m: int, n: int, k: int, device: torch.device | str) -> MatmulConfig:
@@ -131,15 +118,6 @@ def _matmul_kernel(
     w_ptr,
     w_stride_n,
     bias_ptr,
-    norm_ptr,
-    eps,
-    squares_in_ptr,
-    squares_in_stride_m,
-    squares_in_parts,
-    residual_ptr,
-    residual_stride_m,
-    squares_out_ptr,
-    squares_out_stride_m,
     out_ptr,
     out_stride_split,
     out_stride_m,
@@ -150,10 +128,6 @@ def _matmul_kernel(
     k_per_split,
     HAS_BIAS: tl.constexpr,
     GATE_UP: tl.constexpr,
-    NORM: tl.constexpr,
-    SQUARES_IN: tl.constexpr,
-    RESIDUAL: tl.constexpr,
-    SQUARES_OUT: tl.constexpr,
     SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -168,21 +142,9 @@ def _matmul_kernel(
     x (M, K) and w (>= N rows, K) have unit column strides. GATE_UP: N is I and each tile
     also sums x @ w[inter + cols].T (the up rows, inter = I), and writes
     silu(gate) * up; else it writes x @ w.T (+ bias).
-    NORM: x's rows go through an RMSNorm first, as ``fused_ops.rms_norm(x, norm, eps)``
-    rounds it: a first pass over all of K sums each row's squares in float32 (whatever the
-    split), then every x tile is scaled by its rows' rsqrt(mean + eps), rounded to x's dtype,
-    times the norm weight norm[ks], rounded again, before the dot.
-    SQUARES_IN (a power of two, with NORM; 0: none): the rows' sums of squares come in
-    parts from the op that wrote x (squares_in (M, parts), float32, summed here) instead of
-    the first pass.
-    RESIDUAL (not with GATE_UP): writes residual + the rounded result, rounded once more (a
-    residual add after the projection, as ``x + F.linear(...)`` in the model dtype).
-    SQUARES_OUT (with RESIDUAL): also writes each row's sum of squares of the written tile
-    at squares_out[rows, pid_n], for the next projection's norm.
     SPLIT=False: writes the tile in out's dtype (out (M, N)).
     SPLIT=True: writes the float32 sums at out[split, rows, cols] (and the up sums at
-    out[split, rows, inter + cols]) for _split_k_reduce_kernel; no bias, no SiLU, no
-    residual.
+    out[split, rows, inter + cols]) for _split_k_reduce_kernel; no bias, no SiLU.
     """
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -199,32 +161,6 @@ def _matmul_kernel(
     # needs no transpose, and loads stay contiguous along K.
     x_ptrs = x_ptr + rows[:, None] * x_stride_m + ks[None, :]
     w_ptrs = w_ptr + cols[None, :] * w_stride_n + ks[:, None]
-    if NORM and SQUARES_IN > 0:
-        parts = tl.arange(0, SQUARES_IN)
-        squares = tl.sum(
-            tl.load(
-                squares_in_ptr + rows[:, None] * squares_in_stride_m + parts[None, :],
-                mask=row_ok[:, None] & (parts < squares_in_parts)[None, :],
-                other=0.0,
-            ),
-            1,
-        )
-        inv_rms = tl.rsqrt(squares / K + eps)
-        norm_ptrs = norm_ptr + ks
-    elif NORM:
-        # The rows' mean square over all of K (the norm's statistic), before the dot's K
-        # loop: the rows are short (a hidden size) and hot in L2 from the op before.
-        squares = tl.zeros([BLOCK_M], tl.float32)
-        for k1 in range(0, K, BLOCK_K):
-            k_all = k1 + tl.arange(0, BLOCK_K)
-            part = tl.load(
-                x_ptr + rows[:, None] * x_stride_m + k_all[None, :],
-                mask=row_ok[:, None] & (k_all < K)[None, :],
-                other=0.0,
-            ).to(tl.float32)
-            squares += tl.sum(part * part, 1)
-        inv_rms = tl.rsqrt(squares / K + eps)
-        norm_ptrs = norm_ptr + ks
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     if GATE_UP:
         up_ptrs = w_ptrs + inter * w_stride_n
@@ -239,16 +175,6 @@ def _matmul_kernel(
             k_ok = (k0 + tl.arange(0, BLOCK_K)) < k_end
             x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        if NORM:
-            # rms_norm's roundings: (x * inv_rms) to the model dtype, then weight * that,
-            # rounded again (a product of two model-dtype tensors).
-            if EVEN_K:
-                gain = tl.load(norm_ptrs)
-            else:
-                gain = tl.load(norm_ptrs, mask=k_ok, other=0.0)
-            scaled = (x.to(tl.float32) * inv_rms[:, None]).to(x_ptr.dtype.element_ty)
-            x = (gain.to(tl.float32)[None, :] * scaled.to(tl.float32)).to(x_ptr.dtype.element_ty)
-            norm_ptrs += BLOCK_K
         if DOT_IN_FP32:
             # The interpreter's tl.dot multiplies bfloat16 as raw uint16 bits: float32
             # operands there (exact: a product of two bf16 is exact in float32). On a GPU
@@ -284,22 +210,7 @@ def _matmul_kernel(
     else:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        result = acc.to(out_ptr.dtype.element_ty)
-        if RESIDUAL:
-            residual = tl.load(
-                residual_ptr + rows[:, None] * residual_stride_m + cols[None, :],
-                mask=keep,
-                other=0.0,
-            )
-            result = (residual.to(tl.float32) + result.to(tl.float32)).to(result.dtype)
-            if SQUARES_OUT:
-                written = tl.where(keep, result.to(tl.float32), 0.0)
-                tl.store(
-                    squares_out_ptr + rows * squares_out_stride_m + pid_n,
-                    tl.sum(written * written, 1),
-                    mask=row_ok,
-                )
-        tl.store(out_ptrs, result, mask=keep)
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=keep)
 
 
 def _split_k_reduce_kernel(
@@ -307,10 +218,6 @@ def _split_k_reduce_kernel(
     part_stride_split,
     part_stride_m,
     bias_ptr,
-    residual_ptr,
-    residual_stride_m,
-    squares_out_ptr,
-    squares_out_stride_m,
     out_ptr,
     out_stride_m,
     N,
@@ -318,14 +225,11 @@ def _split_k_reduce_kernel(
     SPLITS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     GATE_UP: tl.constexpr,
-    RESIDUAL: tl.constexpr,
-    SQUARES_OUT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """One (row, column block): the splits' float32 partials summed in split order, then
     the bias added (or GATE_UP: the gate sums at columns cols, the up sums at inter + cols,
-    through SiLU x up) and rounded once to out's dtype; RESIDUAL: the residual row added
-    to that and rounded again, as the matmul kernel's unsplit epilogue."""
+    through SiLU x up) and rounded once to out's dtype."""
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     keep = cols < N
@@ -343,17 +247,7 @@ def _split_k_reduce_kernel(
         total = gate / (1.0 + tl.exp(-gate)) * up
     elif HAS_BIAS:
         total += tl.load(bias_ptr + cols, mask=keep, other=0.0).to(tl.float32)
-    result = total.to(out_ptr.dtype.element_ty)
-    if RESIDUAL:
-        residual = tl.load(residual_ptr + row * residual_stride_m + cols, mask=keep, other=0.0)
-        result = (residual.to(tl.float32) + result.to(tl.float32)).to(result.dtype)
-        if SQUARES_OUT:
-            written = tl.where(keep, result.to(tl.float32), 0.0)
-            tl.store(
-                squares_out_ptr + row * squares_out_stride_m + tl.program_id(1),
-                tl.sum(written * written, 0),
-            )
-    tl.store(out_ptr + row * out_stride_m + cols, result, mask=keep)
+    tl.store(out_ptr + row * out_stride_m + cols, total.to(out_ptr.dtype.element_ty), mask=keep)
 
 
 @functools.cache
@@ -372,23 +266,13 @@ def linear(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
-    norm: RowNorm | None = None,
-    residual: torch.Tensor | None = None,
-    with_squares: bool = False,
     config: MatmulConfig | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """``F.linear(x, weight, bias)`` for few rows, optionally with the RMSNorm before it
-    and the residual add after it fused in.
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for few rows.
 
     x (M, K), any row stride, unit column stride; weight (N, K) in x's dtype, any row
     stride, unit column stride (rows of a fused buffer, as the q/k/v views of
     :mod:`services.rollout.fused_weights`, are fine); bias (N,) contiguous, or None.
-    ``norm``: computes ``F.linear(rms_norm(x, norm.weight, norm.eps), weight, bias)``, the
-    norm's statistic and roundings as ``fused_ops.rms_norm``'s (the normed rows are never
-    written). ``residual`` (M, N), unit column stride: returns ``residual + result``,
-    rounded as the two-step add in x's dtype is. ``with_squares`` (with ``residual``):
-    returns (out, squares), squares (M, parts) float32 the sums of squares of out's rows
-    in parts, for the next projection's :class:`RowNorm`.
     ``config`` (None: :func:`default_config`) sets the tiling and split-K.
     Returns (M, N) in x's dtype: the float32 sum plus the bias, rounded once.
     """
@@ -398,25 +282,18 @@ def linear(
     if bias is not None:
         assert bias.shape == (n,) and bias.stride(0) == 1, "bias (N,), contiguous"
         assert bias.dtype == x.dtype and bias.device == x.device
-    if residual is not None:
-        assert residual.shape == (m, n) and residual.stride(1) == 1, "residual (M, N)"
-        assert residual.dtype == x.dtype and residual.device == x.device
-    assert residual is not None or not with_squares, "squares come with a residual add"
-    return _launch(x, weight, bias, n, gate_up=False, norm=norm, residual=residual,
-                   with_squares=with_squares, config=config)  # fmt: skip
+    return _launch(x, weight, bias, n, gate_up=False, config=config)
 
 
 def gate_up_silu(
     x: torch.Tensor,
     gate_up_weight: torch.Tensor,
     *,
-    norm: RowNorm | None = None,
     config: MatmulConfig | None = None,
 ) -> torch.Tensor:
     """``silu(x @ Wg.T) * (x @ Wu.T)`` from the fused gate/up weight (2I, K): rows [0, I)
     the gate projection's, rows [I, 2I) the up projection's. x (M, K) as :func:`linear`'s;
-    the weight any row stride, unit column stride; ``norm`` as :func:`linear`'s (x's rows
-    normed first). Returns (M, I) in x's dtype.
+    the weight any row stride, unit column stride. Returns (M, I) in x's dtype.
 
     The (M, 2I) projection is never written (nor, with split-K, rounded: the workspace
     holds float32 partials). Rounding follows ``kernels.silu_mul_halves(F.linear(x, W))``:
@@ -429,38 +306,25 @@ def gate_up_silu(
     m, k = x.shape
     assert gate_up_weight.shape[1] == k and gate_up_weight.shape[0] % 2 == 0
     inter = gate_up_weight.shape[0] // 2
-    return _launch(x, gate_up_weight, None, inter, gate_up=True, norm=norm, residual=None,
-                   with_squares=False, config=config)  # fmt: skip
+    return _launch(x, gate_up_weight, None, inter, gate_up=True, config=config)
 
 
-def _launch(x, weight, bias, n, *, gate_up, norm, residual, with_squares, config):
+def _launch(x, weight, bias, n, *, gate_up, config):
     """The matmul kernel over (m tiles, n tiles, splits), and the reduction when split.
     ``n`` is the output width: N, or I for gate/up (whose up rows start at row n)."""
     m, k = x.shape
     assert x.stride(1) == 1 and weight.stride(1) == 1, "x and weight need unit column strides"
     assert x.dtype == weight.dtype and x.device == weight.device, "x and weight must match"
     assert k > 0, "K must be positive"
-    squares_in = None if norm is None else norm.squares
-    if norm is not None:
-        assert norm.weight.shape == (k,) and norm.weight.stride(0) == 1, "norm weight (K,)"
-        assert norm.weight.dtype == x.dtype and norm.weight.device == x.device
-    if squares_in is not None:
-        assert squares_in.dim() == 2 and squares_in.shape[0] == m and squares_in.stride(1) == 1
-        assert squares_in.dtype == torch.float32 and squares_in.device == x.device
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
-        empty = torch.zeros((m, 1), dtype=torch.float32, device=x.device)
-        return (out, empty) if with_squares else out
+        return out
     config = config or default_config(m, n, k, x.device)
     splits, k_per_split = split_plan(k, config)
     kernels = _kernels()
     constants = dict(
         HAS_BIAS=bias is not None,
         GATE_UP=gate_up,
-        NORM=norm is not None,
-        SQUARES_IN=0 if squares_in is None else triton.next_power_of_2(squares_in.shape[1]),
-        RESIDUAL=residual is not None,
-        SQUARES_OUT=with_squares,
         SPLIT=splits > 1,
         # Whole K blocks in every split: k_per_split is a multiple of block_k already.
         EVEN_K=k % config.block_k == 0,
@@ -474,36 +338,21 @@ def _launch(x, weight, bias, n, *, gate_up, norm, residual, with_squares, config
         num_stages=config.num_stages,
     )
     grid = (cdiv(m, config.block_m), cdiv(n, config.block_n), splits)
-    # Pointers a launch does not read (no bias, norm or residual): any tensor, x.
-    bias_arg = bias if bias is not None else x
-    norm_arg, eps = (norm.weight, float(norm.eps)) if norm is not None else (x, 0.0)
-    residual_arg = residual if residual is not None else x
-    residual_stride = residual_arg.stride(0)
-    squares_arg = squares_in if squares_in is not None else x
-    squares_parts = 0 if squares_in is None else squares_in.shape[1]
-    prologue = (
-        x, x.stride(0), weight, weight.stride(0), bias_arg, norm_arg, eps,
-        squares_arg, squares_arg.stride(0), squares_parts, residual_arg, residual_stride,
-    )  # fmt: skip
-    # Where the rows' sums of squares go: a part per column tile (or reduce block).
-    parts_out = cdiv(n, config.block_n) if splits == 1 else cdiv(n, REDUCE_BLOCK)
-    squares = torch.empty((m, parts_out if with_squares else 1), dtype=torch.float32,
-                          device=x.device)  # fmt: skip
+    bias_arg = bias if bias is not None else x  # not read without HAS_BIAS
     if splits == 1:
         kernels.matmul[grid](
-            *prologue, squares, squares.stride(0), out, 0, out.stride(0),
+            x, x.stride(0), weight, weight.stride(0), bias_arg, out, 0, out.stride(0),
             m, n, k, n, k_per_split, **constants,
         )  # fmt: skip
-        return (out, squares) if with_squares else out
+        return out
     parts = torch.empty((splits, m, 2 * n if gate_up else n), dtype=torch.float32, device=x.device)
     kernels.matmul[grid](
-        *prologue, squares, squares.stride(0), parts, parts.stride(0), parts.stride(1),
-        m, n, k, n, k_per_split, **{**constants, "RESIDUAL": False, "SQUARES_OUT": False},
+        x, x.stride(0), weight, weight.stride(0), bias_arg, parts, parts.stride(0),
+        parts.stride(1), m, n, k, n, k_per_split, **constants,
     )  # fmt: skip
     kernels.reduce[(m, cdiv(n, REDUCE_BLOCK))](
-        parts, parts.stride(0), parts.stride(1), bias_arg, residual_arg, residual_stride,
-        squares, squares.stride(0), out, out.stride(0), n, n, SPLITS=splits,
-        HAS_BIAS=bias is not None, GATE_UP=gate_up, RESIDUAL=residual is not None,
-        SQUARES_OUT=with_squares, BLOCK=REDUCE_BLOCK, num_warps=4,
+        parts, parts.stride(0), parts.stride(1), bias_arg, out, out.stride(0), n, n,
+        SPLITS=splits, HAS_BIAS=bias is not None, GATE_UP=gate_up, BLOCK=REDUCE_BLOCK,
+        num_warps=4,
     )  # fmt: skip
-    return (out, squares) if with_squares else out
+    return out

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from interpreter_cases import needs_triton, report, run_cases, run_child
 
 from services.rollout import kernels as td
-from services.rollout.fused_ops import rms_norm, silu_mul_halves
-from services.rollout.kernels.matmul import MatmulConfig, RowNorm, default_config, split_plan
+from services.rollout.fused_ops import silu_mul_halves
+from services.rollout.kernels.matmul import MatmulConfig, default_config, split_plan
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 BF16_ULP = 2**-7
@@ -229,192 +229,10 @@ def check_rounding(case: dict) -> None:
     _close(got, want, 0, BF16_ULP, "gate_up within an ulp where not equal")
 
 
-# The decode step's fusions: an RMSNorm in the prologue (q/k/v, gate/up) and the residual
-# add in the epilogue (o, down; split or not). K not a multiple of block_k except where
-# named; x rows wider than K in some (the norm's statistic must stop at K).
-FUSED_CASES = {
-    "fp32-norm-bias": dict(
-        dtype="float32",
-        kind="linear",
-        m=5,
-        n=100,
-        k=200,
-        norm=True,
-        bias=True,
-        config=_cfg(16, 64, 64),
-    ),
-    "fp32-residual-split3": dict(
-        dtype="float32", kind="linear", m=33, n=70, k=400, residual=True, config=_cfg(32, 32, 64, 3)
-    ),
-    "bf16-norm-bias-wide": dict(
-        dtype="bfloat16",
-        kind="linear",
-        m=33,
-        n=130,
-        k=136,
-        norm=True,
-        bias=True,
-        wide_x=True,
-        config=_cfg(32, 64, 64),
-    ),
-    "bf16-norm-split2-evenk": dict(
-        dtype="bfloat16", kind="linear", m=5, n=64, k=256, norm=True, config=_cfg(16, 32, 64, 2)
-    ),
-    "bf16-residual": dict(
-        dtype="bfloat16",
-        kind="linear",
-        m=33,
-        n=100,
-        k=96,
-        residual=True,
-        bias=True,
-        config=_cfg(16, 64, 64),
-    ),
-    "bf16-residual-split3": dict(
-        dtype="bfloat16",
-        kind="linear",
-        m=5,
-        n=130,
-        k=400,
-        residual=True,
-        config=_cfg(16, 64, 64, 3),
-    ),
-    "bf16-norm-and-residual": dict(
-        dtype="bfloat16", kind="linear", m=5, n=72, k=72, norm=True, residual=True, config=None
-    ),
-    "fp32-gate_up-norm": dict(
-        dtype="float32", kind="gate_up", m=5, n=70, k=136, norm=True, config=_cfg(16, 32, 64)
-    ),
-    "bf16-gate_up-norm-evenk": dict(
-        dtype="bfloat16", kind="gate_up", m=33, n=100, k=128, norm=True, config=_cfg(32, 64, 64)
-    ),
-    "bf16-gate_up-norm-wide": dict(
-        dtype="bfloat16",
-        kind="gate_up",
-        m=33,
-        n=100,
-        k=136,
-        norm=True,
-        wide_x=True,
-        config=_cfg(32, 64, 64),
-    ),
-}
-
-
-def check_fused(case: dict) -> None:
-    """The fused kernel against its two- or three-step torch path (``fused_ops.rms_norm``,
-    ``F.linear``, the add): float32 as close as summation order allows; bfloat16 within
-    the rounding a bf16 path may differ by (an ulp of each normed input, of the sums and of
-    the add), bounded element by element from the absolute products."""
-    dtype = DTYPES[case["dtype"]]
-    m, n, k = case["m"], case["n"], case["k"]
-    gate_up = case["kind"] == "gate_up"
-    gen = torch.Generator().manual_seed(m * 1000 + n + k)
-    # Rows of unequal scale, so a statistic over the wrong columns or rows shows.
-    x = _rows(m, k, dtype, case.get("wide_x", False), gen)
-    x = (x.float() * torch.linspace(0.2, 5.0, m)[:, None]).to(dtype)
-    if case.get("wide_x"):
-        wide = torch.full((m, k + 24), float("nan"), dtype=dtype)
-        wide[:, :k] = x
-        x = wide[:, :k]
-    weight, _ = _weight(2 * n if gate_up else n, k, dtype, False, gen)
-    bias = torch.randn(n, generator=gen).to(dtype) if case.get("bias") else None
-    norm = None
-    if case.get("norm"):
-        norm = RowNorm((1.0 + 0.5 * torch.randn(k, generator=gen)).to(dtype), 1e-6)
-    residual = (4 * torch.randn(m, n, generator=gen)).to(dtype) if case.get("residual") else None
-    config = _config(case["config"])
-    if config is not None and config.split_k > 1:
-        assert split_plan(k, config)[0] > 1, "the case must split"
-
-    if gate_up:
-        got = td.gate_up_silu(x, weight, norm=norm, config=config)
-    else:
-        got = td.linear(x, weight, bias, norm=norm, residual=residual, config=config)
-
-    assert got.shape == (m, n) and got.dtype == dtype and got.is_contiguous()
-    assert not got.isnan().any(), "a NaN: something outside x or the weight was read"
-    normed = x.contiguous() if norm is None else rms_norm(x.contiguous(), norm.weight, norm.eps)
-    sums = F.linear(normed.float(), weight.float(), None if bias is None else bias.float())
-    products = F.linear(normed.float().abs(), weight.float().abs())  # sum |x_i w_i|
-    if gate_up:
-        gate, up = sums.chunk(2, dim=-1)
-        want = F.silu(gate) * up
-        g_abs, u_abs = products.chunk(2, dim=-1)
-        # An ulp of each normed input moves a sum by at most an ulp of its |products|.
-        gate_err = 2 * BF16_ULP * g_abs + BF16_ULP * gate.abs()
-        up_err = 2 * BF16_ULP * u_abs + BF16_ULP * up.abs()
-        sig = torch.sigmoid(gate)
-        d_silu = sig * (1 + gate * (1 - sig))
-        bound = (d_silu * up).abs() * gate_err + (gate * sig).abs() * up_err
-        bound = 1.1 * bound + 2 * BF16_ULP * want.abs() + 1e-6
-    else:
-        want = sums if residual is None else residual.float() + sums.to(dtype).float()
-        bound = 2 * BF16_ULP * products + 3 * BF16_ULP * want.abs() + 1e-6
-        if residual is not None:
-            bound += BF16_ULP * residual.float().abs()
-    if dtype == torch.float32:
-        _close(got, want, 1e-5, 1e-5, "vs the float32 torch path")
-        return
-    excess = (got.float() - want).abs() - bound
-    worst = int(excess.argmax())
-    assert excess.max() <= 0, (
-        f"element {divmod(worst, n)}: got {got.flatten()[worst]}, want "
-        f"{want.flatten()[worst]}, over the bound by {excess.max()}"
-    )
-    # And the norm really is applied: without it the outputs would be far off.
-    if norm is not None and not gate_up:
-        plain = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
-        assert ((plain - sums).abs() > bound).float().mean() > 0.5, "the case cannot tell"
-
-
-# Sums of squares handed from one GEMM to the next: the producer's residual add writes
-# each row's sum of squares in parts (per column tile, or per reduce block when split),
-# the consumer's norm sums the parts instead of a first pass of its own.
-SQUARES_CASES = {
-    "bf16-tiles": dict(dtype="bfloat16", m=33, n=136, k=200, split_k=1, gate_up=False),
-    "bf16-split3-then-gate_up": dict(dtype="bfloat16", m=5, n=1100, k=400, split_k=3, gate_up=True),
-    "fp32-tiles-then-gate_up": dict(dtype="float32", m=33, n=72, k=64, split_k=1, gate_up=True),
-}
-
-
-def check_squares(case: dict) -> None:
-    dtype = DTYPES[case["dtype"]]
-    m, n, k = case["m"], case["n"], case["k"]
-    gen = torch.Generator().manual_seed(m + n + k)
-    x = _rows(m, k, dtype, False, gen)
-    weight, _ = _weight(n, k, dtype, False, gen)
-    residual = (3 * torch.randn(m, n, generator=gen)).to(dtype)
-    config = MatmulConfig(16, 32, 64, num_warps=4, num_stages=2, split_k=case["split_k"])
-    assert split_plan(k, config)[0] == case["split_k"]
-
-    out, squares = td.linear(x, weight, residual=residual, with_squares=True, config=config)
-
-    assert torch.equal(out, td.linear(x, weight, residual=residual, config=config))
-    parts = -(-n // 512) if case["split_k"] > 1 else -(-n // 32)
-    assert squares.shape == (m, parts) and squares.dtype == torch.float32
-    _close(squares.sum(1), out.float().pow(2).sum(1), 1e-5, 1e-5, "sums of squares")
-    # The next projection's norm from those parts = its own first pass over the rows.
-    gain = (1.0 + 0.5 * torch.randn(n, generator=gen)).to(dtype)
-    inter = 40
-    next_weight, _ = _weight(2 * inter if case["gate_up"] else inter, n, dtype, False, gen)
-    project = td.gate_up_silu if case["gate_up"] else td.linear
-    handed = project(out, next_weight, norm=RowNorm(gain, 1e-6, squares))
-    own = project(out, next_weight, norm=RowNorm(gain, 1e-6))
-    # The same up to the float32 order of the sum of squares: an ulp of a normed input.
-    tol = 1e-5 if dtype == torch.float32 else 4 * BF16_ULP
-    _close(handed, own, tol, tol, "norm from handed squares vs its own pass")
-    # One part a row (the decoder's torch fallback hands on its own sums).
-    whole = out.float().pow(2).sum(1, keepdim=True)
-    _close(project(out, next_weight, norm=RowNorm(gain, 1e-6, whole)), own, tol, tol, "one part")
-
-
 GROUPS = [
     ("linear", LINEAR_CASES, check_linear),
     ("gate_up_silu", GATE_UP_CASES, check_gate_up),
     ("rounding", ROUNDING_CASES, check_rounding),
-    ("fused", FUSED_CASES, check_fused),
-    ("squares", SQUARES_CASES, check_squares),
 ]
 
 
@@ -439,18 +257,6 @@ def test_gate_up_silu_in_interpreter(interpreter_results, name):
 @pytest.mark.parametrize("name", list(ROUNDING_CASES))
 def test_rounding_in_interpreter(interpreter_results, name):
     report(interpreter_results, f"rounding/{name}")
-
-
-@needs_triton
-@pytest.mark.parametrize("name", list(SQUARES_CASES))
-def test_sums_of_squares_handed_to_the_next_norm_in_interpreter(interpreter_results, name):
-    report(interpreter_results, f"squares/{name}")
-
-
-@needs_triton
-@pytest.mark.parametrize("name", list(FUSED_CASES))
-def test_norm_and_residual_fused_in_interpreter(interpreter_results, name):
-    report(interpreter_results, f"fused/{name}")
 
 
 # ---- in this process: the config chooser and the split plan ------------------------------
