@@ -55,10 +55,9 @@ def _prefix_agreement(a: Ragged, b: Ragged) -> tuple[float, float]:
     return same / len(a), statistics.mean(prefix)
 
 
-def check_fp32(workdir: str, settings: dict | None = None) -> dict:
+def check_fp32(workdir: str) -> dict:
     """float32, 4 layers of the 0.5B shape: graphs, eager fast path and Hugging Face must
-    give the same greedy tokens (16 slots for 40 sequences: refills and compaction).
-    ``settings``: ``BASE_SETTINGS`` changes to check instead of the engine's defaults."""
+    give the same greedy tokens (16 slots for 40 sequences: refills and compaction)."""
     path = make_model_dir(f"{workdir}/qwen05_l4_fp32", layers=4, dtype=torch.float32)
     fast = FastEngine(
         path,
@@ -68,8 +67,6 @@ def check_fp32(workdir: str, settings: dict | None = None) -> dict:
         gpu_memory_utilization=0.2,
         max_model_len=512,
     )
-    if settings is not None:
-        configure(fast, settings)
     prompts = random_prompts(11, 20, 4, 200, 151936)
     params = SamplingParams(temperature=0, max_tokens=48, n=2)
     graphs = fast.generate(prompts, params)
@@ -330,7 +327,6 @@ BASE_SETTINGS = dict(
     pack=True,  # prompts prefilled packed
     rope=True,  # rope and the cache write inside the attention kernel (else a kernel before)
     gemm=None,  # None: cuBLAS; "default": Triton GEMMs, default configs; "tuned": tuned ones
-    gate_up=None,  # None: the decoder's default; True/False: gate/up + SiLU as one Triton GEMM
 )
 DECODE_VARIANTS = (
     ("default", {}),
@@ -362,8 +358,6 @@ def configure(engine: FastEngine, settings: dict, tuned: dict | None = None) -> 
     engine.decoder.pack_prompts = s["pack"]
     engine.decoder.linear_kernels = s["gemm"] is not None
     engine.decoder.matmul_configs = dict(tuned or {}) if s["gemm"] == "tuned" else {}
-    if s["gate_up"] is not None:
-        engine.decoder.gate_up_kernel = s["gate_up"]
     gpu_sampler._compiled.pop("no_kernel", None)
     kernels.sample_gumbel = _SAMPLE_GUMBEL
     gpu_sampler.SAMPLING_KERNEL = "inverse_cdf" if s["sampling"] == "inverse_cdf" else "gumbel"

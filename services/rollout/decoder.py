@@ -21,7 +21,6 @@ from meshrl.packed_attention import packed_causal_attention
 from services.rollout import kernels
 from services.rollout.fused_ops import FusedOps
 from services.rollout.fused_weights import FusedLayer, can_fuse, fuse_layer
-from services.rollout.kernels.matmul import gate_up_config
 from services.rollout.kv_cache import KVShape
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -86,11 +85,6 @@ class StaticDecoder:
         :mod:`kernels.matmul`, gate/up with SiLU x up fused, instead of cuBLAS. Off: only
         with configs tuned for the GPU and shape (``benchmarks/gpu_matmul.py``) did they
         match cuBLAS on the H200 (within 1%), and their default configs lost by 4%."""
-        self.gate_up_kernel = False
-        """With the Triton kernels and ``linear_kernels`` off: the decode step's gate/up
-        projection and SiLU x up as one Triton GEMM (:func:`kernels.gate_up_silu` with
-        :func:`gate_up_config`), the (rows, 2I) projection never written, instead of
-        cuBLAS then the SiLU kernel."""
         self.matmul_configs: dict[tuple[str, int, int, int], object] = {}
         """(kind "linear" or "gate_up", n, k, rows) -> a tuned ``MatmulConfig``, or "torch"
         where cuBLAS won for that shape; missing: the kernel's default config."""
@@ -165,15 +159,6 @@ class StaticDecoder:
                 if config != "torch":
                     act = kernels.gate_up_silu(h, w, config=config)
                     return self._linear(act, mlp.down_proj.weight, mlp.down_proj.bias)
-            rows = h.shape[0]
-            if (
-                self.triton_mlp
-                and self.gate_up_kernel
-                and h.dim() == 2
-                and rows <= LINEAR_KERNEL_ROWS
-            ):
-                act = kernels.gate_up_silu(h, fused.gate_up_weight, config=gate_up_config(rows))
-                return self._linear(act, mlp.down_proj.weight, mlp.down_proj.bias)
             gate_up = F.linear(h, fused.gate_up_weight)
             if self.triton_mlp:
                 lead = gate_up.shape[:-1]

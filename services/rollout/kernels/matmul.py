@@ -105,18 +105,6 @@ def default_config(m: int, n: int, k: int, device: torch.device | str) -> Matmul
     return MatmulConfig(block_m, block_n, block_k, num_warps=4, num_stages=3, split_k=split_k)
 
 
-def gate_up_config(m: int) -> MatmulConfig:
-    """The config :func:`gate_up_silu` runs with in the engine's decode step, by row count:
-    tiles of up to 64 rows (no more than M needs), 64 columns, K steps of 128 and 4
-    pipeline stages up to 64 rows, of 64 and 3 stages above (the best of the H200 searches
-    at 64 and 256 rows for Qwen2.5-0.5B's 2 x 4864 x 896: ``benchmarks/gpu_matmul.py``;
-    the figures per row count are in docs/benchmarks.md, "Thirteenth session")."""
-    block_m = max(MIN_BLOCK, min(64, 1 << max(0, m - 1).bit_length()))
-    if m <= 64:
-        return MatmulConfig(block_m, 64, 128, num_warps=4, num_stages=4)
-    return MatmulConfig(block_m, 64, 64, num_warps=4, num_stages=3)
-
-
 def split_plan(k: int, config: MatmulConfig) -> tuple[int, int]:
     """(splits, k_per_split): whole block_k steps per split, and no empty split (asking 3
     splits of K=200 at block_k 64 gives 2 of 128 columns: the third would have none)."""
