@@ -407,14 +407,16 @@ class TrainerConfig(Section):
     """auto (latest complete checkpoint of the run folder), disable, or a checkpoint path."""
     default_local_dir: str = "runs/${trainer.project_name}/${trainer.experiment_name}"
     """Run folder: metrics, checkpoints, logs."""
-    logger: list[Literal["console", "jsonl", "tensorboard", "wandb"]] = Field(
+    logger: list[Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
         default_factory=lambda: ["console", "jsonl"]
     )
     """Where step metrics go: the console, `<run folder>/metrics.jsonl`, TensorBoard
     event files in `<run folder>/tensorboard` or `$TENSORBOARD_DIR/<project>/<experiment>`
-    (`pip install 'meshrl[tensorboard]'`), and a Weights & Biases run named
+    (`pip install 'meshrl[tensorboard]'`), a Weights & Biases run named
     `<project_name>` / `<experiment_name>`, its files in the run folder or `$WANDB_DIR`,
-    online or offline as `$WANDB_MODE` says (`pip install 'meshrl[wandb]'`)."""
+    online or offline as `$WANDB_MODE` says (`pip install 'meshrl[wandb]'`), and an MLflow
+    run `<experiment_name>` in experiment `<project_name>` at `$MLFLOW_TRACKING_URI`, else
+    in `<run folder>/mlflow.db` (`pip install 'meshrl[mlflow]'`)."""
     device: Literal["cpu", "cuda"] = "cpu"
     seed: int = 1
     """Seed of sampling and of model init where a fresh head is made."""

@@ -16,8 +16,10 @@ from pathlib import Path
 from meshrl.config import RunConfig, config_to_yaml
 from meshrl.launcher.factory import make_launcher
 from meshrl.rpc.security import SecuritySettings
+from services.coordinator.metrics_sinks import close_sinks
 from services.coordinator.preflight import check_run_config
-from services.coordinator.run import PPORun
+from services.coordinator.run import PPORun, run_sinks
+from services.coordinator.run_types import ended_exit_code
 
 log = logging.getLogger(__name__)
 
@@ -72,19 +74,31 @@ def run_local(cfg: RunConfig) -> RunResult:
     run_dir = Path(cfg.trainer.default_local_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
-    with make_launcher(cfg, run_dir) as launcher:  # local unless launcher.kind says otherwise
-        endpoints = launcher.start()
-        log.info("role servers up: %s", endpoints)
-        restarter = (
-            launcher if hasattr(launcher, "restart") and hasattr(launcher, "dead_roles") else None
-        )
-        run = PPORun(cfg, endpoints, run_dir, restarter=restarter)
-        with GracefulStop(run):
-            try:
-                run.setup()
-                metrics = run.train()
-            except BaseException as e:
-                run.close(error=e)  # its sinks record the failure: a wandb run is marked failed
-                raise
-            run.close()
-            return RunResult(metrics, finished=run.finished)
+    # Before any role server starts: a logger that cannot start (wandb online without an
+    # API key, an MLflow server that does not answer) ends the run now, not after the
+    # models have loaded.
+    sinks = run_sinks(cfg, run_dir)
+    run = None
+    try:
+        with make_launcher(cfg, run_dir) as launcher:  # local unless launcher.kind says so
+            endpoints = launcher.start()
+            log.info("role servers up: %s", endpoints)
+            restarter = (
+                launcher
+                if hasattr(launcher, "restart") and hasattr(launcher, "dead_roles")
+                else None
+            )
+            run = PPORun(cfg, endpoints, run_dir, sinks=sinks, restarter=restarter)
+            with GracefulStop(run):
+                try:
+                    run.setup()
+                    metrics = run.train()
+                except BaseException as e:
+                    run.close(error=e)  # its sinks record the failure: a wandb run is failed
+                    raise
+                run.close()
+                return RunResult(metrics, finished=run.finished)
+    except BaseException as e:
+        if run is None:  # the servers never came up: no run closes the sinks
+            close_sinks(sinks, ended_exit_code(e, finished=False))
+        raise

@@ -1,5 +1,5 @@
 """Where step metrics go: the console (one line per step), a JSONL file, TensorBoard,
-Weights & Biases."""
+Weights & Biases, MLflow."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import json
 import logging
 import math
 import os
+import re
+import time
 from pathlib import Path
 from typing import Protocol
 
 from meshrl.config.schema import RunConfig
-from services.coordinator.run_types import ended_exit_code
+from services.coordinator.run_types import INTERRUPTED_EXIT_CODE, RunState, ended_exit_code
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +121,111 @@ class WandbSink:
         self.finish(0)
 
 
+class MlflowSink:
+    """An MLflow run (verl's ``mlflow`` logger): experiment ``trainer.project_name``, run
+    name ``trainer.experiment_name``, the resolved config as its parameters (keys joined
+    by "/" as verl's: ``actor_rollout_ref/actor/ppo_epochs``), one batch of metrics a
+    step. Where: :func:`mlflow_tracking_uri`. Written through an ``MlflowClient`` bound to
+    this run's id, not MLflow's process-wide active run: a coordinator service runs
+    several runs in one process. Needs ``mlflow-skinny``, and SQLAlchemy for a database
+    store (``pip install 'meshrl[mlflow]'``).
+
+    MLflow allows only letters, digits and ``_-. :/`` in a name: validation metrics such
+    as ``val-core/gsm8k/reward/mean@4`` are logged as ``...mean_at_4`` (verl's spelling),
+    any other character becomes ``_``. A run ends FINISHED (exit code 0), KILLED (stopped:
+    3, or interrupted: 130) or FAILED (any other code)."""
+
+    BATCH = 1000  # MLflow's most metrics in one log_batch call
+    PARAMS_BATCH = 100  # its most params in one
+    PARAM_VALUE_CHARS = 6000  # its longest param value
+
+    def __init__(self, experiment: str, name: str, config: dict, run_dir: Path):
+        from mlflow import MlflowClient  # only when this logger is on
+        from mlflow.entities import Param
+
+        self.client = MlflowClient(tracking_uri=mlflow_tracking_uri(run_dir))
+        self.run_id = self.client.create_run(
+            self._experiment_id(experiment),
+            run_name=name,
+            tags={"meshrl.run_dir": str(Path(run_dir).absolute())},
+        ).info.run_id
+        params = [
+            Param(key, value[: self.PARAM_VALUE_CHARS]) for key, value in _flatten(config).items()
+        ]
+        for start in range(0, len(params), self.PARAMS_BATCH):
+            self.client.log_batch(self.run_id, params=params[start : start + self.PARAMS_BATCH])
+
+    def _experiment_id(self, name: str) -> str:
+        found = self.client.get_experiment_by_name(name)
+        if found is not None:
+            return found.experiment_id
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.create_experiment(name)
+        except MlflowException:  # made meanwhile by another run of the same service
+            found = self.client.get_experiment_by_name(name)
+            if found is None:
+                raise
+            return found.experiment_id
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        rows = [
+            Metric(mlflow_metric_name(k), float(v), now, step)
+            for k, v in metrics.items()
+            if math.isfinite(v)
+        ]
+        for start in range(0, len(rows), self.BATCH):
+            self.client.log_batch(self.run_id, metrics=rows[start : start + self.BATCH])
+
+    def finish(self, exit_code: int) -> None:
+        """Ends the run: FINISHED for 0, KILLED for a stop (3) or interrupt (130), else
+        FAILED (``ended_exit_code`` says which code each end gets)."""
+        if exit_code == 0:
+            status = "FINISHED"
+        elif exit_code in (RunState.STOPPED.exit_code, INTERRUPTED_EXIT_CODE):
+            status = "KILLED"
+        else:
+            status = "FAILED"
+        self.client.set_terminated(self.run_id, status=status)
+
+    def close(self) -> None:
+        self.finish(0)
+
+
+def mlflow_tracking_uri(run_dir: Path) -> str:
+    """``$MLFLOW_TRACKING_URI`` (a tracking server, ``http://host:5000``, or a database, as
+    verl reads it); unset: ``sqlite:///<run folder>/mlflow.db``, which ``mlflow ui
+    --backend-store-uri`` opens. Several runs compared side by side need one URI."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    return f"sqlite:///{(Path(run_dir) / 'mlflow.db').absolute()}"
+
+
+_MLFLOW_NAME_REFUSED = re.compile(r"[^A-Za-z0-9_\-. :/]")
+
+
+def mlflow_metric_name(key: str) -> str:
+    """``key`` as MLflow accepts it: "@" spelled "_at_", other refused characters "_"."""
+    return _MLFLOW_NAME_REFUSED.sub("_", key.replace("@", "_at_"))
+
+
+def _flatten(config: dict, prefix: str = "") -> dict[str, str]:
+    """{"a": {"b": 1}} -> {"a/b": "1"}; lists and scalars as their JSON text."""
+    flat: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, name + "/"))
+        else:
+            flat[mlflow_metric_name(name)] = value if isinstance(value, str) else json.dumps(value)
+    return flat
+
+
 def tensorboard_dir(run_dir: Path, project: str, experiment: str) -> Path:
     """``<run folder>/tensorboard``; with verl's ``TENSORBOARD_DIR`` set,
     ``$TENSORBOARD_DIR/<project>/<experiment>``: one folder a run, so that the runs of one
@@ -133,21 +240,35 @@ def file_sinks(cfg: RunConfig, run_dir: Path) -> list[MetricsSink]:
     """The sinks of ``trainer.logger`` that write files in (or for) the run folder (a wandb
     run records the resolved config as well)."""
     trainer = cfg.trainer
+    name, project = trainer.experiment_name, trainer.project_name
+    makers = {
+        "jsonl": lambda: JsonlSink(Path(run_dir) / "metrics.jsonl"),
+        "tensorboard": lambda: TensorBoardSink(tensorboard_dir(run_dir, project, name)),
+        "wandb": lambda: WandbSink(project, name, cfg.model_dump(mode="json"), Path(run_dir)),
+        "mlflow": lambda: MlflowSink(project, name, cfg.model_dump(mode="json"), Path(run_dir)),
+    }
     sinks: list[MetricsSink] = []
     try:
-        if "jsonl" in trainer.logger:
-            sinks.append(JsonlSink(Path(run_dir) / "metrics.jsonl"))
-        if "tensorboard" in trainer.logger:
-            where = tensorboard_dir(run_dir, trainer.project_name, trainer.experiment_name)
-            sinks.append(TensorBoardSink(where))
-        if "wandb" in trainer.logger:
-            name, project = trainer.experiment_name, trainer.project_name
-            config = cfg.model_dump(mode="json")
-            sinks.append(WandbSink(project, name, config, Path(run_dir)))
+        for logger, make in makers.items():
+            if logger in trainer.logger:
+                sinks.append(_start(logger, make))
     except BaseException as e:
         close_sinks(sinks, ended_exit_code(e, finished=False))  # those made before this one
         raise
     return sinks
+
+
+def _start(logger: str, make):
+    """``make()``; an error of the logger's own (no API key, a tracking server that does
+    not answer) becomes a ConfigError naming it: the run's request cannot be served."""
+    try:
+        return make()
+    except Exception as e:
+        from meshrl.config import ConfigError
+
+        raise ConfigError(
+            f"trainer.logger includes {logger}, but it could not start: {type(e).__name__}: {e}"
+        ) from e
 
 
 def close_sinks(sinks: list[MetricsSink], exit_code: int) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -50,12 +51,14 @@ def check_run_config(cfg: RunConfig) -> None:
             "critic or pick a critic-free estimator (grpo, rloo, reinforce_plus_plus, "
             "reinforce_plus_plus_baseline, remax)"
         )
-    for logger in ("tensorboard", "wandb"):
+    for logger in ("tensorboard", "wandb", "mlflow"):
         if logger in cfg.trainer.logger and not _installed(logger):
             raise ConfigError(
                 f"trainer.logger includes {logger}, but the {logger} package is not installed "
                 f"where the coordinator runs: pip install 'meshrl[{logger}]' (or {logger})"
             )
+    if "mlflow" in cfg.trainer.logger:
+        _check_mlflow_store()
     if cfg.trainer.val_only and not cfg.data.val_files:
         raise ConfigError(
             "trainer.val_only=true validates and stops, but data.val_files is empty: name the "
@@ -145,6 +148,27 @@ def check_lora_targets(cfg: RunConfig) -> None:
             inject(model, section, key)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+
+
+def _check_mlflow_store() -> None:
+    """A database tracking URI (``$MLFLOW_TRACKING_URI`` unset means a sqlite file in the
+    run folder) needs SQLAlchemy and Alembic, which ``mlflow-skinny`` does not bring;
+    without them the run would fail only once its role servers are up."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:"
+    database = uri.split(":", 1)[0].split("+", 1)[0]
+    if database in ("sqlite", "postgresql", "mysql", "mssql"):
+        missing = [p for p in ("sqlalchemy", "alembic") if not _installed(p)]
+        if missing:
+            where = (
+                f"MLFLOW_TRACKING_URI={uri}"
+                if uri != "sqlite:"
+                else ("MLFLOW_TRACKING_URI unset (a sqlite file in the run folder)")
+            )
+            raise ConfigError(
+                f"trainer.logger includes mlflow and {where}, but {' and '.join(missing)} "
+                "is not installed where the coordinator runs: pip install 'meshrl[mlflow]' "
+                "(or point MLFLOW_TRACKING_URI at a tracking server, http://host:5000)"
+            )
 
 
 def _installed(package: str) -> bool:

@@ -115,6 +115,16 @@ def connect(cfg: RunConfig, endpoints: Endpoints) -> Roles:
     )
 
 
+def run_sinks(cfg: RunConfig, run_dir: Path) -> list[MetricsSink]:
+    """The metrics sinks of ``trainer.logger`` for a run in this process: the console line
+    (through tqdm, under its progress bar) and the file sinks. Opened before the role
+    servers start (``run_local``): a logger that cannot start ends the run at once."""
+    sinks: list[MetricsSink] = []
+    if "console" in cfg.trainer.logger:
+        sinks.append(ConsoleSink(write=tqdm.write))
+    return sinks + file_sinks(cfg, run_dir)
+
+
 class PPORun:
     """Drives one run end to end; `stop()` from another thread ends it after the current step."""
 
@@ -145,13 +155,7 @@ class PPORun:
         self.on_step = on_step
         self._stop = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="run")
-        self.sinks = sinks if sinks is not None else self._default_sinks()
-
-    def _default_sinks(self) -> list[MetricsSink]:
-        sinks: list[MetricsSink] = []
-        if "console" in self.cfg.trainer.logger:
-            sinks.append(ConsoleSink(write=tqdm.write))
-        return sinks + file_sinks(self.cfg, self.run_dir)
+        self.sinks = sinks if sinks is not None else run_sinks(cfg, self.run_dir)
 
     # --- set-up -----------------------------------------------------------------------
     def setup(self) -> None:

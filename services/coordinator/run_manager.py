@@ -166,15 +166,17 @@ class ManagedRun:
         """Brings the servers up, trains, takes them down; returns how the run ended."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(config_to_yaml(self.cfg))
+        # Before any role server starts: a logger that cannot start rejects the run now.
+        sinks = self._sinks()
         self.update(line=f"starting role servers ({self.cfg.launcher.kind} launcher)")
         try:
-            endpoints = self.launcher.start()
-            self.update(line=f"role servers up: {endpoints}")
-            if self.stop_requested.is_set():
-                return RunState.STOPPED, "stopped before the first step"
-            restarter = self.launcher if hasattr(self.launcher, "dead_roles") else None
-            sinks = self._sinks()
             try:
+                endpoints = self.launcher.start()
+                self.update(line=f"role servers up: {endpoints}")
+                if self.stop_requested.is_set():
+                    close_sinks(sinks, RunState.STOPPED.exit_code)
+                    return RunState.STOPPED, "stopped before the first step"
+                restarter = self.launcher if hasattr(self.launcher, "dead_roles") else None
                 self.ppo = self.make_ppo(self.cfg, endpoints, self.run_dir, sinks, restarter)
             except BaseException as e:
                 # the files, and a wandb run (marked failed), that no run will close

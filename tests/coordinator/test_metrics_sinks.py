@@ -1,5 +1,6 @@
-"""Metric sinks: TensorBoard event files a user opens with `tensorboard --logdir`, and
-Weights & Biases runs (offline here: no network)."""
+"""Metric sinks: TensorBoard event files a user opens with `tensorboard --logdir`,
+Weights & Biases runs (offline here: no network), and MLflow runs (in a sqlite store, as
+`mlflow ui` reads it)."""
 
 from __future__ import annotations
 
@@ -65,8 +66,9 @@ def test_file_sinks_follow_trainer_logger_and_tensorboard_dir(tmp_path, monkeypa
     assert file_sinks(config(["console"]), tmp_path) == []
 
 
-@pytest.mark.parametrize("logger", ["tensorboard", "wandb"])
+@pytest.mark.parametrize("logger", ["tensorboard", "wandb", "mlflow"])
 def test_a_logger_without_its_package_is_refused_at_start(monkeypatch, logger):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cfg = build_config({}, [f"trainer.logger=[console,{logger}]"])
     check_run_config(cfg)  # installed here
     real = importlib.util.find_spec
@@ -196,8 +198,11 @@ def test_sinks_made_before_one_that_fails_are_closed(tmp_path, monkeypatch):
 
     monkeypatch.setattr(metrics_sinks, "TensorBoardSink", no_board)
     cfg = build_config({}, ["trainer.logger=[jsonl,tensorboard]"])
-    with pytest.raises(OSError, match="cannot write"):
+    with pytest.raises(
+        ConfigError, match="trainer.logger includes tensorboard, but it could not start: OSError"
+    ) as raised:
         file_sinks(cfg, tmp_path)
+    assert isinstance(raised.value.__cause__, OSError)
     assert len(closed) == 1 and closed[0].file.closed
 
 
@@ -228,6 +233,32 @@ def test_a_run_that_cannot_be_made_closes_its_sinks(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="no PPO run"):
         run._run()
     assert len(closed) == 1 and closed[0].file.closed
+
+
+def test_a_logger_that_cannot_start_rejects_the_run_before_its_servers_start(
+    tmp_path, monkeypatch
+):
+    # through a coordinator service: before, the role servers started (and loaded their
+    # models) first; now the run is refused (REJECTED, exit 2) and no server starts
+    from services.coordinator import metrics_sinks
+    from services.coordinator.run_manager import ManagedRun
+
+    class Launcher(_IdleLauncher):
+        started = False
+
+        def start(self):
+            Launcher.started = True
+            return "endpoints"
+
+    def no_board(log_dir):
+        raise PermissionError(f"cannot write {log_dir}")
+
+    monkeypatch.setattr(metrics_sinks, "TensorBoardSink", no_board)
+    overrides = [f"trainer.default_local_dir={tmp_path}", "trainer.logger=[jsonl,tensorboard]"]
+    run = ManagedRun("r1", build_config({}, overrides), tmp_path, Launcher(), _no_ppo_run)
+    with pytest.raises(ConfigError, match="trainer.logger includes tensorboard"):
+        run._run()
+    assert not Launcher.started
 
 
 @pytest.mark.parametrize(
@@ -310,3 +341,91 @@ def test_a_managed_run_whose_training_fails_closes_its_run_with_the_error(tmp_pa
         run._run()
     (error,) = closed  # its sinks learn the run failed: a wandb run is marked so
     assert ended_exit_code(error, finished=False) == 1
+
+
+# ---- MLflow ---------------------------------------------------------------------------------
+
+
+def mlflow_config(tmp_path, loggers="[console,mlflow]"):
+    return build_config(
+        {},
+        [
+            f"trainer.logger={loggers}",
+            "trainer.project_name=gsm8k_ppo",
+            "trainer.experiment_name=qwen_lr1e-6",
+            f"trainer.default_local_dir={tmp_path / 'run'}",
+            "actor_rollout_ref.actor.ppo_epochs=3",
+        ],
+    )
+
+
+def test_mlflow_run_holds_the_config_each_finite_metric_and_how_the_run_ended(
+    tmp_path, monkeypatch
+):
+    pytest.importorskip("mlflow")  # the dev extra installs mlflow-skinny and SQLAlchemy
+    from mlflow import MlflowClient
+
+    from services.coordinator.metrics_sinks import MlflowSink, mlflow_tracking_uri
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = mlflow_config(tmp_path)
+    check_run_config(cfg)  # SQLAlchemy is there: the default sqlite store is usable
+    run_dir = tmp_path / "run"
+    ends = {}
+    for exit_code in (0, 3, 1):  # finished; stopped (a first Ctrl-C); failed
+        (sink,) = file_sinks(cfg, run_dir)
+        assert isinstance(sink, MlflowSink)
+        sink.log(1, {"critic/score/mean": 0.25, "actor/pg_loss": float("nan")})
+        sink.log(2, {"critic/score/mean": 0.5, "val-core/gsm8k/reward/mean@4": 0.75})
+        close_sinks([sink], exit_code)
+        ends[exit_code] = sink.run_id
+
+    uri = mlflow_tracking_uri(run_dir)
+    assert uri == f"sqlite:///{run_dir.absolute() / 'mlflow.db'}"
+    assert (run_dir / "mlflow.db").is_file()
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("gsm8k_ppo")  # one, made by the first run
+    runs = client.search_runs([experiment.experiment_id])
+    assert {r.info.run_id for r in runs} == set(ends.values())
+    status = {code: client.get_run(run_id).info.status for code, run_id in ends.items()}
+    assert status == {0: "FINISHED", 3: "KILLED", 1: "FAILED"}
+    run = client.get_run(ends[0])
+    assert run.info.run_name == "qwen_lr1e-6"
+    assert run.data.params["actor_rollout_ref/actor/ppo_epochs"] == "3"
+    assert run.data.params["trainer/project_name"] == "gsm8k_ppo"
+    assert run.data.tags["meshrl.run_dir"] == str(run_dir.absolute())
+
+    def history(key):
+        return [(m.step, m.value) for m in client.get_metric_history(ends[0], key)]
+
+    assert sorted(history("critic/score/mean")) == [(1, 0.25), (2, 0.5)]
+    assert history("actor/pg_loss") == []  # the NaN is left out
+    assert history("val-core/gsm8k/reward/mean_at_4") == [(2, 0.75)]  # "@" refused
+
+
+def test_mlflow_tracking_uri_comes_from_the_environment_as_verl_reads_it(tmp_path, monkeypatch):
+    from services.coordinator.metrics_sinks import mlflow_metric_name, mlflow_tracking_uri
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking:5000")
+    assert mlflow_tracking_uri(tmp_path) == "http://tracking:5000"
+    assert mlflow_metric_name("val-aux/math/acc/best@8/mean") == "val-aux/math/acc/best_at_8/mean"
+    assert mlflow_metric_name("perf/mfu/actor (%)") == "perf/mfu/actor ___"
+
+
+def test_a_database_store_without_sqlalchemy_is_refused_at_start(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    cfg = mlflow_config(tmp_path)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(  # as with mlflow-skinny alone
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in ("sqlalchemy", "alembic") else real(name, *a),
+    )
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with pytest.raises(ConfigError, match=r"MLFLOW_TRACKING_URI unset.*sqlalchemy and alembic"):
+        check_run_config(cfg)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "postgresql+psycopg2://db/mlflow")
+    with pytest.raises(ConfigError, match=r"postgresql\+psycopg2://db/mlflow.*meshrl\[mlflow\]"):
+        check_run_config(cfg)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking:5000")  # a server: no database here
+    check_run_config(cfg)

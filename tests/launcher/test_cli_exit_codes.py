@@ -120,3 +120,32 @@ def test_the_run_closes_knowing_how_it_ended_as_meshrl_run_exits(
 def test_run_result_is_the_last_metrics():
     result = RunResult({"a": 1.0}, finished=True)
     assert result == {"a": 1.0} and result["a"] == 1.0 and result.finished
+
+
+def test_a_logger_that_cannot_start_ends_the_run_before_any_server_starts(
+    monkeypatch, tmp_path, config, capsys
+):
+    # wandb online without an API key: before, the run failed (exit 1) once every role
+    # server was up and its model loaded; now it is refused (exit 2) before the launch
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no wandb settings: no key
+    monkeypatch.setenv("NETRC", str(tmp_path / "no.netrc"))
+    started = []
+
+    class Launcher(_Launcher):
+        def start(self):
+            started.append(True)
+            return "endpoints"
+
+    monkeypatch.setattr(run_local_module, "make_launcher", Launcher)
+    run_dir = tmp_path / "run"
+    overrides = [f"trainer.default_local_dir={run_dir}", "trainer.logger=[console,jsonl,wandb]"]
+    exit_code = cli.main(["run", config, *overrides])
+    err = capsys.readouterr().err
+    assert exit_code == cli.EXIT_BAD_REQUEST == 2, err
+    assert "trainer.logger includes wandb, but it could not start" in err
+    assert "API key" in err
+    assert started == []
+    assert (run_dir / "metrics.jsonl").exists()  # the sink made before it was closed
