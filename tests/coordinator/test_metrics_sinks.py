@@ -235,9 +235,7 @@ def test_a_run_that_cannot_be_made_closes_its_sinks(tmp_path, monkeypatch):
     assert len(closed) == 1 and closed[0].file.closed
 
 
-def test_a_logger_that_cannot_start_rejects_the_run_before_its_servers_start(
-    tmp_path, monkeypatch
-):
+def test_a_logger_that_cannot_start_rejects_the_run_before_its_servers_start(tmp_path, monkeypatch):
     # through a coordinator service: before, the role servers started (and loaded their
     # models) first; now the run is refused (REJECTED, exit 2) and no server starts
     from services.coordinator import metrics_sinks
