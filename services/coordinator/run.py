@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 from tqdm import tqdm
 
 from meshrl.algorithms.kl import make_kl_controller
@@ -216,7 +217,15 @@ class PPORun:
         clients = [c for n, c in self.named_clients().items() if names is None or n in names]
         futures = [self.pool.submit(c.initialize, text, str(self.run_dir)) for c in clients]
         for f in futures:
-            f.result()
+            try:
+                f.result()
+            except RoleCallError as err:
+                if err.code != grpc.StatusCode.INVALID_ARGUMENT:
+                    raise
+                # The server refused the run's config (a model folder it cannot read on
+                # its machine, a value it cannot serve): the request is wrong (exit 2, a
+                # service's run REJECTED), not a failure of the run.
+                raise ConfigError(f"{err} (the role server refused this run's config)") from err
 
     # --- recovery from a dead role server ----------------------------------------------
     def run_step(self, records: list) -> dict[str, float] | None:

@@ -92,3 +92,42 @@ def test_lora_targets_are_checked_on_the_models_config_before_any_server_starts(
     check_run_config(
         build_config({}, [*elsewhere, "actor_rollout_ref.model.target_modules=[nope]"])
     )
+
+
+@pytest.mark.parametrize(
+    ("code", "ends_as"),
+    [("INVALID_ARGUMENT", ConfigError), ("UNAVAILABLE", "RoleCallError")],
+)
+def test_a_role_server_that_refuses_the_config_at_initialize_is_a_wrong_request(
+    tmp_path, code, ends_as
+):
+    # e.g. a model folder that exists on the coordinator's machine but not on the server's:
+    # exit 2 (a service's run REJECTED), as any config error; a dead server stays a failure
+    import grpc
+
+    from services.coordinator.clients import RoleCallError
+    from services.coordinator.run import Endpoints, PPORun
+    from services.coordinator.run_types import ended_exit_code
+
+    class Refused(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode[code]
+
+        def details(self):
+            return "FileNotFoundError: /models/qwen has no config.json"
+
+    nowhere = Endpoints(rollout=["127.0.0.1:9"], actor="127.0.0.1:9", reward="127.0.0.1:9")
+    cfg = build_config({}, ["trainer.logger=[console]", "trainer.plot=false"])
+    run = PPORun(cfg, nowhere, tmp_path / "run")
+    for name, client in run.named_clients().items():
+
+        def refuse(config_yaml, run_dir, name=name):
+            raise RoleCallError(name, "10.0.0.2:50051", "Initialize", Refused())
+
+        client.initialize = refuse
+    with pytest.raises(Exception) as raised:
+        run.initialize_roles()
+    run.close(error=raised.value)
+    assert type(raised.value).__name__ == getattr(ends_as, "__name__", ends_as)
+    assert "/models/qwen has no config.json" in str(raised.value)
+    assert ended_exit_code(raised.value, finished=False) == (2 if code == "INVALID_ARGUMENT" else 1)
