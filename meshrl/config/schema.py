@@ -429,6 +429,11 @@ class TrainerConfig(Section):
     to `<dir>/<step>.jsonl`; a relative path is under the run folder. None: not written."""
     validation_data_dir: str | None = None
     """The same for each validation's generations."""
+    log_val_generations: int = Field(0, ge=0)
+    """Show this many validation samples (input, output, score) in the loggers that keep
+    tables, at each validation: a wandb table `val/generations` (a row a validation, as
+    verl's), an MLflow artifact `val_generations/step_<k>.json`, TensorBoard text
+    `val/generations`. The same prompts every time (picked with `trainer.seed`). 0: none."""
 
 
 class ResourcePoolConfig(Section):

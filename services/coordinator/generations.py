@@ -2,14 +2,17 @@
 ``trainer.validation_data_dir``): ``<dir>/<step>.jsonl``, one sample a line, with the
 prompt, the response, its ground truth and score and the reward's extras, so a user sees
 what the model writes and how it was judged without a debugger; a sample the reward service
-could not score says why, so a scorer's failure is not read as a wrong answer."""
+could not score says why, so a scorer's failure is not read as a wrong answer. Also the
+few validation samples the loggers show as tables (``trainer.log_val_generations``)."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import random
 from pathlib import Path
+from typing import NamedTuple
 
 
 def generations_dir(configured: str | None, run_dir: Path) -> Path | None:
@@ -52,3 +55,20 @@ def write_generations(
     finally:
         tmp.unlink(missing_ok=True)  # after a failure; gone already after the rename
     return path
+
+
+class GenerationRow(NamedTuple):
+    """One validation sample as the loggers show it (trainer.log_val_generations)."""
+
+    input: str
+    output: str
+    score: float
+
+
+def pick_shown(rows: list[GenerationRow], count: int, seed: int) -> list[GenerationRow]:
+    """``count`` of a validation's rows, the same prompts at every validation (verl's way:
+    sorted by input, shuffled with a fixed seed, the first ``count``), so a logger's table
+    follows the same samples as training goes on."""
+    ordered = sorted(rows, key=lambda row: row.input)
+    random.Random(seed).shuffle(ordered)
+    return ordered[:count]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from meshrl.config.schema import RunConfig
+from services.coordinator.generations import GenerationRow
 from services.coordinator.run_types import INTERRUPTED_EXIT_CODE, RunState, ended_exit_code
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,9 @@ CONSOLE_KEYS = [
 class MetricsSink(Protocol):
     """Where step metrics go. A sink that records how the run ended (a wandb run: finished,
     or failed) has ``finish(exit_code)`` as well, which close_sinks calls in place of close:
-    the others need not know."""
+    the others need not know. A sink that can show validation samples as a table has
+    ``log_generations(step, rows)`` (rows of :class:`GenerationRow`; see
+    :func:`log_generations`)."""
 
     def log(self, step: int, metrics: dict[str, float]) -> None: ...
     def close(self) -> None: ...
@@ -70,6 +73,13 @@ class TensorBoardSink:
                 self.writer.add_scalar(key, value, step)
         self.writer.flush()
 
+    def log_generations(self, step: int, rows: list[GenerationRow]) -> None:
+        """A markdown table under the text tab, ``val/generations`` at ``step``."""
+        lines = ["| input | output | score |", "|---|---|---|"]
+        lines += [f"| {_cell(r.input)} | {_cell(r.output)} | {r.score:.4g} |" for r in rows]
+        self.writer.add_text(GENERATIONS_KEY, "\n".join(lines), step)
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()
 
@@ -104,11 +114,29 @@ class WandbSink:
         )
         self.run.define_metric(self.STEP)
         self.run.define_metric("*", step_metric=self.STEP)
+        self._table_columns: list[str] = []
+        self._table_rows: list[list] = []
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         # One call a step, committed at once: a crash must not take the last step with it.
         finite = {k: v for k, v in metrics.items() if math.isfinite(v)}
         self.run.log({**finite, self.STEP: step})
+
+    def log_generations(self, step: int, rows: list[GenerationRow]) -> None:
+        """verl's ``val/generations`` table: a row a validation (its step, then input,
+        output and score of each shown sample), the whole table logged again each time
+        (wandb keeps a logged table as it was)."""
+        import wandb
+
+        columns = ["step"]
+        for i in range(1, len(rows) + 1):
+            columns += [f"input_{i}", f"output_{i}", f"score_{i}"]
+        row = [step] + [x for r in rows for x in (r.input, r.output, r.score)]
+        if columns != self._table_columns:  # another count of samples: a fresh table
+            self._table_columns, self._table_rows = columns, []
+        self._table_rows.append(row)
+        table = wandb.Table(columns=columns, data=self._table_rows)
+        self.run.log({GENERATIONS_KEY: table, self.STEP: step})
 
     def finish(self, exit_code: int) -> None:
         """Ends the run, recording how: 0 marks it finished, any other code failed
@@ -144,8 +172,12 @@ class MlflowSink:
         from mlflow.entities import Param
 
         self.client = MlflowClient(tracking_uri=mlflow_tracking_uri(run_dir))
+        # With the default store in the run folder, its artifacts go there too (MLflow's
+        # default would be ./mlruns in the working directory); a server decides its own.
+        own_store = not os.environ.get("MLFLOW_TRACKING_URI")
+        artifacts = (Path(run_dir) / "mlflow-artifacts").absolute().as_uri() if own_store else None
         self.run_id = self.client.create_run(
-            self._experiment_id(experiment),
+            self._experiment_id(experiment, artifacts),
             run_name=name,
             tags={"meshrl.run_dir": str(Path(run_dir).absolute())},
         ).info.run_id
@@ -155,14 +187,14 @@ class MlflowSink:
         for start in range(0, len(params), self.PARAMS_BATCH):
             self.client.log_batch(self.run_id, params=params[start : start + self.PARAMS_BATCH])
 
-    def _experiment_id(self, name: str) -> str:
+    def _experiment_id(self, name: str, artifact_location: str | None) -> str:
         found = self.client.get_experiment_by_name(name)
         if found is not None:
             return found.experiment_id
         from mlflow.exceptions import MlflowException
 
         try:
-            return self.client.create_experiment(name)
+            return self.client.create_experiment(name, artifact_location=artifact_location)
         except MlflowException:  # made meanwhile by another run of the same service
             found = self.client.get_experiment_by_name(name)
             if found is None:
@@ -181,6 +213,12 @@ class MlflowSink:
         for start in range(0, len(rows), self.BATCH):
             self.client.log_batch(self.run_id, metrics=rows[start : start + self.BATCH])
 
+    def log_generations(self, step: int, rows: list[GenerationRow]) -> None:
+        """An artifact ``val_generations/step_<step>.json``: {"step", "rows": [{input,
+        output, score}]} (verl logs the same rows as an artifact)."""
+        body = {"step": step, "rows": [r._asdict() for r in rows]}
+        self.client.log_text(self.run_id, json.dumps(body), f"val_generations/step_{step}.json")
+
     def finish(self, exit_code: int) -> None:
         """Ends the run: FINISHED for 0, KILLED for a stop (3) or interrupt (130), else
         FAILED (``ended_exit_code`` says which code each end gets)."""
@@ -194,6 +232,27 @@ class MlflowSink:
 
     def close(self) -> None:
         self.finish(0)
+
+
+GENERATIONS_KEY = "val/generations"
+
+
+def _cell(text: str) -> str:
+    """``text`` in one markdown table cell: pipes escaped, line breaks as <br>."""
+    return text.replace("|", "\\|").replace("\n", "<br>")
+
+
+def log_generations(sinks: list[MetricsSink], step: int, rows: list[GenerationRow]) -> None:
+    """The shown validation samples to every sink that keeps tables (the others have no
+    ``log_generations``); a sink that fails to is logged, not fatal: the metrics went."""
+    for sink in sinks:
+        show = getattr(sink, "log_generations", None)
+        if show is None:
+            continue
+        try:
+            show(step, rows)
+        except Exception as e:  # noqa: BLE001 - a table is a convenience, not the run
+            log.warning("could not log validation samples to %s: %s", type(sink).__name__, e)
 
 
 def mlflow_tracking_uri(run_dir: Path) -> str:

@@ -34,8 +34,14 @@ from services.coordinator.clients import (
     RolloutClient,
     TrainerClient,
 )
-from services.coordinator.generations import generations_dir
-from services.coordinator.metrics_sinks import ConsoleSink, MetricsSink, close_sinks, file_sinks
+from services.coordinator.generations import GenerationRow, generations_dir, pick_shown
+from services.coordinator.metrics_sinks import (
+    ConsoleSink,
+    MetricsSink,
+    close_sinks,
+    file_sinks,
+    log_generations,
+)
 from services.coordinator.plot import plot_metrics
 from services.coordinator.ppo_step import PPOStep, Roles, WeightSyncFailed
 from services.coordinator.preflight import check_data_sources, load_tokenizer
@@ -473,6 +479,8 @@ class PPORun:
     def validate(self) -> dict[str, float]:
         start = time.perf_counter()
         self.step_runner.memory.wake()  # validation generates: the caches come back first
+        shown_count = self.cfg.trainer.log_val_generations
+        shown: list[GenerationRow] | None = [] if shown_count else None
         metrics = validate(
             self.cfg,
             [self.val_set[i] for i in range(len(self.val_set))],
@@ -482,7 +490,11 @@ class PPORun:
             self.pool,
             generations_dir(self.cfg.trainer.validation_data_dir, self.run_dir),
             self.state.step,
+            shown,
         )
+        if shown:
+            rows = pick_shown(shown, shown_count, self.cfg.trainer.seed)
+            log_generations(self.sinks, self.state.step, rows)
         return {**metrics, "timing_s/testing": time.perf_counter() - start}
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

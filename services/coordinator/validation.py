@@ -15,7 +15,7 @@ from meshrl.api.v1 import rollout_pb2
 from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
 from services.coordinator.clients import RewardRoleClient, RolloutClient, ScoredSample
-from services.coordinator.generations import write_generations
+from services.coordinator.generations import GenerationRow, write_generations
 from services.coordinator.ppo_step import generate_split, reward_failure_summary
 from services.coordinator.rollout_batch import RolloutBatch
 from services.coordinator.validation_metrics import SampleResult, validation_metrics
@@ -44,9 +44,11 @@ def validate(
     pool,
     generations: Path | None = None,
     step: int = 0,
+    shown: list[GenerationRow] | None = None,
 ) -> dict[str, float]:
     """The metrics of one validation at ``step``; its samples are written to
-    ``generations/<step>.jsonl`` when given (trainer.validation_data_dir)."""
+    ``generations/<step>.jsonl`` when given (trainer.validation_data_dir), and appended to
+    ``shown`` as (input, output, score) rows when given (trainer.log_val_generations)."""
     sampling = validation_sampling(cfg)
     n = sampling.n
     size = cfg.data.val_batch_size or len(records)
@@ -72,6 +74,11 @@ def validate(
         results = reward.score(items)
         if generations is not None:
             written += zip(items, results, strict=True)
+        if shown is not None:
+            shown += [
+                GenerationRow(it["prompt"], it["response"], r.score)
+                for it, r in zip(items, results, strict=True)
+            ]
         if summary := reward_failure_summary(results, batch.data_sources):
             log.warning("validation reward: %s", summary)
         for i, ds, result in zip(repeat, batch.data_sources, results, strict=True):

@@ -12,7 +12,12 @@ import torch
 from meshrl.config import build_config
 from meshrl.ragged import Ragged
 from services.coordinator.clients import ScoredSample
-from services.coordinator.generations import generations_dir, write_generations
+from services.coordinator.generations import (
+    GenerationRow,
+    generations_dir,
+    pick_shown,
+    write_generations,
+)
 from services.coordinator.ppo_step import PPOStep, Roles
 from services.coordinator.rollout_batch import RolloutBatch
 from services.coordinator.validation import validate
@@ -140,3 +145,27 @@ def test_a_validation_dump_says_why_a_sample_was_not_scored(tmp_path):
         validate(build_config({}), records, [Replica()], Reward(), Tokenizer(), pool, tmp_path, 2)
     lines = [json.loads(x) for x in (tmp_path / "2.jsonl").read_text().splitlines()]
     assert [x.get("reward_failure") for x in lines] == [None, "ValueError: bad ground truth"]
+
+
+def test_validation_hands_its_samples_to_the_loggers_tables(tmp_path):
+    records = [
+        SimpleNamespace(prompt_ids=[p], data_source="x", ground_truth="0", extra_info={})
+        for p in (10, 13, 12)
+    ]
+    shown = []
+    with ThreadPoolExecutor(1) as pool:
+        validate(
+            build_config({}), records, [Replica()], Reward(), Tokenizer(), pool, None, 2, shown
+        )
+    assert shown == [("10", "10", 1.0), ("13", "13", 0.0), ("12", "12", 1.0)]
+
+
+def test_the_shown_samples_are_the_same_prompts_at_every_validation():
+    # verl's pick: sorted by input, shuffled with a fixed seed, the first few; so a table
+    # follows the same prompts as the outputs change
+    first = [GenerationRow(f"q{i}", f"a{i}", 0.0) for i in range(20)]
+    later = [GenerationRow(r.input, r.output + " better", 1.0) for r in reversed(first)]
+    picked, again = pick_shown(first, 4, seed=1), pick_shown(later, 4, seed=1)
+    assert len(picked) == 4 and [r.input for r in picked] == [r.input for r in again]
+    assert [r.input for r in pick_shown(first, 4, seed=2)] != [r.input for r in picked]
+    assert pick_shown(first[:2], 4, seed=1) != [] and len(pick_shown(first[:2], 4, seed=1)) == 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import json
 import struct
 import time
 from types import SimpleNamespace
@@ -427,3 +428,40 @@ def test_a_database_store_without_sqlalchemy_is_refused_at_start(tmp_path, monke
         check_run_config(cfg)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking:5000")  # a server: no database here
     check_run_config(cfg)
+
+
+def test_wandb_shows_validation_samples_as_verls_table(tmp_path, offline_wandb):
+    from services.coordinator.generations import GenerationRow
+    from services.coordinator.metrics_sinks import WandbSink, log_generations
+
+    sink = WandbSink("proj", "exp", {}, tmp_path)
+    rows = [GenerationRow("1+2=", "3", 1.0), GenerationRow("2+2=", "5", 0.0)]
+    log_generations([ConsoleSink(write=lambda line: None), sink], 2, rows)
+    log_generations([sink], 4, [r._replace(score=1.0) for r in rows])
+    close_sinks([sink], 0)
+    # the table as wandb stores it in the offline run (what `wandb sync` uploads)
+    tables = sorted(tmp_path.glob("wandb/offline-run-*/files/media/table/val/generations_*.json"))
+    assert tables, "no table file"
+    table = json.loads(tables[-1].read_text())  # the last log holds both validations
+    assert table["columns"] == ["step", "input_1", "output_1", "score_1", "input_2", "output_2",
+                                "score_2"]  # fmt: skip
+    assert table["data"] == [[2, "1+2=", "3", 1.0, "2+2=", "5", 0.0],
+                             [4, "1+2=", "3", 1.0, "2+2=", "5", 1.0]]  # fmt: skip
+
+
+def test_a_logger_that_cannot_show_samples_does_not_end_the_run(tmp_path, caplog):
+    from services.coordinator.generations import GenerationRow
+    from services.coordinator.metrics_sinks import log_generations
+
+    class Broken:
+        def log_generations(self, step, rows):
+            raise OSError("disk full")
+
+    board = TensorBoardSink(tmp_path / "tb")
+    log_generations([Broken(), board], 3, [GenerationRow("a|b", "c\nd", 0.5)])
+    board.close()
+    assert "could not log validation samples to Broken: disk full" in caplog.text
+    from tests.e2e.test_ppo_run import board_texts
+
+    ((step, text),) = board_texts(tmp_path / "tb", "val/generations")
+    assert step == 3 and "| a\\|b | c<br>d | 0.5 |" in text

@@ -36,18 +36,36 @@ def _overrides(tiny_model, data, run_dir):
         "algorithm.use_kl_in_reward=true",
         "trainer.total_training_steps=3",
         "trainer.test_freq=2",
-        "trainer.logger=[console,jsonl,tensorboard]",
+        "trainer.logger=[console,jsonl,tensorboard,mlflow]",
+        "trainer.log_val_generations=3",
         "trainer.rollout_data_dir=rollouts",  # under the run folder
         f"trainer.validation_data_dir={run_dir.parent / 'val_generations'}",
         f"trainer.default_local_dir={run_dir}",
     ]
 
 
+def board_texts(log_dir, tag: str) -> list[tuple[int, str]]:
+    """The (step, text) of a TensorBoard text summary."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
+    events.Reload()
+    return [
+        (e.step, e.tensor_proto.string_val[0].decode())
+        for e in events.Tensors(f"{tag}/text_summary")
+    ]
+
+
+def _markdown_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", "<br>")
+
+
 def _children() -> set[int]:
     return {p.pid for p in psutil.Process(os.getpid()).children(recursive=True)}
 
 
-def test_ppo_run_end_to_end(tiny_model, arithmetic_data, tmp_path):
+def test_ppo_run_end_to_end(tiny_model, arithmetic_data, tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the run folder's own store
     before = _children()
     cfg = build_config({}, _overrides(tiny_model, arithmetic_data, tmp_path / "run"))
     last = run_local(cfg)
@@ -92,6 +110,36 @@ def test_ppo_run_end_to_end(tiny_model, arithmetic_data, tmp_path):
         assert {"input", "output", "gts", "score", "acc"} <= set(samples[0])
     val = sorted(p.name for p in (tmp_path / "val_generations").iterdir())
     assert val == ["2.jsonl", "3.jsonl"]
+    # trainer.log_val_generations=3: the same 3 validation prompts at each validation, as
+    # text in TensorBoard and an artifact of the MLflow run (which also has every metric)
+    shown = {}
+    for step in (2, 3):
+        dumped = [
+            json.loads(line)
+            for line in (tmp_path / "val_generations" / f"{step}.jsonl").read_text().splitlines()
+        ]
+        artifact = next((tmp_path / "run" / "mlflow-artifacts").rglob(f"step_{step}.json"))
+        rows = json.loads(artifact.read_text())["rows"]
+        assert len(rows) == 3
+        for row in rows:  # each shown sample is one of the validation's own
+            assert any(
+                (d["input"], d["output"], d["score"]) == (row["input"], row["output"], row["score"])
+                for d in dumped
+            )
+        shown[step] = [row["input"] for row in rows]
+    assert shown[2] == shown[3]
+    texts = board_texts(tmp_path / "run" / "tensorboard", "val/generations")
+    assert [step for step, _ in texts] == [2, 3]
+    assert all(_markdown_cell(shown[2][0]) in text for _, text in texts)
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}")
+    (run,) = client.search_runs(
+        [client.get_experiment_by_name(cfg.trainer.project_name).experiment_id]
+    )
+    assert run.info.status == "FINISHED"
+    history = client.get_metric_history(run.info.run_id, "critic/score/mean")
+    assert sorted(m.step for m in history) == [1, 2, 3]
     assert _children() <= before, "role servers must all be stopped"
 
 
