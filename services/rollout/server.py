@@ -3,9 +3,13 @@
 The logic lives in ``worker.py`` (locking, weight syncs) and the engine; this file only
 converts messages once at the edge and maps failures to status codes:
 not initialized / memory released / no weight group -> FAILED_PRECONDITION, a bad request
--> INVALID_ARGUMENT, a failed weight sync -> UNAVAILABLE.
+-> INVALID_ARGUMENT, a failed weight sync or a server shutting down -> UNAVAILABLE.
 
     python -m services.rollout.server --host 127.0.0.1 --port 50051
+
+Ctrl-C or SIGTERM stops it in about the gRPC grace period (2 s), exit code 0, even with a
+generation in flight: that call is cancelled (UNAVAILABLE) and not waited for. A second
+signal while it stops ends it at once.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ import argparse
 import functools
 import importlib.metadata
 import logging
+import os
+import signal
+import sys
 from collections.abc import Callable
 
 import grpc
@@ -21,7 +28,7 @@ import grpc
 from meshrl.api.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from meshrl.config import config_from_yaml
 from meshrl.rpc.call_markers import CallMarkers
-from meshrl.rpc.server import GrpcServer, ServiceError, rpc_method
+from meshrl.rpc.server import GrpcServer, ServiceError, rpc_method, wait_for_stop_signal
 from meshrl.weight_sync.group import WeightGroupError
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
 from meshrl.wire import ragged_from_proto, ragged_to_proto, tensor_to_proto
@@ -30,6 +37,7 @@ from services.rollout.worker import (
     NotInitializedError,
     NoWeightGroupError,
     RolloutWorker,
+    ShuttingDownError,
     WeightSyncError,
 )
 
@@ -60,7 +68,7 @@ def _status_of(e: Exception) -> grpc.StatusCode | None:
         if isinstance(e.__cause__, ValueError):
             return grpc.StatusCode.INVALID_ARGUMENT
         return grpc.StatusCode.UNAVAILABLE
-    if isinstance(e, WeightGroupError):
+    if isinstance(e, WeightGroupError | ShuttingDownError):
         return grpc.StatusCode.UNAVAILABLE
     return None
 
@@ -182,9 +190,36 @@ def serve(host: str = "127.0.0.1", port: int = 0) -> None:
     )
     server.start()
     try:
-        server.wait()
+        wait_for_stop_signal()
+        # While stopping, a second Ctrl-C / SIGTERM ends the process at once (the default
+        # action), as a second Ctrl-C abandons the step of `meshrl run`.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        log.info("stopping (a second Ctrl-C / SIGTERM exits at once)")
     finally:
-        worker.close()
+        shut_down(server, worker)
+
+
+def shut_down(server: GrpcServer, worker: RolloutWorker) -> None:
+    """Refuses new calls, gives those running the gRPC grace period, then leaves.
+
+    A generation (or weight sync, or model load) still running after the grace has had its
+    RPC cancelled (UNAVAILABLE) but goes on in its handler thread: the engines cannot
+    interrupt it, and the interpreter joins that thread at exit. A large batch used to hold
+    the process for as long as the batch took (48 s for a tiny model on a CPU), a sync
+    waiting for its sender for the group's timeout. Their results have no caller left: the
+    process exits without waiting for them.
+    """
+    worker.close()
+    server.stop()
+    running = worker.running
+    if running == 0:
+        return  # a normal exit: atexit handlers run (an engine's worker processes close)
+    log.warning("exiting without waiting for %d rollout call(s) still running", running)
+    logging.shutdown()  # flushes the log handlers; os._exit skips that
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,6 +4,10 @@ One lock serialises everything that touches the engine, so a weight swap never o
 generation: ReceiveWeights waits for the Generate in flight, and a Generate that arrives
 during a swap waits for it. Failures are typed exceptions; ``server.py`` maps them to
 status codes.
+
+Stopping: `close` refuses new calls and never waits for those running. The engines cannot
+interrupt a generation half-way (nor a weight sync blocked on its peer), so the server
+exits without joining them; `running` tells it whether there are any.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +49,10 @@ class NoWeightGroupError(RuntimeError):
 
 class WeightSyncError(RuntimeError):
     """A sync failed half-way (peer died, timeout, bad manifest); the group is closed."""
+
+
+class ShuttingDownError(RuntimeError):
+    """A call that came once the server had begun to stop."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +120,28 @@ class RolloutWorker:
         self._engine_lock = threading.Lock()  # generation, scoring and swaps never overlap
         self._group: WeightGroup | _EngineGroup | None = None
         self._group_lock = threading.Lock()  # taken before _engine_lock, never after
+        self._calls_lock = threading.Lock()  # guards the two below
+        self._running = 0  # calls inside the worker now
+        self._closing = False
+
+    @contextmanager
+    def _call(self) -> Iterator[None]:
+        """Counts one call while it runs; refuses it once `close` was called."""
+        with self._calls_lock:
+            if self._closing:
+                raise ShuttingDownError("rollout server is shutting down")
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._calls_lock:
+                self._running -= 1
+
+    @property
+    def running(self) -> int:
+        """Calls (generation, scoring, loading, weight syncs) still running."""
+        with self._calls_lock:
+            return self._running
 
     @property
     def ready(self) -> bool:
@@ -123,20 +154,21 @@ class RolloutWorker:
         return self._engine
 
     def initialize(self, cfg: RunConfig) -> None:
-        engine = build_engine(cfg)  # slow: load outside the lock, swap in under it
-        with self._engine_lock:
-            self._engine = engine
-            self.model_path = cfg.actor_rollout_ref.model.path
+        with self._call():
+            engine = build_engine(cfg)  # slow: load outside the lock, swap in under it
+            with self._engine_lock:
+                self._engine = engine
+                self.model_path = cfg.actor_rollout_ref.model.path
 
     def generate(self, prompts: Ragged, params: SamplingParams) -> GenerationResult:
-        with self._engine_lock:
+        with self._call(), self._engine_lock:
             return self.engine.generate(prompts, params)
 
     def score(
         self, prompts: Ragged, responses: Ragged, temperature: float, with_entropy: bool
     ) -> tuple[TokenScores, int]:
         """Per-token scores and the weight version that computed them."""
-        with self._engine_lock:
+        with self._call(), self._engine_lock:
             engine = self.engine
             return engine.score(
                 prompts, responses, temperature, with_entropy
@@ -144,7 +176,7 @@ class RolloutWorker:
 
     def set_memory(self, release: bool) -> int:
         """Releases or resumes the engine's memory; returns the KV cache bytes held after."""
-        with self._engine_lock:
+        with self._call(), self._engine_lock:
             engine = self.engine
             engine.release_memory() if release else engine.resume_memory()
             return engine.kv_cache_bytes
@@ -153,7 +185,7 @@ class RolloutWorker:
 
     def join_group(self, spec: GroupSpec) -> str:
         """Joins a (new) weight-sync group, closing the previous one; blocks until all joined."""
-        with self._group_lock:
+        with self._call(), self._group_lock:
             self._close_group()
             engine = self._engine
             if isinstance(engine, GroupMemberEngine):
@@ -174,7 +206,7 @@ class RolloutWorker:
         weight version becomes -1 if some tensors were already loaded: the weights are then
         a mix of two versions and need a full re-sync.
         """
-        with self._group_lock:
+        with self._call(), self._group_lock:
             group = self._current_group(manifest)
             if isinstance(group, _EngineGroup):
                 return self._receive_in_engine(group, manifest)
@@ -255,8 +287,17 @@ class RolloutWorker:
         return SyncStats(manifest.version, time.monotonic() - start, manifest.nbytes)
 
     def close(self) -> None:
-        with self._group_lock:
-            self._close_group()
+        """Refuses new calls and closes the weight group, without waiting for the calls still
+        running (see `running`). A sync or join in progress holds the group: it is left to
+        the process's exit, which drops its connections (its peer then fails), rather than
+        waiting up to the group's timeout for it here."""
+        with self._calls_lock:
+            self._closing = True
+        if self._group_lock.acquire(blocking=False):
+            try:
+                self._close_group()
+            finally:
+                self._group_lock.release()
 
     def _current_group(self, manifest: WeightManifest) -> WeightGroup | _EngineGroup:
         if self._group is None:

@@ -1,8 +1,10 @@
 """The rollout server as a real process: `python -m services.rollout.server` on a free port."""
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -273,3 +275,85 @@ def test_an_unset_seed_is_a_fresh_one_and_zero_is_a_seed():
     assert sampling_from_proto(rollout_pb2.SamplingParams(max_tokens=4, n=1)).seed is None
     assert sampling_from_proto(rollout_pb2.SamplingParams(max_tokens=4, n=1, seed=0)).seed == 0
     assert sampling_from_proto(rollout_pb2.SamplingParams(max_tokens=4, n=1, seed=7)).seed == 7
+
+
+# Ctrl-C (SIGINT) stops the standalone server in about the gRPC grace period (2 s). A call in
+# flight used to hold it until the call ended: 48 s for a generation like the one below on a
+# CPU, 60 s (the group's timeout) for the weight sync. The bound leaves room for a loaded
+# machine.
+STOP_BOUND_S = 10.0
+
+
+def _wait_for_log(srv: Server, text: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in srv.log_path.read_text():
+        if srv.proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"no {text!r} in the server log:\n{srv.log_path.read_text()}")
+        time.sleep(0.05)
+
+
+def _ctrl_c(srv: Server) -> tuple[int | None, float]:
+    """SIGINT to the server; its exit code (None: still running after STOP_BOUND_S) and the
+    seconds it took to exit."""
+    start = time.monotonic()
+    srv.proc.send_signal(signal.SIGINT)
+    try:
+        rc = srv.proc.wait(STOP_BOUND_S)
+    except subprocess.TimeoutExpired:
+        rc = None
+    return rc, time.monotonic() - start
+
+
+@pytest.fixture
+def own_server(model_dirs, tmp_path):
+    """A server of its own (the test stops it), initialized with the tiny model. Once it has
+    answered Initialize it waits for signals: one sent just after it listens could still
+    meet Python's default SIGINT handler."""
+    srv = Server(tmp_path / "rollout.log")
+    try:
+        request = common_pb2.InitializeRequest(config_yaml=_config_yaml(model_dirs[0]))
+        srv.stub.Initialize(request, timeout=120)
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_ctrl_c_stops_an_idle_server_with_exit_code_0(own_server):
+    rc, seconds = _ctrl_c(own_server)
+    assert rc == 0 and seconds < STOP_BOUND_S, (rc, seconds, own_server.log_path.read_text())
+
+
+def test_ctrl_c_does_not_wait_for_a_generation_in_flight(own_server):
+    # 2048 sampled sequences of up to 200 tokens: longer than the bound on any machine.
+    request = _generate_request([[1, 4, 5]] * 64, temperature=1.0, max_tokens=200, n=32)
+    call = own_server.stub.Generate.future(request, timeout=300)
+    _wait_for_log(own_server, "rpc Generate #1 started")
+    rc, seconds = _ctrl_c(own_server)
+    log = own_server.log_path.read_text()
+    assert rc == 0 and seconds < STOP_BOUND_S, (rc, seconds, log)
+    with pytest.raises(grpc.RpcError) as err:
+        call.result(timeout=30)
+    assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+
+
+def test_ctrl_c_does_not_wait_for_a_weight_sync_whose_sender_never_sends(own_server):
+    store, spec = WeightGroup.open("127.0.0.1", timeout_s=60, world_size=2)
+    peer = GroupSpec(**{**spec.__dict__, "rank": 1})
+    joined = own_server.stub.JoinWeightGroup.future(
+        common_pb2.JoinWeightGroupRequest(spec=peer.to_proto()), timeout=60
+    )
+    group = WeightGroup.join(spec, store)
+    try:
+        assert joined.result().group_id == spec.group_id
+        buckets = plan_buckets([("model.embed_tokens.weight", (22, 64))], torch.float32, 1 << 15)
+        manifest = WeightManifest(1, buckets, spec.group_id)
+        call = own_server.stub.ReceiveWeights.future(manifest.to_proto(), timeout=120)
+        _wait_for_log(own_server, "rpc ReceiveWeights #1 started")
+        rc, seconds = _ctrl_c(own_server)  # the server holds the group, waiting for us
+        log = own_server.log_path.read_text()
+        assert rc == 0 and seconds < STOP_BOUND_S, (rc, seconds, log)
+        with pytest.raises(grpc.RpcError) as err:
+            call.result(timeout=30)
+        assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+    finally:
+        group.close()
