@@ -171,11 +171,15 @@ class MlflowSink:
         from mlflow import MlflowClient  # only when this logger is on
         from mlflow.entities import Param
 
-        self.client = MlflowClient(tracking_uri=mlflow_tracking_uri(run_dir))
+        self.uri = mlflow_tracking_uri(run_dir)
+        self.client = MlflowClient(tracking_uri=self.uri)
         # With the default store in the run folder, its artifacts go there too (MLflow's
-        # default would be ./mlruns in the working directory); a server decides its own.
-        own_store = not os.environ.get("MLFLOW_TRACKING_URI")
-        artifacts = (Path(run_dir) / "mlflow-artifacts").absolute().as_uri() if own_store else None
+        # default would be ./mlruns in the working directory). With $MLFLOW_TRACKING_URI a
+        # tracking server decides; a database URI gets MLflow's default, ./mlruns.
+        self.own_store = not os.environ.get("MLFLOW_TRACKING_URI")
+        artifacts = None
+        if self.own_store:
+            artifacts = (Path(run_dir) / "mlflow-artifacts").absolute().as_uri()
         self.run_id = self.client.create_run(
             self._experiment_id(experiment, artifacts),
             run_name=name,
@@ -184,8 +188,17 @@ class MlflowSink:
         params = [
             Param(key, value[: self.PARAM_VALUE_CHARS]) for key, value in _flatten(config).items()
         ]
-        for start in range(0, len(params), self.PARAMS_BATCH):
-            self.client.log_batch(self.run_id, params=params[start : start + self.PARAMS_BATCH])
+        try:
+            for start in range(0, len(params), self.PARAMS_BATCH):
+                batch = params[start : start + self.PARAMS_BATCH]
+                self.client.log_batch(self.run_id, params=batch)
+        except BaseException as e:  # the run exists now: not left RUNNING for ever
+            interrupted = isinstance(e, KeyboardInterrupt)
+            try:
+                self.finish(INTERRUPTED_EXIT_CODE if interrupted else RunState.FAILED.exit_code)
+            except Exception as closing:  # noqa: BLE001 - the first error is the one to see
+                log.warning("could not end the MLflow run %s: %s", self.run_id, closing)
+            raise
 
     def _experiment_id(self, name: str, artifact_location: str | None) -> str:
         found = self.client.get_experiment_by_name(name)
@@ -210,8 +223,13 @@ class MlflowSink:
             for k, v in metrics.items()
             if math.isfinite(v)
         ]
-        for start in range(0, len(rows), self.BATCH):
-            self.client.log_batch(self.run_id, metrics=rows[start : start + self.BATCH])
+        try:
+            for start in range(0, len(rows), self.BATCH):
+                self.client.log_batch(self.run_id, metrics=rows[start : start + self.BATCH])
+        except Exception as e:  # noqa: BLE001 - a logger's outage is not the run's failure
+            # After MLflow's own retries: this step's points are lost to MLflow only
+            # (metrics.jsonl and the other loggers have them), the run goes on.
+            log.warning("MLflow did not take the metrics of step %d: %s", step, e)
 
     def log_generations(self, step: int, rows: list[GenerationRow]) -> None:
         """An artifact ``val_generations/step_<step>.json``: {"step", "rows": [{input,
@@ -228,18 +246,42 @@ class MlflowSink:
             status = "KILLED"
         else:
             status = "FAILED"
-        self.client.set_terminated(self.run_id, status=status)
+        try:
+            self.client.set_terminated(self.run_id, status=status)
+        finally:
+            if self.own_store:
+                _dispose_store(self.uri)
 
     def close(self) -> None:
         self.finish(0)
 
 
+def _dispose_store(uri: str) -> None:
+    """Closes MLflow's database engine for ``uri``. MLflow keeps one per URI for the life
+    of the process, and each run's own store is a new URI: a coordinator service would hold
+    a few file handles per finished run. (A private MLflow attribute, hence guarded.)"""
+    try:
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        engine = SqlAlchemyStore._engine_map.pop(uri, None)
+        if engine is not None:
+            engine.dispose()
+    except Exception as e:  # noqa: BLE001 - an MLflow without this map: nothing to free
+        log.debug("could not dispose of MLflow's engine for %s: %s", uri, e)
+
+
 GENERATIONS_KEY = "val/generations"
 
 
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~])")
+
+
 def _cell(text: str) -> str:
-    """``text`` in one markdown table cell: pipes escaped, line breaks as <br>."""
-    return text.replace("|", "\\|").replace("\n", "<br>")
+    """``text`` as itself in one markdown table cell: markdown's special characters
+    backslash-escaped (``2*3*4`` is no emphasis, ``__init__`` not bold), every line break
+    (CR LF, CR, LF) as <br>. TensorBoard escapes < and > itself."""
+    escaped = _MARKDOWN_SPECIAL.sub(r"\\\1", text)
+    return re.sub(r"\r\n|\r|\n", "<br>", escaped)
 
 
 def log_generations(sinks: list[MetricsSink], step: int, rows: list[GenerationRow]) -> None:
@@ -269,8 +311,11 @@ _MLFLOW_NAME_REFUSED = re.compile(r"[^A-Za-z0-9_\-. :/]")
 
 
 def mlflow_metric_name(key: str) -> str:
-    """``key`` as MLflow accepts it: "@" spelled "_at_", other refused characters "_"."""
-    return _MLFLOW_NAME_REFUSED.sub("_", key.replace("@", "_at_"))
+    """``key`` as MLflow accepts it: "@" spelled "_at_", other refused characters "_", and
+    an empty, "." or ".." part between slashes "_" (MLflow refuses names that read as
+    paths: a ``data_source`` may be "", which makes ``val-core//acc/mean@1``)."""
+    name = _MLFLOW_NAME_REFUSED.sub("_", key.replace("@", "_at_"))
+    return "/".join(part if part not in ("", ".", "..") else "_" for part in name.split("/"))
 
 
 def _flatten(config: dict, prefix: str = "") -> dict[str, str]:
@@ -317,17 +362,39 @@ def file_sinks(cfg: RunConfig, run_dir: Path) -> list[MetricsSink]:
     return sinks
 
 
+_REFUSED_BY_MLFLOW = {"INVALID_PARAMETER_VALUE", "PERMISSION_DENIED", "UNAUTHENTICATED"}
+
+
 def _start(logger: str, make):
-    """``make()``; an error of the logger's own (no API key, a tracking server that does
-    not answer) becomes a ConfigError naming it: the run's request cannot be served."""
+    """``make()``. A refusal of the run's settings (no wandb API key, a tracking server
+    that refuses the request or the credentials, a missing package) becomes a ConfigError
+    naming the logger: the request is wrong (exit 2). Anything else (a server that does not
+    answer, a full disk) stays what it is: a failure of the run (exit 1). Either way no
+    role server has started yet."""
     try:
         return make()
     except Exception as e:
+        if not _is_refusal(e):
+            raise
         from meshrl.config import ConfigError
 
         raise ConfigError(
             f"trainer.logger includes {logger}, but it could not start: {type(e).__name__}: {e}"
         ) from e
+
+
+def _is_refusal(e: Exception) -> bool:
+    """Whether a logger's start-up error says the run's settings are refused."""
+    if isinstance(e, ImportError):
+        return True
+    kind = type(e)
+    if kind.__module__.startswith("wandb") and kind.__name__ in (
+        "UsageError",
+        "AuthenticationError",
+    ):
+        return True
+    refused = getattr(e, "error_code", "") in _REFUSED_BY_MLFLOW
+    return kind.__name__ == "MlflowException" and refused
 
 
 def close_sinks(sinks: list[MetricsSink], exit_code: int) -> None:

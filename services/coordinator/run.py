@@ -226,11 +226,13 @@ class PPORun:
             try:
                 f.result()
             except RoleCallError as err:
-                if err.code != grpc.StatusCode.INVALID_ARGUMENT:
+                if names is not None or err.code != grpc.StatusCode.INVALID_ARGUMENT:
                     raise
-                # The server refused the run's config (a model folder it cannot read on
-                # its machine, a value it cannot serve): the request is wrong (exit 2, a
-                # service's run REJECTED), not a failure of the run.
+                # At the start, a server that refuses the run's config (a model folder it
+                # cannot read on its machine, a value it cannot serve) says the request is
+                # wrong (exit 2, a service's run REJECTED), not that the run failed. A
+                # restarted server (``names``) that refuses what its first start took
+                # points at the server, not the request: that stays a failure.
                 raise ConfigError(f"{err} (the role server refused this run's config)") from err
 
     # --- recovery from a dead role server ----------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 
 from meshrl.config import build_config
 from meshrl.launcher.run_local import run_local
-from services.coordinator.metrics_sinks import read_jsonl
+from services.coordinator.metrics_sinks import _cell, read_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -54,10 +54,6 @@ def board_texts(log_dir, tag: str) -> list[tuple[int, str]]:
         (e.step, e.tensor_proto.string_val[0].decode())
         for e in events.Tensors(f"{tag}/text_summary")
     ]
-
-
-def _markdown_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", "<br>")
 
 
 def _children() -> set[int]:
@@ -130,7 +126,7 @@ def test_ppo_run_end_to_end(tiny_model, arithmetic_data, tmp_path, monkeypatch):
     assert shown[2] == shown[3]
     texts = board_texts(tmp_path / "run" / "tensorboard", "val/generations")
     assert [step for step, _ in texts] == [2, 3]
-    assert all(_markdown_cell(shown[2][0]) in text for _, text in texts)
+    assert all(_cell(shown[2][0]) in text for _, text in texts)
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}")
