@@ -70,11 +70,18 @@ class CommandChannel:
             log.warning("could not send shutdown to the other ranks: %s", e)
 
 
-def serve_commands(channel: CommandChannel, handle: Callable[[int, bytes], None]) -> None:
+def serve_commands(
+    channel: CommandChannel,
+    handle: Callable[[int, bytes], None],
+    stopping: Callable[[], bool] = lambda: False,
+) -> None:
     """The loop of ranks other than 0: run each command until SHUTDOWN.
 
     A failing handler is logged here and reported to rank 0 through ``failed_ranks``; the
-    rank stays in the loop, ready for the next command.
+    rank stays in the loop, ready for the next command. Once ``stopping()`` (this rank was
+    told to stop), a failure is re-raised instead: rank 0, stopping too, leaves without
+    finishing the command in flight, and its collectives then fail here; that is no
+    command's error to log with a traceback nor to report to a rank that is gone.
     """
     while True:
         method_id, payload = channel.receive()
@@ -84,6 +91,8 @@ def serve_commands(channel: CommandChannel, handle: Callable[[int, bytes], None]
         try:
             handle(method_id, payload)
         except Exception:  # noqa: BLE001 - rank 0 turns it into the RPC's error
+            if stopping():
+                raise
             log.exception("rank %d: command %d failed", channel.rank, method_id)
             ok = False
         channel.failed_ranks(ok)

@@ -5,16 +5,28 @@ Run plainly (one rank) or under torchrun (rank 0 serves gRPC, the others follow)
 
     python -m services.trainer.server --role actor --host 127.0.0.1 --port 50061
     torchrun --nproc_per_node=2 -m services.trainer.server --role actor --port 50061
+
+Ctrl-C or SIGTERM stops every rank within a few seconds (the gRPC grace period, 2 s, then
+the processes' exit), each with exit code 0, even with a call in flight (an update, a scoring
+pass, a weight-group join or send blocked on its peer): that call is cancelled (UNAVAILABLE)
+and not waited for. Run plainly, a second signal while it stops ends it at once; under
+torchrun, which forwards each signal it gets to every rank, a rank takes a repeated signal as
+the same stop (torchrun itself exits 1 when signalled, whatever its ranks do).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.metadata
 import logging
 import os
+import signal
+import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import grpc
 import torch
@@ -25,7 +37,7 @@ from meshrl.config import RunConfig, config_from_yaml
 from meshrl.config.placement import hands_gpu_memory_over
 from meshrl.ragged import Ragged
 from meshrl.rpc.call_markers import CallMarkers
-from meshrl.rpc.server import GrpcServer, ServiceError, rpc_method
+from meshrl.rpc.server import GrpcServer, ServiceError, rpc_method, wait_for_stop_signal
 from meshrl.weight_sync.group import WeightGroupError
 from meshrl.weight_sync.types import GroupSpec
 from meshrl.wire import ragged_from_proto, tensor_from_proto, tensor_to_proto
@@ -69,6 +81,13 @@ COMMANDS: dict[str, type] = {
     "LoadCheckpoint": trainer_pb2.CheckpointRequest,
 }
 COMMAND_IDS = {name: i for i, name in enumerate(COMMANDS)}
+
+# gRPC's grace period for the calls in flight when the server is told to stop.
+STOP_GRACE_S = 2.0
+# How long a rank other than 0, told to stop, waits for rank 0 to end the command in flight
+# and release it (SHUTDOWN), or to leave (its connections then drop): rank 0's grace and a
+# margin, below the 5 s the local launcher gives a server before SIGKILL.
+FOLLOWER_STOP_S = STOP_GRACE_S + 2.0
 
 
 class RankHandlers:
@@ -198,6 +217,64 @@ class RankHandlers:
         return trainer_pb2.CheckpointResponse(path=req.path, seconds=time.perf_counter() - start)
 
 
+class CallCount:
+    """The calls inside rank 0's servicer now, and whether it still takes new ones.
+
+    Stopping never waits for a call: an update or a scoring pass cannot be interrupted
+    half-way, nor a weight-group join or send blocked on its peer; `running` tells the
+    server whether it must leave without them.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # guards the two below
+        self._running = 0
+        self._closing = False
+
+    @contextmanager
+    def admit(self, method: str) -> Iterator[None]:
+        """Counts one call while it runs; refuses it (UNAVAILABLE) once `close` was called."""
+        with self._lock:
+            if self._closing:
+                raise _shutting_down(method)
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running -= 1
+
+    def close(self) -> None:
+        with self._lock:
+            self._closing = True
+
+    @property
+    def closing(self) -> bool:
+        with self._lock:
+            return self._closing
+
+    @property
+    def running(self) -> int:
+        with self._lock:
+            return self._running
+
+
+def _shutting_down(method: str) -> ServiceError:
+    return ServiceError(
+        grpc.StatusCode.UNAVAILABLE, f"{method}: the trainer server is shutting down"
+    )
+
+
+def _counted(fn: Callable) -> Callable:
+    """Counts the call in `TrainerServicer.calls` while it runs (inside rpc_method)."""
+
+    @functools.wraps(fn)
+    def wrapper(self: TrainerServicer, request, context):
+        with self.calls.admit(fn.__name__):
+            return fn(self, request, context)
+
+    return wrapper
+
+
 class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     """Rank 0's gRPC face: checks preconditions, then runs the command on every rank."""
 
@@ -207,6 +284,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         self.server = server
         self._lock = threading.Lock()  # one command at a time through the channel
         self.markers = CallMarkers(handlers.role_name)  # "rpc <Method> #k started/finished"
+        self.calls = CallCount()
 
     def _check(self, method: str) -> None:
         role = self.handlers.role_name
@@ -224,7 +302,15 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
 
     def _run(self, method: str, request):
         """Sends the command to the other ranks, runs it here, and fails if any rank failed."""
-        with self._lock, self.markers.call(method):
+        with self._lock:
+            # A call that waited for the channel while the server began to stop: the other
+            # ranks may already have been released (`release_other_ranks`).
+            if self.calls.closing:
+                raise _shutting_down(method)
+            return self._run_on_every_rank(method, request)
+
+    def _run_on_every_rank(self, method: str, request):
+        with self.markers.call(method):
             self.channel.send(COMMAND_IDS[method], request.SerializeToString())
             error: Exception | None = None
             try:
@@ -247,11 +333,24 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             raise RuntimeError(f"{method} failed on rank(s) {failed}; see their logs")
         return result
 
+    def release_other_ranks(self) -> bool:
+        """Once stopping: sends SHUTDOWN to the other ranks unless a command holds the channel
+        (then they are inside it, with this rank: they leave as its connections drop).
+        Returns whether it was sent."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            self.channel.shutdown()
+            return True
+        finally:
+            self._lock.release()
+
     @rpc_method
     def GetInfo(self, request, context):
         return self.handlers.info()
 
     @rpc_method
+    @_counted
     def Initialize(self, request, context):
         self.server.mark_ready(False)
         try:
@@ -263,36 +362,44 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         return response
 
     @rpc_method
+    @_counted
     def ComputeLogProbs(self, request, context):
         self._check("ComputeLogProbs")
         return self._run("ComputeLogProbs", request)
 
     @rpc_method
+    @_counted
     def ComputeValues(self, request, context):
         self._check("ComputeValues")
         return self._run("ComputeValues", request)
 
     @rpc_method
+    @_counted
     def UpdatePolicy(self, request, context):
         self._check("UpdatePolicy")
         return self._run("UpdatePolicy", request)
 
     @rpc_method
+    @_counted
     def UpdateValue(self, request, context):
         self._check("UpdateValue")
         return self._run("UpdateValue", request)
 
     @rpc_method
+    @_counted
     def OpenWeightGroup(self, request, context):
         self._check("OpenWeightGroup")
         spec = GroupSpec.from_proto(self._fill_group_defaults(request))
         return self.handlers.publisher.open(spec).to_proto()
 
     @rpc_method
+    @_counted
     def JoinWeightGroup(self, request, context):
         self._check("JoinWeightGroup")
         try:
-            group_id = self.handlers.publisher.join(GroupSpec.from_proto(request.spec))
+            # Marked as a long call: it blocks until every rollout joined, up to the timeout.
+            with self.markers.call("JoinWeightGroup"):
+                group_id = self.handlers.publisher.join(GroupSpec.from_proto(request.spec))
         except WeightGroupError as e:
             raise ServiceError(grpc.StatusCode.UNAVAILABLE, str(e)) from None
         except SyncStateError as e:
@@ -300,11 +407,13 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         return common_pb2.JoinWeightGroupResponse(group_id=group_id)
 
     @rpc_method
+    @_counted
     def PrepareWeights(self, request, context):
         self._check("PrepareWeights")
         return self._run("PrepareWeights", request)
 
     @rpc_method
+    @_counted
     def SendWeights(self, request, context):
         self._check("SendWeights")
         try:
@@ -315,11 +424,13 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         return self._run("SendWeights", request)
 
     @rpc_method
+    @_counted
     def SaveCheckpoint(self, request, context):
         self._check("SaveCheckpoint")
         return self._run("SaveCheckpoint", request)
 
     @rpc_method
+    @_counted
     def LoadCheckpoint(self, request, context):
         self._check("LoadCheckpoint")
         return self._run("LoadCheckpoint", request)
@@ -407,25 +518,126 @@ def serve(role: str, host: str = "127.0.0.1", port: int = 0) -> None:
     channel = CommandChannel()
     handlers = RankHandlers(role, host)
     if dist.get_rank() != 0:
-        serve_commands(channel, lambda method_id, payload: handlers.dispatch(method_id, payload))
-        dist.destroy_process_group()
+        follow(channel, handlers)
         return
     server = GrpcServer(SERVICE_NAME, host, port)
-    server.add(
-        trainer_pb2_grpc.add_TrainerServiceServicer_to_server,
-        TrainerServicer(handlers, channel, server),
-    )
+    servicer = TrainerServicer(handlers, channel, server)
+    server.add(trainer_pb2_grpc.add_TrainerServiceServicer_to_server, servicer)
     server.start()
     log.info(
         "trainer %s (%d ranks) serving on %s:%d", role, dist.get_world_size(), host, server.port
     )
     try:
-        server.wait()
+        wait_for_stop_signal()
+        if _under_torchrun():
+            # torchrun forwards to every rank each signal it gets, so one Ctrl-C at a terminal
+            # reaches a rank twice: a repeated signal is the same stop. torchrun SIGKILLs the
+            # ranks itself after its shutdown timeout (30 s).
+            log.info("stopping")
+        else:
+            # A second Ctrl-C / SIGTERM ends the process at once (the default action), as a
+            # second Ctrl-C abandons the step of `meshrl run`.
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_DFL)
+            log.info("stopping (a second Ctrl-C / SIGTERM exits at once)")
     finally:
-        channel.shutdown()
-        if handlers.publisher is not None:
-            handlers.publisher.close()
+        shut_down(server, servicer)
+
+
+def shut_down(server: GrpcServer, servicer: TrainerServicer) -> None:
+    """Rank 0: refuses new calls, gives those running the gRPC grace period, releases the
+    other ranks, then leaves.
+
+    A call still running after the grace has had its RPC cancelled (UNAVAILABLE) but goes on
+    in its handler thread, and the interpreter joins that thread at exit: an update or a
+    scoring pass over a large batch held the process for as long as it took (42 s for 60k
+    rows of a tiny model on a CPU), a weight-group join waiting for its rollouts for the
+    group's timeout (60 s), and closing the weight group waited for that join too; under
+    torchrun, until torchrun's own 30 s shutdown timeout and its SIGKILL. Their results have
+    no caller left: the process exits without waiting for them. The other ranks, inside the
+    same command, see this rank's connections drop; they were signalled too and leave
+    (`follow`).
+    """
+    servicer.calls.close()
+    server.stop(STOP_GRACE_S)
+    released = servicer.release_other_ranks()
+    running = servicer.calls.running
+    if running == 0:  # a normal exit: nothing holds the weight group or the world
+        if servicer.handlers.publisher is not None:
+            servicer.handlers.publisher.close()
         dist.destroy_process_group()
+        return
+    inside = not released and servicer.channel.world_size > 1
+    log.warning(
+        "exiting without waiting for %d trainer call(s) still running%s",
+        running,
+        " (the other ranks are inside one and leave as this rank does)" if inside else "",
+    )
+    _exit_at_once()
+
+
+def follow(channel: CommandChannel, handlers: RankHandlers) -> None:
+    """Ranks other than 0: run rank 0's commands until it sends SHUTDOWN.
+
+    The commands run in a thread of their own, so that this rank can still act on a Ctrl-C
+    or SIGTERM: waiting for the next command, or inside one (a collective with rank 0), the
+    rank is blocked in C++, where no Python signal handler runs. Before, a SIGINT waited
+    there and then broke off whatever ran next with a KeyboardInterrupt (a traceback, exit
+    1, and rank 0's call failing INTERNAL while it was still in its grace period); a
+    SIGTERM killed the rank at once, with the same effect on rank 0.
+
+    Told to stop, the rank gives rank 0 `FOLLOWER_STOP_S` to end the command in flight and
+    release it (SHUTDOWN). A rank 0 that leaves with the command unfinished drops its
+    connections, which ends the command here too (gloo); a rank still inside it after that
+    time (NCCL notices a dead peer only at its own timeout) leaves without it.
+    """
+    stop = threading.Event()
+    done = threading.Event()
+    wake = threading.Event()  # either of the two above
+    failure: list[BaseException] = []
+
+    def on_signal(*_) -> None:
+        stop.set()
+        wake.set()
+
+    def run() -> None:
+        try:
+            serve_commands(channel, handlers.dispatch, stopping=stop.is_set)
+        except BaseException as e:  # noqa: BLE001 - re-raised (or reported) by the main thread
+            failure.append(e)
+        finally:
+            done.set()
+            wake.set()
+
+    # Further signals while stopping change nothing: torchrun forwards to every rank each
+    # signal it gets, so one Ctrl-C at a terminal reaches a rank twice.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    threading.Thread(target=run, name="trainer-commands", daemon=True).start()
+    wake.wait()
+    if stop.is_set() and not done.wait(FOLLOWER_STOP_S):
+        log.warning("stopping without waiting for the command still running")
+        _exit_at_once()
+    if failure and stop.is_set():
+        # Rank 0 left with a command unfinished, as it does when told to stop.
+        log.info("stopping: rank 0 left during a command (%s)", failure[0])
+        return
+    if failure:
+        raise failure[0]
+    dist.destroy_process_group()
+
+
+def _under_torchrun() -> bool:
+    """Whether torchrun's agent started this rank (it names its run in every rank's env)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def _exit_at_once() -> None:
+    """Exit code 0 without joining the threads of calls still running (`shut_down`)."""
+    logging.shutdown()  # flushes the log handlers; os._exit skips that
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv: list[str] | None = None) -> None:
