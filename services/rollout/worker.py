@@ -17,7 +17,6 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import torch
 
 from meshrl.config import RunConfig
 from meshrl.ragged import Ragged
+from meshrl.rpc.call_count import CallCount
 from meshrl.weight_sync.group import WeightGroup
 from meshrl.weight_sync.receiver import WeightReceiver
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
@@ -120,28 +120,16 @@ class RolloutWorker:
         self._engine_lock = threading.Lock()  # generation, scoring and swaps never overlap
         self._group: WeightGroup | _EngineGroup | None = None
         self._group_lock = threading.Lock()  # taken before _engine_lock, never after
-        self._calls_lock = threading.Lock()  # guards the two below
-        self._running = 0  # calls inside the worker now
-        self._closing = False
+        self._calls = CallCount(lambda name: ShuttingDownError("rollout server is shutting down"))
 
-    @contextmanager
-    def _call(self) -> Iterator[None]:
+    def _call(self):
         """Counts one call while it runs; refuses it once `close` was called."""
-        with self._calls_lock:
-            if self._closing:
-                raise ShuttingDownError("rollout server is shutting down")
-            self._running += 1
-        try:
-            yield
-        finally:
-            with self._calls_lock:
-                self._running -= 1
+        return self._calls.admit("rollout call")
 
     @property
     def running(self) -> int:
         """Calls (generation, scoring, loading, weight syncs) still running."""
-        with self._calls_lock:
-            return self._running
+        return self._calls.running
 
     @property
     def ready(self) -> bool:
@@ -291,8 +279,7 @@ class RolloutWorker:
         running (see `running`). A sync or join in progress holds the group: it is left to
         the process's exit, which drops its connections (its peer then fails), rather than
         waiting up to the group's timeout for it here."""
-        with self._calls_lock:
-            self._closing = True
+        self._calls.close()
         if self._group_lock.acquire(blocking=False):
             try:
                 self._close_group()

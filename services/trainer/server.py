@@ -25,8 +25,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import grpc
 import torch
@@ -36,6 +35,7 @@ from meshrl.api.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
 from meshrl.config import RunConfig, config_from_yaml
 from meshrl.config.placement import hands_gpu_memory_over
 from meshrl.ragged import Ragged
+from meshrl.rpc.call_count import CallCount
 from meshrl.rpc.call_markers import CallMarkers
 from meshrl.rpc.server import GrpcServer, ServiceError, rpc_method, wait_for_stop_signal
 from meshrl.weight_sync.group import WeightGroupError
@@ -217,47 +217,6 @@ class RankHandlers:
         return trainer_pb2.CheckpointResponse(path=req.path, seconds=time.perf_counter() - start)
 
 
-class CallCount:
-    """The calls inside rank 0's servicer now, and whether it still takes new ones.
-
-    Stopping never waits for a call: an update or a scoring pass cannot be interrupted
-    half-way, nor a weight-group join or send blocked on its peer; `running` tells the
-    server whether it must leave without them.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # guards the two below
-        self._running = 0
-        self._closing = False
-
-    @contextmanager
-    def admit(self, method: str) -> Iterator[None]:
-        """Counts one call while it runs; refuses it (UNAVAILABLE) once `close` was called."""
-        with self._lock:
-            if self._closing:
-                raise _shutting_down(method)
-            self._running += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._running -= 1
-
-    def close(self) -> None:
-        with self._lock:
-            self._closing = True
-
-    @property
-    def closing(self) -> bool:
-        with self._lock:
-            return self._closing
-
-    @property
-    def running(self) -> int:
-        with self._lock:
-            return self._running
-
-
 def _shutting_down(method: str) -> ServiceError:
     return ServiceError(
         grpc.StatusCode.UNAVAILABLE, f"{method}: the trainer server is shutting down"
@@ -284,7 +243,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         self.server = server
         self._lock = threading.Lock()  # one command at a time through the channel
         self.markers = CallMarkers(handlers.role_name)  # "rpc <Method> #k started/finished"
-        self.calls = CallCount()
+        self.calls = CallCount(_shutting_down)
 
     def _check(self, method: str) -> None:
         role = self.handlers.role_name

@@ -105,6 +105,16 @@ def _open_group(srv: TrainerProcess, timeout_s: float = 120) -> common_pb2.Weigh
     return srv.stub.OpenWeightGroup(request, timeout=30)
 
 
+def _join_in_flight(srv: TrainerProcess):
+    """A JoinWeightGroup call the server has started, waiting for a rollout that never
+    comes (the group's timeout far past the stop bound)."""
+    call = srv.stub.JoinWeightGroup.future(
+        common_pb2.JoinWeightGroupRequest(spec=_open_group(srv)), timeout=600
+    )
+    _wait_for_log(srv, "rpc JoinWeightGroup #1 started")
+    return call
+
+
 def test_ctrl_c_stops_an_idle_trainer_with_exit_code_0(start_server):
     srv = start_server(1)
     rc, seconds = _stop(srv, signal.SIGINT, whole_session=False)
@@ -132,11 +142,7 @@ def test_ctrl_c_does_not_wait_for_an_update_in_flight(start_server):
 
 def test_ctrl_c_does_not_wait_for_a_weight_group_join_whose_rollout_never_comes(start_server):
     srv = start_server(1)
-    spec = _open_group(srv)
-    call = srv.stub.JoinWeightGroup.future(
-        common_pb2.JoinWeightGroupRequest(spec=spec), timeout=600
-    )
-    _wait_for_log(srv, "rpc JoinWeightGroup #1 started")
+    call = _join_in_flight(srv)
     rc, seconds = _stop(srv, signal.SIGINT, whole_session=False)
     assert rc == 0 and seconds < STOP_BOUND_S, (rc, seconds, srv.log())
     _assert_cancelled(call)
@@ -161,11 +167,7 @@ def test_ctrl_c_stops_every_rank_with_a_scoring_pass_in_flight(start_server):
 def test_sigterm_stops_every_rank_with_a_weight_group_join_in_flight(start_server):
     # The join runs on rank 0 alone: rank 1 waits for the next command and is released.
     srv = start_server(2)
-    spec = _open_group(srv)
-    call = srv.stub.JoinWeightGroup.future(
-        common_pb2.JoinWeightGroupRequest(spec=spec), timeout=600
-    )
-    _wait_for_log(srv, "rpc JoinWeightGroup #1 started")
+    call = _join_in_flight(srv)
     rc, seconds = _stop(srv, signal.SIGTERM, whole_session=True)  # as the local launcher
     log = srv.log()
     assert rc is not None and seconds < STOP_BOUND_S, (rc, seconds, log)
