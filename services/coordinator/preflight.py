@@ -154,21 +154,22 @@ def _check_mlflow_store() -> None:
     """A database tracking URI (``$MLFLOW_TRACKING_URI`` unset means a sqlite file in the
     run folder) needs SQLAlchemy and Alembic, which ``mlflow-skinny`` does not bring;
     without them the run would fail only once its role servers are up."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:"
-    database = uri.split(":", 1)[0].split("+", 1)[0]
-    if database in ("sqlite", "postgresql", "mysql", "mssql"):
-        missing = [p for p in ("sqlalchemy", "alembic") if not _installed(p)]
-        if missing:
-            where = (
-                f"MLFLOW_TRACKING_URI={uri}"
-                if uri != "sqlite:"
-                else ("MLFLOW_TRACKING_URI unset (a sqlite file in the run folder)")
-            )
-            raise ConfigError(
-                f"trainer.logger includes mlflow and {where}, but {' and '.join(missing)} "
-                "is not installed where the coordinator runs: pip install 'meshrl[mlflow]' "
-                "(or point MLFLOW_TRACKING_URI at a tracking server, http://host:5000)"
-            )
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    database = (uri or "sqlite").split(":", 1)[0].split("+", 1)[0]
+    if database not in ("sqlite", "postgresql", "mysql", "mssql"):
+        return  # a tracking server: it keeps the store
+    missing = [p for p in ("sqlalchemy", "alembic") if not _installed(p)]
+    if missing:
+        where = (
+            f"MLFLOW_TRACKING_URI={uri}"
+            if uri
+            else ("MLFLOW_TRACKING_URI unset (a sqlite file in the run folder)")
+        )
+        raise ConfigError(
+            f"trainer.logger includes mlflow and {where}, but {' and '.join(missing)} "
+            "is not installed where the coordinator runs: pip install 'meshrl[mlflow]' "
+            "(or point MLFLOW_TRACKING_URI at a tracking server, http://host:5000)"
+        )
 
 
 def _installed(package: str) -> bool:
