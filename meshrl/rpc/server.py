@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import traceback
 from collections.abc import Callable
@@ -191,9 +192,43 @@ def _bind_problem(host: str, port: int) -> str:
     return "gRPC refused the address (port in use, or not an address of this machine)"
 
 
+class StopSignal:
+    """SIGTERM and SIGINT, caught from when it is made (in the main thread) until `wait`
+    returns.
+
+    A server makes it before its slow start-up (spawning workers, loading a model), so a
+    Ctrl-C then is kept and acted on once start-up ends, instead of a KeyboardInterrupt
+    traceback half-way through it.
+    """
+
+    def __init__(self) -> None:
+        self._received = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self._received.set())
+
+    def wait(self, second_exits_at_once: bool = True) -> None:
+        """Blocks until a signal came. Then, with `second_exits_at_once`, puts back the
+        default actions: a second Ctrl-C or SIGTERM while the server stops ends it at once,
+        as a second Ctrl-C abandons the step of `meshrl run`."""
+        self._received.wait()
+        if second_exits_at_once:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, signal.SIG_DFL)
+
+
 def wait_for_stop_signal() -> None:
-    """Blocks (in the main thread) until SIGTERM or SIGINT."""
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
-    done.wait()
+    """Blocks (in the main thread) until SIGTERM or SIGINT; later ones are ignored."""
+    StopSignal().wait(second_exits_at_once=False)
+
+
+def exit_at_once() -> None:
+    """Exit code 0 without joining the threads of calls still running.
+
+    For a server told to stop whose calls outlive the gRPC grace period: a generation, an
+    update, a scoring pass cannot be cut short, and the interpreter would join their
+    threads at exit. Their results have no caller left.
+    """
+    logging.shutdown()  # flushes the log handlers; os._exit skips that
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

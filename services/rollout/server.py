@@ -18,9 +18,6 @@ import argparse
 import functools
 import importlib.metadata
 import logging
-import os
-import signal
-import sys
 from collections.abc import Callable
 
 import grpc
@@ -28,7 +25,7 @@ import grpc
 from meshrl.api.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from meshrl.config import config_from_yaml
 from meshrl.rpc.call_markers import CallMarkers
-from meshrl.rpc.server import GrpcServer, ServiceError, rpc_method, wait_for_stop_signal
+from meshrl.rpc.server import GrpcServer, ServiceError, StopSignal, exit_at_once, rpc_method
 from meshrl.weight_sync.group import WeightGroupError
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
 from meshrl.wire import ragged_from_proto, ragged_to_proto, tensor_to_proto
@@ -188,13 +185,10 @@ def serve(host: str = "127.0.0.1", port: int = 0) -> None:
         rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
         RolloutServicer(worker, on_ready=server.mark_ready),
     )
+    stop = StopSignal()
     server.start()
     try:
-        wait_for_stop_signal()
-        # While stopping, a second Ctrl-C / SIGTERM ends the process at once (the default
-        # action), as a second Ctrl-C abandons the step of `meshrl run`.
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_DFL)
+        stop.wait()
         log.info("stopping (a second Ctrl-C / SIGTERM exits at once)")
     finally:
         shut_down(server, worker)
@@ -216,10 +210,7 @@ def shut_down(server: GrpcServer, worker: RolloutWorker) -> None:
     if running == 0:
         return  # a normal exit: atexit handlers run (an engine's worker processes close)
     log.warning("exiting without waiting for %d rollout call(s) still running", running)
-    logging.shutdown()  # flushes the log handlers; os._exit skips that
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_at_once()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,7 +22,6 @@ import importlib.metadata
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -37,7 +36,7 @@ from meshrl.config.placement import hands_gpu_memory_over
 from meshrl.ragged import Ragged
 from meshrl.rpc.call_count import CallCount
 from meshrl.rpc.call_markers import CallMarkers
-from meshrl.rpc.server import GrpcServer, ServiceError, rpc_method, wait_for_stop_signal
+from meshrl.rpc.server import GrpcServer, ServiceError, StopSignal, exit_at_once, rpc_method
 from meshrl.weight_sync.group import WeightGroupError
 from meshrl.weight_sync.types import GroupSpec
 from meshrl.wire import ragged_from_proto, tensor_from_proto, tensor_to_proto
@@ -482,23 +481,18 @@ def serve(role: str, host: str = "127.0.0.1", port: int = 0) -> None:
     server = GrpcServer(SERVICE_NAME, host, port)
     servicer = TrainerServicer(handlers, channel, server)
     server.add(trainer_pb2_grpc.add_TrainerServiceServicer_to_server, servicer)
+    stop = StopSignal()
     server.start()
     log.info(
         "trainer %s (%d ranks) serving on %s:%d", role, dist.get_world_size(), host, server.port
     )
     try:
-        wait_for_stop_signal()
-        if _under_torchrun():
-            # torchrun forwards to every rank each signal it gets, so one Ctrl-C at a terminal
-            # reaches a rank twice: a repeated signal is the same stop. torchrun SIGKILLs the
-            # ranks itself after its shutdown timeout (30 s).
-            log.info("stopping")
-        else:
-            # A second Ctrl-C / SIGTERM ends the process at once (the default action), as a
-            # second Ctrl-C abandons the step of `meshrl run`.
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, signal.SIG_DFL)
-            log.info("stopping (a second Ctrl-C / SIGTERM exits at once)")
+        # torchrun forwards to every rank each signal it gets, so one Ctrl-C at a terminal
+        # reaches a rank twice: there a repeated signal is the same stop, and torchrun
+        # SIGKILLs the ranks itself after its shutdown timeout (30 s).
+        torchrun = _under_torchrun()
+        stop.wait(second_exits_at_once=not torchrun)
+        log.info("stopping" if torchrun else "stopping (a second Ctrl-C / SIGTERM exits at once)")
     finally:
         shut_down(server, servicer)
 
@@ -532,7 +526,7 @@ def shut_down(server: GrpcServer, servicer: TrainerServicer) -> None:
         running,
         " (the other ranks are inside one and leave as this rank does)" if inside else "",
     )
-    _exit_at_once()
+    exit_at_once()
 
 
 def follow(channel: CommandChannel, handlers: RankHandlers) -> None:
@@ -576,7 +570,7 @@ def follow(channel: CommandChannel, handlers: RankHandlers) -> None:
     wake.wait()
     if stop.is_set() and not done.wait(FOLLOWER_STOP_S):
         log.warning("stopping without waiting for the command still running")
-        _exit_at_once()
+        exit_at_once()
     if failure and stop.is_set():
         # Rank 0 left with a command unfinished, as it does when told to stop.
         log.info("stopping: rank 0 left during a command (%s)", failure[0])
@@ -589,14 +583,6 @@ def follow(channel: CommandChannel, handlers: RankHandlers) -> None:
 def _under_torchrun() -> bool:
     """Whether torchrun's agent started this rank (it names its run in every rank's env)."""
     return "TORCHELASTIC_RUN_ID" in os.environ
-
-
-def _exit_at_once() -> None:
-    """Exit code 0 without joining the threads of calls still running (`shut_down`)."""
-    logging.shutdown()  # flushes the log handlers; os._exit skips that
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def main(argv: list[str] | None = None) -> None:
