@@ -15,9 +15,10 @@ import logging
 import multiprocessing
 import threading
 import time
+from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
-from pebble import ProcessExpired, ProcessFuture, ProcessPool
+from pebble import ProcessExpired, ProcessPool
 
 from services.reward import worker
 from services.reward.types import ScoreItem, ScoreOutcome, failed
@@ -34,7 +35,10 @@ class ScorerPool:
         self.num_workers = num_workers
         self.memory_limit_mb = memory_limit_mb
         self._pool = self._new_pool()
-        self._replacing = threading.Lock()  # one thread replaces a broken pool, once
+        # Guards the three below: scheduling, replacing a broken pool (once) and abandoning.
+        self._lock = threading.Lock()
+        self._in_flight: set[Future] = set()  # samples queued or being scored
+        self._abandoned = False
 
     def _new_pool(self) -> ProcessPool:
         return ProcessPool(
@@ -68,7 +72,7 @@ class ScorerPool:
 
     def submit(
         self, items: list[ScoreItem], timeout_s: float, custom_function: str | None = None
-    ) -> list[ProcessFuture]:
+    ) -> list[Future]:
         """Starts scoring `items`; `collect` waits for them."""
         return [
             self._schedule(
@@ -79,22 +83,31 @@ class ScorerPool:
             for it in items
         ]
 
-    def _schedule(self, fn, args: tuple, timeout_s: float) -> ProcessFuture:
-        pool = self._pool
-        try:
-            return pool.schedule(fn, args=args, timeout=timeout_s)
-        except RuntimeError:
-            # A pool whose workers all died (e.g. at start, under a memory limit below what
-            # Python needs) is broken for good; start over, so one bad call doesn't end the
-            # service. Another call's thread may have replaced it already.
-            with self._replacing:
-                if self._pool is pool:
-                    log.warning("scorer pool is broken; starting a new one")
-                    pool.stop()
-                    self._pool = self._new_pool()
-            return self._pool.schedule(fn, args=args, timeout=timeout_s)
+    def _schedule(self, fn, args: tuple, timeout_s: float) -> Future:
+        with self._lock:
+            if self._abandoned:
+                future: Future = Future()
+                future.cancel()
+                return future
+            try:
+                future = self._pool.schedule(fn, args=args, timeout=timeout_s)
+            except RuntimeError:
+                # A pool whose workers all died (e.g. at start, under a memory limit below
+                # what Python needs) is broken for good; start over, so one bad call doesn't
+                # end the service.
+                log.warning("scorer pool is broken; starting a new one")
+                self._pool.stop()
+                self._pool = self._new_pool()
+                future = self._pool.schedule(fn, args=args, timeout=timeout_s)
+            self._in_flight.add(future)
+        future.add_done_callback(self._forget)
+        return future
 
-    def collect(self, futures: list[ProcessFuture], timeout_s: float) -> list[ScoreOutcome]:
+    def _forget(self, future: Future) -> None:
+        with self._lock:
+            self._in_flight.discard(future)
+
+    def collect(self, futures: list[Future], timeout_s: float) -> list[ScoreOutcome]:
         """One outcome per future, same order; failures become ok=False outcomes."""
         return [_outcome(f, timeout_s) for f in futures]
 
@@ -107,6 +120,20 @@ class ScorerPool:
         self._pool.stop()
         self._pool.join(timeout=10)
 
+    def abandon(self) -> None:
+        """Stops now, for a server that is stopping: the samples queued or being scored are
+        cancelled (their calls get failed outcomes at once instead of waiting out a hung
+        scorer's timeout), the workers are ended, and later samples are cancelled too.
+
+        Stopping the pool alone would not do: pebble leaves the futures of the tasks it
+        drops unresolved, so their calls would wait for them for ever."""
+        with self._lock:
+            self._abandoned = True
+            in_flight = list(self._in_flight)
+        for future in in_flight:
+            future.cancel()  # pebble cancels a running task too (it ends that worker)
+        self.close()
+
 
 def _outcome(future, timeout_s: float) -> ScoreOutcome:
     try:
@@ -118,6 +145,8 @@ def _outcome(future, timeout_s: float) -> ScoreOutcome:
 def _reason(e: BaseException, timeout_s: float) -> str:
     if isinstance(e, FutureTimeout):
         return f"timeout after {timeout_s:.1f}s"
+    if isinstance(e, CancelledError):
+        return "cancelled: the reward server is stopping"
     if isinstance(e, ProcessExpired):
         return f"worker died (exit code {e.exitcode})"
     if isinstance(e, (worker.BadScore, worker.ScorerError)):  # already "what: why"

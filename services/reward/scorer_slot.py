@@ -66,3 +66,17 @@ class ScorerSlot:
 
     def close(self) -> None:
         self.swap(None)
+
+    def abandon(self, timeout_s: float) -> int:
+        """Takes the scorer out of service and abandons every scorer still lent (see
+        `RewardScorer.abandon`), so the calls using them return now with failed samples;
+        closes the rest. Returns how many calls are still running after `timeout_s`: a
+        reward-model forward cannot be cut short."""
+        with self._changed:
+            current, self._scorer = self._scorer, None
+            scorers = {s for s, n in self._borrowers.items() if n > 0}
+        for scorer in scorers | ({current} if current is not None else set()):
+            scorer.abandon()
+        with self._changed:
+            self._changed.wait_for(lambda: not any(self._borrowers.values()), timeout_s)
+            return sum(self._borrowers.values())

@@ -93,6 +93,11 @@ class RewardScorer:
     def close(self) -> None:
         self.pool.close()
 
+    def abandon(self) -> None:
+        """Closes at once: the rule samples being scored are cancelled (a reward-model
+        forward running in this process cannot be, and goes on)."""
+        self.pool.abandon()
+
     def __enter__(self) -> RewardScorer:
         return self
 

@@ -6,6 +6,11 @@ Ready (health SERVING) as soon as the rule scorers' workers are up; Initialize a
 ``reward`` section (custom function, timeouts, workers, reward model) by building a new scorer
 and swapping it in. Score calls run concurrently (up to ``--max-calls``, default 8; their
 samples share the worker pool), so a slow batch does not hold up the others.
+
+Ctrl-C or SIGTERM stops it in a few seconds, exit code 0, even with a hung reward function
+in flight: that call is cancelled (UNAVAILABLE) after the gRPC grace period (2 s), its
+samples are cancelled and the scorer workers ended. A second signal while it stops ends it
+at once.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from meshrl.api.v1 import common_pb2, reward_pb2, reward_pb2_grpc
 from meshrl.config.loader import config_from_yaml
 from meshrl.config.schema import RewardConfig, RewardModelConfig
 from meshrl.rpc.call_markers import CallMarkers
-from meshrl.rpc.server import GrpcServer, ServiceError, rpc_method
+from meshrl.rpc.server import GrpcServer, ServiceError, StopSignal, exit_at_once, rpc_method
 from services.reward.convert import item_from_proto, outcome_to_proto
 from services.reward.scorer_slot import DEFAULT_MAX_CALLS, NotReady, ScorerSlot
 from services.reward.scoring import RewardScorer
@@ -28,6 +33,9 @@ from services.reward.scoring import RewardScorer
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "meshrl.api.v1.RewardService"
+
+ABANDON_WAIT_S = 3.0
+"""How long a stopping server waits for its Score calls once their samples are cancelled."""
 
 
 def _package_version() -> str:
@@ -93,8 +101,10 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
             raise ServiceError(grpc.StatusCode.UNAVAILABLE, "reward server is starting its workers")
         return reward_pb2.ListScorersResponse(data_sources=scorer.known_data_sources())
 
-    def close(self) -> None:
-        self.slot.close()
+    def abandon(self, timeout_s: float) -> int:
+        """Cancels what the running calls still score (they return failed samples now);
+        how many calls still run after `timeout_s` (see `ScorerSlot.abandon`)."""
+        return self.slot.abandon(timeout_s)
 
 
 def build_config(
@@ -130,14 +140,34 @@ def serve(
     server = GrpcServer(SERVICE_NAME, host, port)
     servicer = RewardServicer(memory_limit_mb, max_calls)
     server.add(reward_pb2_grpc.add_RewardServiceServicer_to_server, servicer)
+    stop = StopSignal()  # a Ctrl-C while the workers start is kept, and acted on after
     server.start()  # listening (overall health SERVING) while the workers start
-    servicer.swap(RewardScorer(cfg, memory_limit_mb=memory_limit_mb))
-    server.mark_ready()
-    print(f"reward server ready on {host}:{server.port}", flush=True)
     try:
-        server.wait()
+        servicer.swap(RewardScorer(cfg, memory_limit_mb=memory_limit_mb))
+        server.mark_ready()
+        print(f"reward server ready on {host}:{server.port}", flush=True)
+        stop.wait()
+        log.info("stopping (a second Ctrl-C / SIGTERM exits at once)")
     finally:
-        servicer.close()
+        shut_down(server, servicer)
+
+
+def shut_down(server: GrpcServer, servicer: RewardServicer) -> None:
+    """Refuses new calls, gives those running the gRPC grace period, then cancels what
+    they still score and leaves.
+
+    Before, the server closed its scorer only once the calls that borrowed it had their
+    results, so a hung reward function held the process for the sample timeout (38 s with
+    `--timeout-s 40`), and `docker compose stop` killed it at its own 10 s. Now the
+    samples still being scored after the grace are cancelled and the scorer workers ended;
+    those calls have already been cancelled (UNAVAILABLE). A reward-model forward cannot be
+    cut short: after `ABANDON_WAIT_S` the process exits without it.
+    """
+    server.stop()
+    running = servicer.abandon(ABANDON_WAIT_S)
+    if running:
+        log.warning("exiting without waiting for %d Score call(s) still running", running)
+        exit_at_once()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -177,3 +177,49 @@ def test_slot_bounds_calls_and_closes_the_old_scorer_after_its_calls():
     assert got == [old, old, new]  # the third got a place once one was free, and the new scorer
     slot.close()
     assert new.closed.is_set()
+
+
+class _Abandonable(_Closable):
+    """Stands in for a RewardScorer whose samples a stopping server cancels: its call
+    returns once it is abandoned (or never, with `stuck`: a reward-model forward)."""
+
+    def __init__(self, stuck: bool = False) -> None:
+        super().__init__()
+        self.stuck = stuck
+        self.abandoned = threading.Event()
+
+    def abandon(self) -> None:
+        self.abandoned.set()
+
+    def score(self) -> None:
+        while not self.stuck and not self.abandoned.wait(0.01):
+            pass
+        if self.stuck:
+            time.sleep(2)
+
+
+def test_slot_abandon_ends_the_calls_it_can_and_counts_the_others():
+    slot = ScorerSlot(max_calls=4)
+    old, stuck, current = _Abandonable(), _Abandonable(stuck=True), _Abandonable()
+    started = threading.Semaphore(0)
+
+    def call() -> None:
+        with slot.borrow() as scorer:
+            started.release()
+            scorer.score()
+
+    calls = []
+    for scorer in (old, stuck, current):
+        slot._scorer = scorer  # each call borrows a different scorer (as after Initialize)
+        calls.append(threading.Thread(target=call))
+        calls[-1].start()
+        assert started.acquire(timeout=5)
+    t0 = time.monotonic()
+    assert slot.abandon(timeout_s=0.5) == 1  # the stuck one is still running
+    assert time.monotonic() - t0 < 1.5
+    assert all(s.abandoned.is_set() for s in (old, stuck, current))
+    with pytest.raises(NotReady):  # out of service: later calls are refused
+        with slot.borrow():
+            pass
+    for t in calls:
+        t.join(5)

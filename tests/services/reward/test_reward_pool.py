@@ -1,6 +1,8 @@
 """Worker pool: a scorer that raises, hangs, dies, or returns a non-number costs its sample
 only, and the pool keeps working. Custom functions from a file."""
 
+import multiprocessing
+import threading
 import time
 
 import pytest
@@ -283,3 +285,32 @@ def test_custom_module_defining_a_dataclass_loads(tmp_path):
     )
     with RewardScorer(RewardConfig(custom_function=str(path), num_workers=1)) as s:
         assert [o.score for o in s.score([item("7"), item("8")])] == [1.0, 0.0]
+
+
+def test_abandon_cancels_the_samples_of_a_hung_scorer_and_ends_its_workers(custom_file):
+    """What a stopping server does: the call returns at once instead of after the timeout."""
+    cfg = RewardConfig(custom_function=f"{custom_file}:misbehave", timeout_s=60.0, num_workers=1)
+    others = set(multiprocessing.active_children())  # other tests' scorers
+    scorer = RewardScorer(cfg)
+    workers = [p for p in multiprocessing.active_children() if p not in others]
+    assert workers, "the scorer worker runs in a child process"
+    outcomes: list[ScoreOutcome] = []
+    call = threading.Thread(
+        target=lambda: outcomes.extend(scorer.score([item("hang"), item("hang"), item("7")]))
+    )
+    call.start()
+    time.sleep(1.0)  # the worker has taken the first sample and hangs in it
+    t0 = time.monotonic()
+    scorer.abandon()
+    call.join(10)
+    assert not call.is_alive() and time.monotonic() - t0 < 10
+    # the sample being scored and the two queued behind it
+    assert [(o.ok, o.reason) for o in outcomes] == [
+        (False, "cancelled: the reward server is stopping")
+    ] * 3
+    late = scorer.score([item("7")])  # a call that comes after is cancelled too, at once
+    assert not late[0].ok and "cancelled" in late[0].reason
+    deadline = time.monotonic() + 10
+    while any(w.is_alive() for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(w.is_alive() for w in workers)

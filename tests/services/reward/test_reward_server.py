@@ -3,8 +3,10 @@ scored over gRPC; evaluate() through it."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -255,3 +257,56 @@ def test_sigterm_stops_server_and_workers(tmp_path):
     left = [p for p in workers if _alive(p)]
     s.stop()
     assert not left, f"processes left behind: {left}"
+
+
+HUNG = """
+import time
+
+def score(data_source, solution_str, ground_truth, extra_info):
+    time.sleep(600)
+    return 1.0
+"""
+
+
+def test_ctrl_c_does_not_wait_for_a_hung_reward_function(tmp_path):
+    """The call in flight is cancelled after the grace period, its samples and workers too:
+    before, the server lived on until the sample timeout (here 60 s)."""
+    fn = tmp_path / "hung.py"
+    fn.write_text(HUNG)
+    s = Server(
+        tmp_path / "own.log",
+        "--timeout-s",
+        "60",
+        "--num-workers",
+        "1",
+        "--custom-function",
+        f"{fn}:score",
+    )
+    workers = list(s.workers)
+    errors: list[grpc.RpcError] = []
+
+    def call() -> None:
+        with RewardClient(s.address, timeout_s=90) as c:
+            try:
+                c.score([ScoreItem("any", "x", "y")])
+            except grpc.RpcError as e:
+                errors.append(e)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    deadline = time.monotonic() + 30
+    while "rpc Score #1 started" not in (tmp_path / "own.log").read_text():
+        assert time.monotonic() < deadline, "the Score call never started"
+        time.sleep(0.1)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    s.proc.send_signal(signal.SIGINT)
+    assert s.proc.wait(30) == 0
+    took = time.monotonic() - t0
+    caller.join(10)
+    log = (tmp_path / "own.log").read_text()
+    s.stop()
+    assert took < 15, f"stopping took {took:.1f} s:\n{log}"
+    assert [e.code() for e in errors] == [grpc.StatusCode.UNAVAILABLE]
+    assert "Traceback" not in log, log
+    assert not [p for p in workers if _alive(p)], "scorer workers left behind"
