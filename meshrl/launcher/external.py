@@ -36,7 +36,7 @@ def external_endpoints(cfg: RunConfig) -> Endpoints:
     for role in needed_roles(cfg):
         if not given.get(role):
             raise ConfigError(
-                f"launcher.addresses.{role}: no address given, and this run needs a {role}"
+                f"launcher.addresses.{role}: no address given, and this run needs its {role} server"
             )
     replicas = cfg.actor_rollout_ref.rollout.replicas
     if len(given["rollout"]) != replicas:

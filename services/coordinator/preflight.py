@@ -59,6 +59,12 @@ def check_run_config(cfg: RunConfig) -> None:
             )
     if "mlflow" in cfg.trainer.logger:
         _check_mlflow_store()
+    if cfg.launcher.kind == "external":
+        # Here, not when the launcher is made: that came after the loggers had opened, and
+        # a wrong address list left a failed wandb or MLflow run behind.
+        from meshrl.launcher.external import external_endpoints  # it imports this module
+
+        external_endpoints(cfg)  # a missing, surplus or unknown role's address, named
     if cfg.trainer.val_only and not cfg.data.val_files:
         raise ConfigError(
             "trainer.val_only=true validates and stops, but data.val_files is empty: name the "
