@@ -14,7 +14,7 @@ import torch
 from meshrl.config.schema import ActorConfig, CriticConfig, RunConfig
 from services.trainer.checkpoint import load_checkpoint, save_checkpoint
 from services.trainer.distributed import World
-from services.trainer.lora import lora_settings
+from services.trainer.lora import hf_name, lora_settings
 from services.trainer.mfu import UpdateTimer, peak_memory_metrics, perf_metrics
 from services.trainer.optim import LrSchedule, build_optimizer
 from services.trainer.sequences import SequenceBatch
@@ -73,7 +73,10 @@ class TrainedRole:
 
     @property
     def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
+        """The model's parameters, as ServerInfo reports them: a LoRA run's adapters are not
+        counted (outside the trainer they are merged into the weights they adapt)."""
+        named = self.model.named_parameters()
+        return sum(p.numel() for name, p in named if hf_name(name) is not None)
 
     def _run_update(
         self, batch: SequenceBatch, global_step: int, micro_loss: MicroLoss

@@ -43,6 +43,7 @@ def test_a_fresh_adapter_leaves_the_base_model_and_only_adapters_train(world, ti
     # Every linear layer of both decoder layers (7 each), none on the LM head.
     assert len(trained) == 2 * 7 * 2
     assert not any(n.startswith("lm_head") for n in trained)
+    assert actor.num_parameters == base.num_parameters()  # the model's size, adapters aside
     optimized = [p for g in actor.optimizer.param_groups for p in g["params"]]
     assert sum(p.numel() for p in optimized) == sum(
         p.numel() for n, p in actor.model.named_parameters() if n in trained
