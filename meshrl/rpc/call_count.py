@@ -23,7 +23,7 @@ class CallCount:
 
     def __init__(self, refusal: Callable[[str], Exception]) -> None:
         self._refusal = refusal
-        self._lock = threading.Lock()  # guards the two below
+        self._lock = threading.Condition()  # guards the two below; notified as calls end
         self._running = 0
         self._closing = False
 
@@ -39,6 +39,7 @@ class CallCount:
         finally:
             with self._lock:
                 self._running -= 1
+                self._lock.notify_all()
 
     def close(self) -> None:
         """From now on every call is refused; those running go on."""
@@ -54,4 +55,10 @@ class CallCount:
     def running(self) -> int:
         """Calls still running."""
         with self._lock:
+            return self._running
+
+    def wait_idle(self, timeout_s: float) -> int:
+        """Waits up to `timeout_s` for the running calls to end; returns those still running."""
+        with self._lock:
+            self._lock.wait_for(lambda: self._running == 0, timeout_s)
             return self._running

@@ -7,6 +7,7 @@ Token batches are :class:`~meshrl.ragged.Ragged` (flat ids + offsets), never pad
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, runtime_checkable
@@ -23,6 +24,17 @@ FinishReason = Literal["stop", "length"]
 
 class MemoryReleasedError(RuntimeError):
     """The engine's memory was released for a co-located trainer; resume it first."""
+
+
+class GenerationCancelled(RuntimeError):
+    """A generation's caller is gone (its RPC was cancelled, ran past its deadline, or the
+    server is stopping): the engine stopped at its next check and returns nothing."""
+
+
+def check_cancelled(cancelled: threading.Event | None, steps: int) -> None:
+    """Raises GenerationCancelled once `cancelled` is set; `steps`: decode steps so far."""
+    if cancelled is not None and cancelled.is_set():
+        raise GenerationCancelled(f"generation cancelled after {steps} decode steps")
 
 
 @dataclass(frozen=True)
@@ -111,8 +123,15 @@ class RolloutEngine(Protocol):
         """Bytes the engine holds for its KV cache between calls."""
         ...
 
-    def generate(self, prompts: Ragged, params: SamplingParams) -> GenerationResult:
-        """Samples ``params.n`` responses for each of the B prompts."""
+    def generate(
+        self,
+        prompts: Ragged,
+        params: SamplingParams,
+        cancelled: threading.Event | None = None,
+    ) -> GenerationResult:
+        """Samples ``params.n`` responses for each of the B prompts. Once ``cancelled`` is
+        set, stops at the engine's next check (a decode step, or a round of them) with
+        GenerationCancelled; an engine that cannot stop half-way checks it before starting."""
         ...
 
     def compute_logprobs(self, prompts: Ragged, responses: Ragged, temperature: float) -> Ragged:

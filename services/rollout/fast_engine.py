@@ -21,6 +21,7 @@ tests check it against the plain engine.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import torch
@@ -29,7 +30,7 @@ from torch.profiler import record_function
 from meshrl.ragged import Ragged
 from services.rollout.cuda_graphs import DecodeGraphs, row_bucket, width_bucket
 from services.rollout.decoder import StaticDecoder, unsupported_reason
-from services.rollout.engine import GenerationResult, SamplingParams
+from services.rollout.engine import GenerationResult, SamplingParams, check_cancelled
 from services.rollout.gpu_sampler import sample_rows
 from services.rollout.harvest import Check, Harvest, HarvestRings
 from services.rollout.kv_cache import KVView, StaticKVCache, cuda_capacity_tokens
@@ -140,7 +141,12 @@ class FastEngine(NativeEngine):
 
     # --- generation ---
 
-    def generate(self, prompts: Ragged, params: SamplingParams) -> GenerationResult:
+    def generate(
+        self,
+        prompts: Ragged,
+        params: SamplingParams,
+        cancelled: threading.Event | None = None,
+    ) -> GenerationResult:
         self._check_memory()
         self._check_tokens(prompts, "prompts")
         total = len(prompts) * params.n
@@ -161,7 +167,9 @@ class FastEngine(NativeEngine):
             sched = Scheduler(lengths, params.n, kv.slots, params.max_tokens)
             harvest = Harvest(total, self._harvest_rings)
         pending: Check | None = None  # the previous round's check, read during this round
+        steps_done = 0
         while not sched.finished:
+            check_cancelled(cancelled, steps_done)  # once a round: an Event read
             admitted = sched.admit()
             if admitted:
                 with record_function("meshrl/admit"):  # named ranges in profiler traces
@@ -170,6 +178,7 @@ class FastEngine(NativeEngine):
                 steps = sched.steps_until_check(self.check_every)
                 for _ in range(steps):
                     self._decode_step(kv, state, sched, sampling)
+                steps_done += steps
             with record_function("meshrl/collect"):
                 check = harvest.queue_check(state.done, sched.slot_seq)
                 if pending is not None and self.read_late:

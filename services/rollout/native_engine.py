@@ -15,6 +15,7 @@ quantity :meth:`NativeEngine.compute_logprobs` (and the trainer) get from a full
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
@@ -32,6 +33,7 @@ from services.rollout.engine import (
     MemoryReleasedError,
     SamplingParams,
     TokenScores,
+    check_cancelled,
 )
 from services.rollout.model_runner import ModelRunner
 from services.rollout.sampler import sample
@@ -110,7 +112,12 @@ class NativeEngine:
 
     # --- generation ---
 
-    def generate(self, prompts: Ragged, params: SamplingParams) -> GenerationResult:
+    def generate(
+        self,
+        prompts: Ragged,
+        params: SamplingParams,
+        cancelled: threading.Event | None = None,
+    ) -> GenerationResult:
         self._check_memory()
         self._check_tokens(prompts, "prompts")
         self._check_length(prompts, params.max_tokens)
@@ -121,7 +128,7 @@ class NativeEngine:
         reasons: list[FinishReason] = []
         for start in range(0, total, self.max_num_seqs):
             seqs = range(start, min(total, start + self.max_num_seqs))
-            chunk = self._generate_chunk(prompts, seqs, sampling)
+            chunk = self._generate_chunk(prompts, seqs, sampling, cancelled)
             t, lp, r = chunk.results()
             tokens += t
             logprobs += lp
@@ -133,13 +140,19 @@ class NativeEngine:
             weight_version=self.weight_version,
         )
 
-    def _generate_chunk(self, prompts: Ragged, seqs: range, sampling: _Sampling) -> DecodeBatch:
+    def _generate_chunk(
+        self, prompts: Ragged, seqs: range, sampling: _Sampling, cancelled: threading.Event | None
+    ) -> DecodeBatch:
         """Decodes sequences ``seqs`` (sequence k is sample k % n of prompt k // n) to the end."""
+        check_cancelled(cancelled, 0)
         batch, logits = self._prefill(prompts, seqs, sampling.params)
         tokens, logprobs = sample(logits, sampling.params, sampling.generator)
         num_alive = batch.append(tokens, logprobs, sampling.stop_ids)
+        steps = 0
         while num_alive:
+            check_cancelled(cancelled, steps)  # an Event read: nothing next to a step
             num_alive = self.step(batch, num_alive, sampling)
+            steps += 1
         return batch
 
     def _prefill(

@@ -5,10 +5,15 @@ converts messages once at the edge and maps failures to status codes:
 not initialized / memory released / no weight group -> FAILED_PRECONDITION, a bad request
 -> INVALID_ARGUMENT, a failed weight sync or a server shutting down -> UNAVAILABLE.
 
+A Generate whose caller is gone (cancelled, past its deadline, its process killed) stops
+generating at the engine's next check, so an abandoned run does not hold the engine for the
+rest of its batch.
+
     python -m services.rollout.server --host 127.0.0.1 --port 50051
 
 Ctrl-C or SIGTERM stops it in about the gRPC grace period (2 s), exit code 0, even with a
-generation in flight: that call is cancelled (UNAVAILABLE) and not waited for. A second
+generation in flight: that call is cancelled (UNAVAILABLE) and its generation stops. A call
+that cannot be interrupted (a weight sync blocked on its sender) is not waited for. A second
 signal while it stops ends it at once.
 """
 
@@ -18,6 +23,7 @@ import argparse
 import functools
 import importlib.metadata
 import logging
+import threading
 from collections.abc import Callable
 
 import grpc
@@ -29,7 +35,7 @@ from meshrl.rpc.server import GrpcServer, ServiceError, StopSignal, exit_at_once
 from meshrl.weight_sync.group import WeightGroupError
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
 from meshrl.wire import ragged_from_proto, ragged_to_proto, tensor_to_proto
-from services.rollout.engine import MemoryReleasedError, SamplingParams
+from services.rollout.engine import GenerationCancelled, MemoryReleasedError, SamplingParams
 from services.rollout.worker import (
     NotInitializedError,
     NoWeightGroupError,
@@ -41,6 +47,8 @@ from services.rollout.worker import (
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "meshrl.api.v1.RolloutService"
+STOP_WAIT_S = 3.0
+"""How long a stopping server waits for its cancelled calls to end, after the grace."""
 API_VERSION = "meshrl.api.v1"
 
 _FINISH_REASONS = {
@@ -67,6 +75,8 @@ def _status_of(e: Exception) -> grpc.StatusCode | None:
         return grpc.StatusCode.UNAVAILABLE
     if isinstance(e, WeightGroupError | ShuttingDownError):
         return grpc.StatusCode.UNAVAILABLE
+    if isinstance(e, GenerationCancelled):
+        return grpc.StatusCode.CANCELLED  # its caller is gone: nobody reads this
     return None
 
 
@@ -137,8 +147,17 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     def Generate(self, request: rollout_pb2.GenerateRequest, context):
         params = sampling_from_proto(request.sampling)
         prompts = ragged_from_proto(request.prompts)
+        # Set when the RPC ends without us: the client cancelled it or went away (a run
+        # abandoned, a coordinator killed), its deadline passed, or the server is stopping.
+        # The engine then stops instead of holding the engine lock for the rest of the batch.
+        cancelled = threading.Event()
+        context.add_callback(cancelled.set)
         with self.markers.call("Generate"):
-            result = self.worker.generate(prompts, params)
+            try:
+                result = self.worker.generate(prompts, params, cancelled)
+            except GenerationCancelled as e:
+                log.info("Generate: %s (its caller is gone)", e)
+                raise
         return rollout_pb2.GenerateResponse(
             responses=ragged_to_proto(result.responses),
             logprobs=tensor_to_proto(result.logprobs.values),
@@ -197,16 +216,15 @@ def serve(host: str = "127.0.0.1", port: int = 0) -> None:
 def shut_down(server: GrpcServer, worker: RolloutWorker) -> None:
     """Refuses new calls, gives those running the gRPC grace period, then leaves.
 
-    A generation (or weight sync, or model load) still running after the grace has had its
-    RPC cancelled (UNAVAILABLE) but goes on in its handler thread: the engines cannot
-    interrupt it, and the interpreter joins that thread at exit. A large batch used to hold
-    the process for as long as the batch took (48 s for a tiny model on a CPU), a sync
-    waiting for its sender for the group's timeout. Their results have no caller left: the
-    process exits without waiting for them.
+    A call still running after the grace has its RPC cancelled (UNAVAILABLE). A generation
+    then stops at the engine's next check (within a round of decode steps). A weight sync
+    blocked on its sender, a model load or a scoring pass cannot be interrupted, and the
+    interpreter would join its thread at exit: a sync waited for the group's timeout. Their
+    results have no caller left: after `STOP_WAIT_S` the process exits without them.
     """
     worker.close()
     server.stop()
-    running = worker.running
+    running = worker.wait_idle(STOP_WAIT_S)
     if running == 0:
         return  # a normal exit: atexit handlers run (an engine's worker processes close)
     log.warning("exiting without waiting for %d rollout call(s) still running", running)

@@ -16,6 +16,7 @@ machine of this project runs them). See docs/weight_sync.md, "vLLM adapter".
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ from services.rollout.engine import (
     MemoryReleasedError,
     SamplingParams,
     TokenScores,
+    check_cancelled,
 )
 
 log = logging.getLogger(__name__)
@@ -231,7 +233,15 @@ class VllmEngine:
     def kv_cache_bytes(self) -> int:
         return 0  # vLLM sizes and owns it (gpu_memory_utilization); not reported here
 
-    def generate(self, prompts: Ragged, params: SamplingParams) -> GenerationResult:
+    def generate(
+        self,
+        prompts: Ragged,
+        params: SamplingParams,
+        cancelled: threading.Event | None = None,
+    ) -> GenerationResult:
+        # LLM.generate runs vLLM's loop to the end: a cancelled call is refused before it
+        # starts, not stopped half-way.
+        check_cancelled(cancelled, 0)
         self._check_memory()
         sampling = [
             self._vllm.SamplingParams(**kwargs)

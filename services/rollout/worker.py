@@ -5,9 +5,10 @@ generation: ReceiveWeights waits for the Generate in flight, and a Generate that
 during a swap waits for it. Failures are typed exceptions; ``server.py`` maps them to
 status codes.
 
-Stopping: `close` refuses new calls and never waits for those running. The engines cannot
-interrupt a generation half-way (nor a weight sync blocked on its peer), so the server
-exits without joining them; `running` tells it whether there are any.
+Stopping: `close` refuses new calls. A generation whose RPC was cancelled (the server
+cancels the calls still running after its grace period) stops at the engine's next check;
+a weight sync blocked on its peer cannot be interrupted, so the server exits without
+joining it; `wait_idle` tells it whether any call is left.
 """
 
 from __future__ import annotations
@@ -131,6 +132,10 @@ class RolloutWorker:
         """Calls (generation, scoring, loading, weight syncs) still running."""
         return self._calls.running
 
+    def wait_idle(self, timeout_s: float) -> int:
+        """Waits up to `timeout_s` for the running calls to end; returns those still running."""
+        return self._calls.wait_idle(timeout_s)
+
     @property
     def ready(self) -> bool:
         return self._engine is not None
@@ -148,9 +153,16 @@ class RolloutWorker:
                 self._engine = engine
                 self.model_path = cfg.actor_rollout_ref.model.path
 
-    def generate(self, prompts: Ragged, params: SamplingParams) -> GenerationResult:
+    def generate(
+        self,
+        prompts: Ragged,
+        params: SamplingParams,
+        cancelled: threading.Event | None = None,
+    ) -> GenerationResult:
+        """``cancelled``: set when the caller is gone; the engine then stops at its next
+        check, and a call that waited for the lock behind another does not start."""
         with self._call(), self._engine_lock:
-            return self.engine.generate(prompts, params)
+            return self.engine.generate(prompts, params, cancelled)
 
     def score(
         self, prompts: Ragged, responses: Ragged, temperature: float, with_entropy: bool

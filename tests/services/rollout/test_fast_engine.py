@@ -5,12 +5,14 @@ capture: greedy tokens must equal the plain engine's on fresh random prompts, in
 refilled slots, stop tokens and n samples per prompt.
 """
 
+import threading
+
 import pytest
 import torch
 
 from meshrl.ragged import Ragged
 from meshrl.testing.tiny_model import make_tiny_model_dir, make_tiny_qwen2_dir
-from services.rollout.engine import MemoryReleasedError, SamplingParams
+from services.rollout.engine import GenerationCancelled, MemoryReleasedError, SamplingParams
 from services.rollout.fast_engine import FastEngine
 from services.rollout.native_engine import NativeEngine
 from services.rollout.scheduler import Scheduler
@@ -160,3 +162,36 @@ def test_prefill_plan_puts_each_prompt_in_its_admitted_slots():
     padded = _prefill_plan(prompts, [1, 2], admitted, n=3, packed=False)
     assert padded["ids"].tolist() == [[7, 0, 0], [8, 9, 10]]
     assert padded["lengths"].tolist() == [1, 3]
+
+
+class _LeavesAfter(threading.Event):
+    """A caller that goes away mid-generation, at the same point every time: set by its
+    own `checks`-th read."""
+
+    def __init__(self, checks: int) -> None:
+        super().__init__()
+        self.checks_left = checks
+
+    def is_set(self) -> bool:
+        self.checks_left -= 1
+        if self.checks_left < 0:
+            self.set()
+        return super().is_set()
+
+
+@pytest.mark.parametrize("engine_class", [NativeEngine, FastEngine])
+def test_a_cancelled_generation_stops_and_leaves_the_engine_as_it_was(model_dir, engine_class):
+    engine = engine_class(model_dir, max_num_seqs=4)
+    prompts = _random_prompts(4, 6)  # more sequences than slots: refills are pending too
+    params = SamplingParams(temperature=0.9, max_tokens=24, n=2, seed=3)
+    with pytest.raises(GenerationCancelled, match="cancelled after [1-9][0-9]* decode steps"):
+        engine.generate(prompts, params, _LeavesAfter(checks=3))
+    gone = threading.Event()
+    gone.set()  # gone before it started (it waited for the engine behind another call)
+    with pytest.raises(GenerationCancelled, match="after 0 decode steps"):
+        engine.generate(prompts, params, gone)
+    # nothing of the abandoned calls is left behind: the same tokens as a fresh engine's
+    after = engine.generate(prompts, params, threading.Event())
+    fresh = engine_class(model_dir, max_num_seqs=4).generate(prompts, params)
+    assert after.responses.tolist() == fresh.responses.tolist()
+    torch.testing.assert_close(after.logprobs.values, fresh.logprobs.values, atol=1e-6, rtol=0)

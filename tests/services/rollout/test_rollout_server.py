@@ -334,6 +334,25 @@ def test_ctrl_c_does_not_wait_for_a_generation_in_flight(own_server):
     with pytest.raises(grpc.RpcError) as err:
         call.result(timeout=30)
     assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+    # the generation itself stopped, so the process could leave the normal way
+    assert "generation cancelled after" in log and "exiting without waiting" not in log, log
+
+
+def test_a_generation_whose_caller_left_stops_and_frees_the_engine(own_server):
+    # As a run abandoned mid-step leaves it: before, the next run's calls waited behind the
+    # rest of the batch (48 s on a CPU) for the engine lock.
+    big = _generate_request([[1, 4, 5]] * 64, temperature=1.0, max_tokens=200, n=32)
+    call = own_server.stub.Generate.future(big, timeout=300)
+    _wait_for_log(own_server, "rpc Generate #1 started")
+    start = time.monotonic()
+    call.cancel()
+    small = _generate_request([[1, 4, 5]], temperature=0.0, max_tokens=4, n=1)
+    reply = own_server.stub.Generate(small, timeout=60)
+    seconds = time.monotonic() - start
+    log = own_server.log_path.read_text()
+    assert len(reply.finish_reasons) == 1
+    assert seconds < STOP_BOUND_S, (seconds, log)
+    assert "generation cancelled after" in log, log
 
 
 def test_ctrl_c_does_not_wait_for_a_weight_sync_whose_sender_never_sends(own_server):
