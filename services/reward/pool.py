@@ -116,6 +116,13 @@ class ScorerPool:
     ) -> list[ScoreOutcome]:
         return self.collect(self.submit(items, timeout_s, custom_function), timeout_s)
 
+    @staticmethod
+    def cancel(futures: list[Future]) -> None:
+        """Cancels the samples of `futures` not scored yet (a worker scoring one is ended
+        and replaced); their outcomes become failures. Done ones are left as they are."""
+        for future in futures:
+            future.cancel()
+
     def close(self) -> None:
         self._pool.stop()
         self._pool.join(timeout=10)
@@ -130,8 +137,7 @@ class ScorerPool:
         with self._lock:
             self._abandoned = True
             in_flight = list(self._in_flight)
-        for future in in_flight:
-            future.cancel()  # pebble cancels a running task too (it ends that worker)
+        self.cancel(in_flight)
         self.close()
 
 
@@ -146,7 +152,7 @@ def _reason(e: BaseException, timeout_s: float) -> str:
     if isinstance(e, FutureTimeout):
         return f"timeout after {timeout_s:.1f}s"
     if isinstance(e, CancelledError):
-        return "cancelled: the reward server is stopping"
+        return "cancelled: its caller left or the server is stopping"
     if isinstance(e, ProcessExpired):
         return f"worker died (exit code {e.exitcode})"
     if isinstance(e, (worker.BadScore, worker.ScorerError)):  # already "what: why"

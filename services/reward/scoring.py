@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections.abc import Callable
 
 from meshrl.config.schema import RewardConfig
 from services.reward.pool import DEFAULT_MEMORY_LIMIT_MB, ScorerPool
@@ -65,13 +66,24 @@ class RewardScorer:
             if it.data_source not in DATA_SOURCES:
                 raise UnknownDataSource(it.data_source, self.known_data_sources())
 
-    def score(self, items: list[ScoreItem], timeout_s: float | None = None) -> list[ScoreOutcome]:
-        """One outcome per item, same order. Raises only UnknownDataSource (a bad request)."""
+    def score(
+        self,
+        items: list[ScoreItem],
+        timeout_s: float | None = None,
+        when_caller_leaves: Callable[[Callable[[], None]], object] | None = None,
+    ) -> list[ScoreOutcome]:
+        """One outcome per item, same order. Raises only UnknownDataSource (a bad request).
+
+        ``when_caller_leaves(fn)``: registers ``fn`` to run once the caller is gone (the
+        server passes its RPC's ``add_callback``); ``fn`` cancels the samples not scored
+        yet, so they stop taking the workers from other calls' samples."""
         self.validate(items)
         timeout = timeout_s if timeout_s and timeout_s > 0 else self.cfg.timeout_s
         custom = self.cfg.custom_function
         ruled = [i for i, it in enumerate(items) if custom or it.data_source in DATA_SOURCES]
         pending = self.pool.submit([items[i] for i in ruled], timeout, custom)
+        if when_caller_leaves is not None:
+            when_caller_leaves(lambda: ScorerPool.cancel(pending))
         rm = self._model_scores(items)  # in this process, while the workers score the rules
         rule = dict(zip(ruled, self.pool.collect(pending, timeout), strict=True))
         return [

@@ -89,7 +89,9 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         items = [item_from_proto(m) for m in request.items]
         try:
             with self.slot.borrow() as scorer, self.markers.call("Score"):
-                outcomes = scorer.score(items, request.timeout_s or None)
+                # A caller that leaves (its deadline passed, it cancelled, it died) takes
+                # its samples out of the workers: they would delay other calls' samples.
+                outcomes = scorer.score(items, request.timeout_s or None, context.add_callback)
         except NotReady as e:
             raise ServiceError(grpc.StatusCode.UNAVAILABLE, str(e)) from None
         return reward_pb2.ScoreResponse(results=[outcome_to_proto(o) for o in outcomes])

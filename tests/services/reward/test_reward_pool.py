@@ -306,7 +306,7 @@ def test_abandon_cancels_the_samples_of_a_hung_scorer_and_ends_its_workers(custo
     assert not call.is_alive() and time.monotonic() - t0 < 10
     # the sample being scored and the two queued behind it
     assert [(o.ok, o.reason) for o in outcomes] == [
-        (False, "cancelled: the reward server is stopping")
+        (False, "cancelled: its caller left or the server is stopping")
     ] * 3
     late = scorer.score([item("7")])  # a call that comes after is cancelled too, at once
     assert not late[0].ok and "cancelled" in late[0].reason
@@ -314,3 +314,29 @@ def test_abandon_cancels_the_samples_of_a_hung_scorer_and_ends_its_workers(custo
     while any(w.is_alive() for w in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(w.is_alive() for w in workers)
+
+
+def test_a_caller_that_leaves_takes_its_samples_out_of_the_workers(custom_file):
+    """The server registers the cancel with its RPC: a call past its deadline no longer
+    holds the workers while later calls' samples wait (here 2 x 60 s on one worker)."""
+    cfg = RewardConfig(custom_function=f"{custom_file}:misbehave", timeout_s=60.0, num_workers=1)
+    with RewardScorer(cfg) as scorer:
+        leave: list = []
+        outcomes: list[ScoreOutcome] = []
+        call = threading.Thread(
+            target=lambda: outcomes.extend(
+                scorer.score([item("hang"), item("hang")], when_caller_leaves=leave.append)
+            )
+        )
+        call.start()
+        time.sleep(1.0)  # the worker hangs in the first sample
+        t0 = time.monotonic()
+        leave[0]()  # the caller's RPC ended
+        call.join(10)
+        assert not call.is_alive()
+        assert [o.reason for o in outcomes] == [
+            "cancelled: its caller left or the server is stopping"
+        ] * 2
+        later = scorer.score([item("7")])  # the next call gets a (fresh) worker at once
+        assert later[0].ok and later[0].score == 1.0
+        assert time.monotonic() - t0 < 30

@@ -263,7 +263,8 @@ HUNG = """
 import time
 
 def score(data_source, solution_str, ground_truth, extra_info):
-    time.sleep(600)
+    if solution_str == "hang":
+        time.sleep(600)
     return 1.0
 """
 
@@ -288,7 +289,7 @@ def test_ctrl_c_does_not_wait_for_a_hung_reward_function(tmp_path):
     def call() -> None:
         with RewardClient(s.address, timeout_s=90) as c:
             try:
-                c.score([ScoreItem("any", "x", "y")])
+                c.score([ScoreItem("any", "hang", "y")])
             except grpc.RpcError as e:
                 errors.append(e)
 
@@ -310,3 +311,32 @@ def test_ctrl_c_does_not_wait_for_a_hung_reward_function(tmp_path):
     assert [e.code() for e in errors] == [grpc.StatusCode.UNAVAILABLE]
     assert "Traceback" not in log, log
     assert not [p for p in workers if _alive(p)], "scorer workers left behind"
+
+
+def test_a_call_past_its_deadline_frees_the_workers_for_the_next_one(tmp_path):
+    """Its samples are cancelled when its RPC ends; before, the next call's samples waited
+    behind them on the one worker (2 x 60 s here)."""
+    fn = tmp_path / "hung.py"
+    fn.write_text(HUNG)
+    s = Server(
+        tmp_path / "own.log",
+        "--timeout-s",
+        "60",
+        "--num-workers",
+        "1",
+        "--custom-function",
+        f"{fn}:score",
+    )
+    try:
+        stub = reward_pb2_grpc.RewardServiceStub(open_channel(s.address))
+        hung = [reward_pb2.ScoreItem(data_source="any", response="hang", ground_truth="y")] * 2
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Score(reward_pb2.ScoreRequest(items=hung), timeout=2)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        t0 = time.monotonic()
+        with RewardClient(s.address, timeout_s=90) as c:
+            out = c.score([ScoreItem("any", "fine", "y")])
+        assert out[0].ok and out[0].score == 1.0
+        assert time.monotonic() - t0 < 20, (tmp_path / "own.log").read_text()
+    finally:
+        s.stop()
