@@ -17,7 +17,7 @@ import os
 import signal
 import socket
 import sys
-import threading
+import time
 import traceback
 from collections.abc import Callable
 from concurrent import futures
@@ -201,16 +201,30 @@ class StopSignal:
     traceback half-way through it.
     """
 
+    POLL_S = 0.1
+
     def __init__(self) -> None:
-        self._received = threading.Event()
+        # A plain flag, not an Event: the handler runs in the main thread between any two
+        # bytecodes, and torchrun delivers each signal twice; a handler calling Event.set
+        # while the first one's set held the Event's lock would hang on it for ever.
+        self._received = False
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self._received.set())
+            signal.signal(sig, self._handle)
+
+    def _handle(self, *_) -> None:
+        self._received = True
+
+    @property
+    def received(self) -> bool:
+        """Whether a signal came (a start-up that failed then was most likely cut by it)."""
+        return self._received
 
     def wait(self, second_exits_at_once: bool = True) -> None:
-        """Blocks until a signal came. Then, with `second_exits_at_once`, puts back the
-        default actions: a second Ctrl-C or SIGTERM while the server stops ends it at once,
-        as a second Ctrl-C abandons the step of `meshrl run`."""
-        self._received.wait()
+        """Blocks until a signal came (within `POLL_S`). Then, with `second_exits_at_once`,
+        puts back the default actions: a second Ctrl-C or SIGTERM while the server stops
+        ends it at once, as a second Ctrl-C abandons the step of `meshrl run`."""
+        while not self._received:
+            time.sleep(self.POLL_S)
         if second_exits_at_once:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, signal.SIG_DFL)

@@ -21,7 +21,6 @@ import functools
 import importlib.metadata
 import logging
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -544,34 +543,28 @@ def follow(channel: CommandChannel, handlers: RankHandlers) -> None:
     connections, which ends the command here too (gloo); a rank still inside it after that
     time (NCCL notices a dead peer only at its own timeout) leaves without it.
     """
-    stop = threading.Event()
     done = threading.Event()
-    wake = threading.Event()  # either of the two above
     failure: list[BaseException] = []
-
-    def on_signal(*_) -> None:
-        stop.set()
-        wake.set()
 
     def run() -> None:
         try:
-            serve_commands(channel, handlers.dispatch, stopping=stop.is_set)
+            serve_commands(channel, handlers.dispatch, stopping=lambda: stop.received)
         except BaseException as e:  # noqa: BLE001 - re-raised (or reported) by the main thread
             failure.append(e)
         finally:
             done.set()
-            wake.set()
 
     # Further signals while stopping change nothing: torchrun forwards to every rank each
-    # signal it gets, so one Ctrl-C at a terminal reaches a rank twice.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
+    # signal it gets, so one Ctrl-C at a terminal reaches a rank twice (StopSignal's
+    # handler takes no lock for that reason).
+    stop = StopSignal()
     threading.Thread(target=run, name="trainer-commands", daemon=True).start()
-    wake.wait()
-    if stop.is_set() and not done.wait(FOLLOWER_STOP_S):
+    while not stop.received and not done.wait(StopSignal.POLL_S):
+        pass
+    if stop.received and not done.wait(FOLLOWER_STOP_S):
         log.warning("stopping without waiting for the command still running")
         exit_at_once()
-    if failure and stop.is_set():
+    if failure and stop.received:
         # Rank 0 left with a command unfinished, as it does when told to stop.
         log.info("stopping: rank 0 left during a command (%s)", failure[0])
         return
