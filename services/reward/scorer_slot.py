@@ -32,6 +32,7 @@ class ScorerSlot:
         self._places = threading.BoundedSemaphore(max_calls)
         self._changed = threading.Condition()  # guards _scorer and _borrowers
         self._borrowers: dict[RewardScorer, int] = {}  # scorer -> calls using it now
+        self._abandoned = False  # the server is stopping: no scorer goes into service again
 
     @property
     def current(self) -> RewardScorer | None:
@@ -44,7 +45,11 @@ class ScorerSlot:
             with self._changed:
                 scorer = self._scorer
                 if scorer is None:
-                    raise NotReady("reward server is starting its workers")
+                    raise NotReady(
+                        "reward server is stopping"
+                        if self._abandoned
+                        else "reward server is starting its workers"
+                    )
                 self._borrowers[scorer] = self._borrowers.get(scorer, 0) + 1
             try:
                 yield scorer
@@ -57,11 +62,16 @@ class ScorerSlot:
         """Puts `scorer` in service (None: takes the current one out), then closes the previous
         one once the calls that borrowed it are done."""
         with self._changed:
-            old, self._scorer = self._scorer, scorer
-            if old is None:
-                return
-            self._changed.wait_for(lambda: self._borrowers.get(old, 0) == 0)
-            self._borrowers.pop(old, None)
+            too_late = self._abandoned and scorer is not None  # built while the server stopped
+            if not too_late:
+                old, self._scorer = self._scorer, scorer
+                if old is None:
+                    return
+                self._changed.wait_for(lambda: self._borrowers.get(old, 0) == 0)
+                self._borrowers.pop(old, None)
+        if too_late:
+            scorer.abandon()
+            return
         old.close()
 
     def close(self) -> None:
@@ -73,6 +83,7 @@ class ScorerSlot:
         closes the rest. Returns how many calls are still running after `timeout_s`: a
         reward-model forward cannot be cut short."""
         with self._changed:
+            self._abandoned = True
             current, self._scorer = self._scorer, None
             scorers = {s for s, n in self._borrowers.items() if n > 0}
         for scorer in scorers | ({current} if current is not None else set()):

@@ -74,16 +74,18 @@ class RewardScorer:
     ) -> list[ScoreOutcome]:
         """One outcome per item, same order. Raises only UnknownDataSource (a bad request).
 
-        ``when_caller_leaves(fn)``: registers ``fn`` to run once the caller is gone (the
-        server passes its RPC's ``add_callback``); ``fn`` cancels the samples not scored
-        yet, so they stop taking the workers from other calls' samples."""
+        ``when_caller_leaves(fn)``: registers ``fn`` to run once the caller is gone, and
+        returns False if it is gone already (the server passes its RPC's
+        ``add_callback``); ``fn`` cancels the samples not scored yet, so they stop taking
+        the workers from other calls' samples."""
         self.validate(items)
         timeout = timeout_s if timeout_s and timeout_s > 0 else self.cfg.timeout_s
         custom = self.cfg.custom_function
         ruled = [i for i, it in enumerate(items) if custom or it.data_source in DATA_SOURCES]
         pending = self.pool.submit([items[i] for i in ruled], timeout, custom)
         if when_caller_leaves is not None:
-            when_caller_leaves(lambda: ScorerPool.cancel(pending))
+            if when_caller_leaves(lambda: ScorerPool.cancel(pending)) is False:
+                ScorerPool.cancel(pending)
         rm = self._model_scores(items)  # in this process, while the workers score the rules
         rule = dict(zip(ruled, self.pool.collect(pending, timeout), strict=True))
         return [

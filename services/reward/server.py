@@ -18,12 +18,14 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import logging
+import threading
 
 import grpc
 
 from meshrl.api.v1 import common_pb2, reward_pb2, reward_pb2_grpc
 from meshrl.config.loader import config_from_yaml
 from meshrl.config.schema import RewardConfig, RewardModelConfig
+from meshrl.rpc.call_count import CallCount
 from meshrl.rpc.call_markers import CallMarkers
 from meshrl.rpc.server import GrpcServer, ServiceError, StopSignal, exit_at_once, rpc_method
 from services.reward.convert import item_from_proto, outcome_to_proto
@@ -51,6 +53,10 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
     def __init__(self, memory_limit_mb: int | None = None, max_calls: int = DEFAULT_MAX_CALLS):
         self.memory_limit_mb = memory_limit_mb  # the process's setting, kept across Initialize
         self.slot = ScorerSlot(max_calls)  # Score calls borrow it concurrently
+        # Initialize builds its scorer (workers, a reward model) before the slot sees it.
+        self.initializing = CallCount(
+            lambda name: ServiceError(grpc.StatusCode.UNAVAILABLE, "reward server is stopping")
+        )
         self.markers = CallMarkers("reward")  # "rpc Score #k started/finished" log lines
 
     def swap(self, scorer: RewardScorer) -> None:
@@ -78,9 +84,9 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
     @rpc_method
     def Initialize(self, request, context):
         cfg = config_from_yaml(request.config_yaml)  # ConfigError is a ValueError: INVALID_ARGUMENT
-        self.swap(
-            RewardScorer(cfg.reward, memory_limit_mb=self.memory_limit_mb)
-        )  # built aside: Score keeps working meanwhile
+        with self.initializing.admit("Initialize"):
+            # built aside: Score keeps working meanwhile
+            self.swap(RewardScorer(cfg.reward, memory_limit_mb=self.memory_limit_mb))
         log.info("initialized: %s", cfg.reward.model_dump())
         return common_pb2.InitializeResponse(info=self.info())
 
@@ -105,8 +111,11 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
 
     def abandon(self, timeout_s: float) -> int:
         """Cancels what the running calls still score (they return failed samples now);
-        how many calls still run after `timeout_s` (see `ScorerSlot.abandon`)."""
-        return self.slot.abandon(timeout_s)
+        how many calls still run after `timeout_s` (see `ScorerSlot.abandon`), an
+        Initialize still building its scorer included (a scorer it builds later is
+        abandoned at once)."""
+        self.initializing.close()
+        return self.slot.abandon(timeout_s) + self.initializing.running
 
 
 def build_config(
@@ -145,7 +154,10 @@ def serve(
     stop = StopSignal()  # a Ctrl-C while the workers start is kept, and acted on after
     server.start()  # listening (overall health SERVING) while the workers start
     try:
-        servicer.swap(RewardScorer(cfg, memory_limit_mb=memory_limit_mb))
+        scorer = start_scorer(cfg, memory_limit_mb, stop)
+        if scorer is None:
+            return  # stopped while starting
+        servicer.swap(scorer)
         server.mark_ready()
         print(f"reward server ready on {host}:{server.port}", flush=True)
         stop.wait()
@@ -154,21 +166,57 @@ def serve(
         shut_down(server, servicer)
 
 
+def start_scorer(
+    cfg: RewardConfig, memory_limit_mb: int | None, stop: StopSignal
+) -> RewardScorer | None:
+    """The first scorer (its workers started, a reward model loaded), or None once a stop
+    signal came: the start-up is not waited for then.
+
+    A Ctrl-C at a terminal (or the launcher's SIGTERM) reaches the whole process group, so
+    the workers, still starting, die of it too; pebble then either fails the start-up or
+    keeps starting new workers. Either is the stop, not a failure of the server."""
+    built: list[RewardScorer] = []
+    failed: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            built.append(RewardScorer(cfg, memory_limit_mb=memory_limit_mb))
+        except BaseException as e:  # noqa: BLE001 - re-raised below unless stopping
+            failed.append(e)
+
+    builder = threading.Thread(target=build, name="reward-start", daemon=True)
+    builder.start()
+    while builder.is_alive() and not stop.received:
+        builder.join(StopSignal.POLL_S)
+    if not stop.received:
+        if failed:
+            raise failed[0]
+        return built[0]
+    if builder.is_alive():
+        log.info("stopped while starting its workers")
+        exit_at_once()  # the start-up's threads and workers are not joined
+    log.info("stopped while starting its workers%s", f" ({failed[0]!r})" if failed else "")
+    for scorer in built:
+        scorer.abandon()
+    return None
+
+
 def shut_down(server: GrpcServer, servicer: RewardServicer) -> None:
     """Refuses new calls, gives those running the gRPC grace period, then cancels what
     they still score and leaves.
 
     Before, the server closed its scorer only once the calls that borrowed it had their
     results, so a hung reward function held the process for the sample timeout (38 s with
-    `--timeout-s 40`), and `docker compose stop` killed it at its own 10 s. Now the
-    samples still being scored after the grace are cancelled and the scorer workers ended;
-    those calls have already been cancelled (UNAVAILABLE). A reward-model forward cannot be
-    cut short: after `ABANDON_WAIT_S` the process exits without it.
+    `--timeout-s 40`), until `docker compose stop` killed it (`stop_grace_period`, 20 s in
+    deploy/compose.yaml). Now the samples still being scored after the grace are cancelled
+    and the scorer workers ended; those calls have already been cancelled (UNAVAILABLE). A
+    reward-model forward, or an Initialize building a scorer, cannot be cut short: after
+    `ABANDON_WAIT_S` the process exits without it.
     """
     server.stop()
     running = servicer.abandon(ABANDON_WAIT_S)
     if running:
-        log.warning("exiting without waiting for %d Score call(s) still running", running)
+        log.warning("exiting without waiting for %d call(s) still running", running)
         exit_at_once()
 
 

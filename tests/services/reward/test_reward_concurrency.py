@@ -223,3 +223,16 @@ def test_slot_abandon_ends_the_calls_it_can_and_counts_the_others():
             pass
     for t in calls:
         t.join(5)
+
+
+def test_a_scorer_built_while_the_slot_is_abandoned_is_abandoned_too():
+    # An Initialize that finishes building its scorer after the server began to stop
+    slot = ScorerSlot()
+    slot.swap(_Abandonable())
+    assert slot.abandon(timeout_s=0.1) == 0
+    late = _Abandonable()
+    slot.swap(late)
+    assert late.abandoned.is_set() and slot.current is None
+    with pytest.raises(NotReady, match="stopping"):
+        with slot.borrow():
+            pass

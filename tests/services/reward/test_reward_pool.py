@@ -25,6 +25,9 @@ def misbehave(data_source, solution_str, ground_truth, extra_info):
         raise ValueError("bad input")
     if solution_str == "hang":
         time.sleep(600)
+    if solution_str == "hang_and_tell":  # ground_truth: a file to make once hanging
+        open(ground_truth, "w").close()
+        time.sleep(600)
     if solution_str == "str":
         return "1.0"
     if solution_str == "nan":
@@ -287,6 +290,13 @@ def test_custom_module_defining_a_dataclass_loads(tmp_path):
         assert [o.score for o in s.score([item("7"), item("8")])] == [1.0, 0.0]
 
 
+def _wait_for_file(path, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"no {path}"
+        time.sleep(0.05)
+
+
 def test_abandon_cancels_the_samples_of_a_hung_scorer_and_ends_its_workers(custom_file):
     """What a stopping server does: the call returns at once instead of after the timeout."""
     cfg = RewardConfig(custom_function=f"{custom_file}:misbehave", timeout_s=60.0, num_workers=1)
@@ -295,11 +305,11 @@ def test_abandon_cancels_the_samples_of_a_hung_scorer_and_ends_its_workers(custo
     workers = [p for p in multiprocessing.active_children() if p not in others]
     assert workers, "the scorer worker runs in a child process"
     outcomes: list[ScoreOutcome] = []
-    call = threading.Thread(
-        target=lambda: outcomes.extend(scorer.score([item("hang"), item("hang"), item("7")]))
-    )
+    told = custom_file.parent / "abandon_hanging"
+    hung = [item("hang_and_tell", gt=str(told)), item("hang"), item("7")]
+    call = threading.Thread(target=lambda: outcomes.extend(scorer.score(hung)))
     call.start()
-    time.sleep(1.0)  # the worker has taken the first sample and hangs in it
+    _wait_for_file(told)  # the worker has taken the first sample and hangs in it
     t0 = time.monotonic()
     scorer.abandon()
     call.join(10)
@@ -323,13 +333,13 @@ def test_a_caller_that_leaves_takes_its_samples_out_of_the_workers(custom_file):
     with RewardScorer(cfg) as scorer:
         leave: list = []
         outcomes: list[ScoreOutcome] = []
+        told = custom_file.parent / "leaver_hanging"
+        hung = [item("hang_and_tell", gt=str(told)), item("hang")]
         call = threading.Thread(
-            target=lambda: outcomes.extend(
-                scorer.score([item("hang"), item("hang")], when_caller_leaves=leave.append)
-            )
+            target=lambda: outcomes.extend(scorer.score(hung, when_caller_leaves=leave.append))
         )
         call.start()
-        time.sleep(1.0)  # the worker hangs in the first sample
+        _wait_for_file(told)  # the worker hangs in the first sample
         t0 = time.monotonic()
         leave[0]()  # the caller's RPC ended
         call.join(10)
