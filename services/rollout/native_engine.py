@@ -126,9 +126,10 @@ class NativeEngine:
         tokens: list[torch.Tensor] = []
         logprobs: list[torch.Tensor] = []
         reasons: list[FinishReason] = []
+        steps = [0]  # decode steps of the call so far, for a cancellation's message
         for start in range(0, total, self.max_num_seqs):
             seqs = range(start, min(total, start + self.max_num_seqs))
-            chunk = self._generate_chunk(prompts, seqs, sampling, cancelled)
+            chunk = self._generate_chunk(prompts, seqs, sampling, cancelled, steps)
             t, lp, r = chunk.results()
             tokens += t
             logprobs += lp
@@ -141,18 +142,23 @@ class NativeEngine:
         )
 
     def _generate_chunk(
-        self, prompts: Ragged, seqs: range, sampling: _Sampling, cancelled: threading.Event | None
+        self,
+        prompts: Ragged,
+        seqs: range,
+        sampling: _Sampling,
+        cancelled: threading.Event | None,
+        steps: list[int],
     ) -> DecodeBatch:
-        """Decodes sequences ``seqs`` (sequence k is sample k % n of prompt k // n) to the end."""
-        check_cancelled(cancelled, 0)
+        """Decodes sequences ``seqs`` (sequence k is sample k % n of prompt k // n) to the
+        end; counts its decode steps into ``steps[0]``."""
+        check_cancelled(cancelled, steps[0])
         batch, logits = self._prefill(prompts, seqs, sampling.params)
         tokens, logprobs = sample(logits, sampling.params, sampling.generator)
         num_alive = batch.append(tokens, logprobs, sampling.stop_ids)
-        steps = 0
         while num_alive:
-            check_cancelled(cancelled, steps)  # an Event read: nothing next to a step
+            check_cancelled(cancelled, steps[0])  # an Event read: nothing next to a step
             num_alive = self.step(batch, num_alive, sampling)
-            steps += 1
+            steps[0] += 1
         return batch
 
     def _prefill(

@@ -48,7 +48,8 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = "meshrl.api.v1.RolloutService"
 STOP_WAIT_S = 3.0
-"""How long a stopping server waits for its cancelled calls to end, after the grace."""
+"""How long a stopping server waits, after the grace, for its cancelled generations to
+stop (a round of decode steps: milliseconds on a GPU)."""
 API_VERSION = "meshrl.api.v1"
 
 _FINISH_REASONS = {
@@ -151,12 +152,13 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         # abandoned, a coordinator killed), its deadline passed, or the server is stopping.
         # The engine then stops instead of holding the engine lock for the rest of the batch.
         cancelled = threading.Event()
-        context.add_callback(cancelled.set)
+        if not context.add_callback(cancelled.set):  # False: the RPC has ended already
+            cancelled.set()
         with self.markers.call("Generate"):
             try:
                 result = self.worker.generate(prompts, params, cancelled)
             except GenerationCancelled as e:
-                log.info("Generate: %s (its caller is gone)", e)
+                log.info("Generate: %s (its RPC ended: the caller left or the server stops)", e)
                 raise
         return rollout_pb2.GenerateResponse(
             responses=ragged_to_proto(result.responses),
@@ -224,7 +226,7 @@ def shut_down(server: GrpcServer, worker: RolloutWorker) -> None:
     """
     worker.close()
     server.stop()
-    running = worker.wait_idle(STOP_WAIT_S)
+    running = worker.wait_for_generations(STOP_WAIT_S)
     if running == 0:
         return  # a normal exit: atexit handlers run (an engine's worker processes close)
     log.warning("exiting without waiting for %d rollout call(s) still running", running)

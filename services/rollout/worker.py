@@ -8,7 +8,7 @@ status codes.
 Stopping: `close` refuses new calls. A generation whose RPC was cancelled (the server
 cancels the calls still running after its grace period) stops at the engine's next check;
 a weight sync blocked on its peer cannot be interrupted, so the server exits without
-joining it; `wait_idle` tells it whether any call is left.
+joining it; `wait_for_generations` tells it whether any call is left.
 """
 
 from __future__ import annotations
@@ -122,6 +122,9 @@ class RolloutWorker:
         self._group: WeightGroup | _EngineGroup | None = None
         self._group_lock = threading.Lock()  # taken before _engine_lock, never after
         self._calls = CallCount(lambda name: ShuttingDownError("rollout server is shutting down"))
+        # Generations among them: the ones a stopping server waits for, as they stop at the
+        # engine's next check once their RPCs are cancelled (the others cannot stop).
+        self._generations = CallCount(lambda name: ShuttingDownError(name))
 
     def _call(self):
         """Counts one call while it runs; refuses it once `close` was called."""
@@ -132,9 +135,11 @@ class RolloutWorker:
         """Calls (generation, scoring, loading, weight syncs) still running."""
         return self._calls.running
 
-    def wait_idle(self, timeout_s: float) -> int:
-        """Waits up to `timeout_s` for the running calls to end; returns those still running."""
-        return self._calls.wait_idle(timeout_s)
+    def wait_for_generations(self, timeout_s: float) -> int:
+        """Waits up to `timeout_s` for the generations running to end; returns the calls of
+        any kind still running then."""
+        self._generations.wait_idle(timeout_s)
+        return self.running
 
     @property
     def ready(self) -> bool:
@@ -161,7 +166,7 @@ class RolloutWorker:
     ) -> GenerationResult:
         """``cancelled``: set when the caller is gone; the engine then stops at its next
         check, and a call that waited for the lock behind another does not start."""
-        with self._call(), self._engine_lock:
+        with self._call(), self._generations.admit("generate"), self._engine_lock:
             return self.engine.generate(prompts, params, cancelled)
 
     def score(
