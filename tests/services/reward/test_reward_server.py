@@ -269,20 +269,19 @@ def score(data_source, solution_str, ground_truth, extra_info):
 """
 
 
+def _hung_server(tmp_path: Path) -> Server:
+    """A server of its own, one worker, whose reward function hangs on "hang" (60 s
+    timeout)."""
+    fn = tmp_path / "hung.py"
+    fn.write_text(HUNG)
+    args = ("--timeout-s", "60", "--num-workers", "1", "--custom-function", f"{fn}:score")
+    return Server(tmp_path / "own.log", *args)
+
+
 def test_ctrl_c_does_not_wait_for_a_hung_reward_function(tmp_path):
     """The call in flight is cancelled after the grace period, its samples and workers too:
     before, the server lived on until the sample timeout (here 60 s)."""
-    fn = tmp_path / "hung.py"
-    fn.write_text(HUNG)
-    s = Server(
-        tmp_path / "own.log",
-        "--timeout-s",
-        "60",
-        "--num-workers",
-        "1",
-        "--custom-function",
-        f"{fn}:score",
-    )
+    s = _hung_server(tmp_path)
     workers = list(s.workers)
     errors: list[grpc.RpcError] = []
 
@@ -321,17 +320,7 @@ def test_ctrl_c_does_not_wait_for_a_hung_reward_function(tmp_path):
 def test_a_call_past_its_deadline_frees_the_workers_for_the_next_one(tmp_path):
     """Its samples are cancelled when its RPC ends; before, the next call's samples waited
     behind them on the one worker (2 x 60 s here)."""
-    fn = tmp_path / "hung.py"
-    fn.write_text(HUNG)
-    s = Server(
-        tmp_path / "own.log",
-        "--timeout-s",
-        "60",
-        "--num-workers",
-        "1",
-        "--custom-function",
-        f"{fn}:score",
-    )
+    s = _hung_server(tmp_path)
     try:
         stub = reward_pb2_grpc.RewardServiceStub(open_channel(s.address))
         hung = [reward_pb2.ScoreItem(data_source="any", response="hang", ground_truth="y")] * 2
