@@ -197,8 +197,9 @@ class StopSignal:
     returns.
 
     A server makes it before its slow start-up (spawning workers, loading a model), so a
-    Ctrl-C then is kept and acted on once start-up ends, instead of a KeyboardInterrupt
-    traceback half-way through it.
+    Ctrl-C then is kept, instead of a KeyboardInterrupt traceback half-way through it: acted
+    on once start-up ends, or at once by a server that watches `received` meanwhile (the
+    reward server).
     """
 
     POLL_S = 0.1
