@@ -155,8 +155,9 @@ def serve(
     server.start()  # listening (overall health SERVING) while the workers start
     try:
         scorer = start_scorer(cfg, memory_limit_mb, stop)
-        if scorer is None:
-            return  # stopped while starting
+        if scorer is None:  # stopped while starting
+            stop.wait()  # returns at once; a second signal now ends the process at once
+            return
         servicer.swap(scorer)
         server.mark_ready()
         print(f"reward server ready on {host}:{server.port}", flush=True)
