@@ -21,7 +21,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from pebble import ProcessExpired, ProcessPool
 
 from services.reward import worker
-from services.reward.types import ScoreItem, ScoreOutcome, failed
+from services.reward.types import CANCELLED_REASON, ScoreItem, ScoreOutcome, failed
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ def _reason(e: BaseException, timeout_s: float) -> str:
     if isinstance(e, FutureTimeout):
         return f"timeout after {timeout_s:.1f}s"
     if isinstance(e, CancelledError):
-        return "cancelled: its caller left or the server is stopping"
+        return CANCELLED_REASON
     if isinstance(e, ProcessExpired):
         return f"worker died (exit code {e.exitcode})"
     if isinstance(e, (worker.BadScore, worker.ScorerError)):  # already "what: why"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 
 import torch
 from transformers import (
@@ -23,6 +24,8 @@ from transformers import (
     AutoModelForTokenClassification,
     AutoTokenizer,
 )
+
+from services.reward.types import ScoringCancelled
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +88,22 @@ class RewardModel:
         return "\n\n".join(m["content"] for m in messages)
 
     @torch.no_grad()
-    def score(self, prompts: list[str], responses: list[str]) -> list[float]:
-        """One score per pair, in order."""
+    def score(
+        self,
+        prompts: list[str],
+        responses: list[str],
+        cancelled: threading.Event | None = None,
+    ) -> list[float]:
+        """One score per pair, in order.
+
+        ``cancelled``: read before each micro-batch; once set, raises ScoringCancelled (a
+        forward under way finishes first: a large batch of a large model stops within one
+        micro-batch instead of holding the model for the rest of the batch)."""
         texts = [self.render(p, r) for p, r in zip(prompts, responses, strict=True)]
         out: list[float] = []
         for i in range(0, len(texts), self.micro_batch_size):
+            if cancelled is not None and cancelled.is_set():
+                raise ScoringCancelled(f"after {i} of {len(texts)} samples")
             out.extend(self._score_batch(texts[i : i + self.micro_batch_size]))
         return out
 

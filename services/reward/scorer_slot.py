@@ -81,7 +81,7 @@ class ScorerSlot:
         """Takes the scorer out of service and abandons every scorer still lent (see
         `RewardScorer.abandon`), so the calls using them return now with failed samples;
         closes the rest. Returns how many calls are still running after `timeout_s`: a
-        reward-model forward cannot be cut short."""
+        reward-model micro-batch under way cannot be cut short."""
         with self._changed:
             self._abandoned = True
             current, self._scorer = self._scorer, None

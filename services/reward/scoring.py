@@ -20,13 +20,21 @@ from collections.abc import Callable
 from meshrl.config.schema import RewardConfig
 from services.reward.pool import DEFAULT_MEMORY_LIMIT_MB, ScorerPool
 from services.reward.scorers.registry import DATA_SOURCES, UnknownDataSource, known_data_sources
-from services.reward.types import ScoreItem, ScoreOutcome
+from services.reward.types import (
+    CANCELLED_REASON,
+    ScoreItem,
+    ScoreOutcome,
+    ScoringCancelled,
+    failed,
+)
 
 log = logging.getLogger(__name__)
 
 ACC_TOLERANCE = 1e-6
 ANY_SOURCE = "*"
 """Listed among the known names when every data_source is accepted (custom function, RM)."""
+MODEL_WAIT_POLL_S = 0.1
+"""How often a call waiting for the reward model checks whether its caller has left."""
 
 
 class RewardScorer:
@@ -41,6 +49,10 @@ class RewardScorer:
         # One batch at a time through the model: a fast tokenizer refuses concurrent use
         # ("Already borrowed") and concurrent forwards would only share the same cores.
         self._model_lock = threading.Lock()
+        self._calls_lock = threading.Lock()
+        self._calls: set[threading.Event] = set()
+        """The `cancelled` events of the calls under way (set by `abandon`)."""
+        self._abandoned = False
         try:
             self.pool.warm_up()
             if self.cfg.custom_function:
@@ -77,17 +89,36 @@ class RewardScorer:
         ``when_caller_leaves(fn)``: registers ``fn`` to run once the caller is gone, and
         returns False if it is gone already (the server passes its RPC's
         ``add_callback``); ``fn`` cancels the samples not scored yet, so they stop taking
-        the workers from other calls' samples."""
+        the workers and the reward model from other calls' samples. A cancelled call's
+        samples come back failed (``CANCELLED_REASON``)."""
         self.validate(items)
         timeout = timeout_s if timeout_s and timeout_s > 0 else self.cfg.timeout_s
         custom = self.cfg.custom_function
         ruled = [i for i, it in enumerate(items) if custom or it.data_source in DATA_SOURCES]
         pending = self.pool.submit([items[i] for i in ruled], timeout, custom)
-        if when_caller_leaves is not None:
-            if when_caller_leaves(lambda: ScorerPool.cancel(pending)) is False:
+        cancelled = threading.Event()  # read by the reward model between micro-batches
+
+        def cancel() -> None:
+            cancelled.set()
+            ScorerPool.cancel(pending)
+
+        with self._calls_lock:
+            self._calls.add(cancelled)
+            if self._abandoned:
+                cancelled.set()
+        try:
+            if when_caller_leaves is not None and when_caller_leaves(cancel) is False:
+                cancel()
+            try:
+                # in this process, while the workers score the rules
+                rm = self._model_scores(items, cancelled)
+            except ScoringCancelled:
                 ScorerPool.cancel(pending)
-        rm = self._model_scores(items)  # in this process, while the workers score the rules
-        rule = dict(zip(ruled, self.pool.collect(pending, timeout), strict=True))
+                return [failed(CANCELLED_REASON) for _ in items]
+            rule = dict(zip(ruled, self.pool.collect(pending, timeout), strict=True))
+        finally:
+            with self._calls_lock:
+                self._calls.discard(cancelled)
         return [
             _combine(rule.get(i), rm[i] if rm else None, self._rm_weight) for i in range(len(items))
         ]
@@ -96,20 +127,35 @@ class RewardScorer:
     def _rm_weight(self) -> float:
         return self.cfg.reward_model.weight
 
-    def _model_scores(self, items: list[ScoreItem]) -> list[float] | None:
+    def _model_scores(
+        self, items: list[ScoreItem], cancelled: threading.Event
+    ) -> list[float] | None:
+        """The reward model's scores, or None without one. Raises ScoringCancelled once
+        ``cancelled`` is set, also while waiting for another call's batch to finish."""
         if self.reward_model is None or not items:
             return None
-        with self._model_lock:
+        while not self._model_lock.acquire(timeout=MODEL_WAIT_POLL_S):
+            if cancelled.is_set():
+                raise ScoringCancelled("before the reward model took it")
+        try:
             return self.reward_model.score(
-                [it.prompt for it in items], [it.response for it in items]
+                [it.prompt for it in items], [it.response for it in items], cancelled
             )
+        finally:
+            self._model_lock.release()
 
     def close(self) -> None:
         self.pool.close()
 
     def abandon(self) -> None:
-        """Closes at once: the rule samples being scored are cancelled (a reward-model
-        forward running in this process cannot be, and goes on)."""
+        """Closes at once: the rule samples being scored are cancelled, and the calls
+        using the reward model stop after the micro-batch under way (a forward running in
+        this process cannot be cut short). Their samples come back failed."""
+        with self._calls_lock:
+            self._abandoned = True
+            calls = list(self._calls)
+        for cancelled in calls:
+            cancelled.set()
         self.pool.abandon()
 
     def __enter__(self) -> RewardScorer:

@@ -210,9 +210,10 @@ def shut_down(server: GrpcServer, servicer: RewardServicer) -> None:
     results, so a hung reward function held the process for the sample timeout (38 s with
     `--timeout-s 40`), until `docker compose stop` killed it (`stop_grace_period`, 20 s in
     deploy/compose.yaml). Now the samples still being scored after the grace are cancelled
-    and the scorer workers ended; those calls have already been cancelled (UNAVAILABLE). A
-    reward-model forward, or an Initialize building a scorer, cannot be cut short: after
-    `ABANDON_WAIT_S` the process exits without it.
+    and the scorer workers ended, and calls on the reward model stop after their micro-batch
+    under way; those calls have already been cancelled (UNAVAILABLE). A micro-batch under
+    way, or an Initialize building a scorer, cannot be cut short: after `ABANDON_WAIT_S`
+    the process exits without it.
     """
     server.stop()
     running = servicer.abandon(ABANDON_WAIT_S)

@@ -40,5 +40,13 @@ class ScoreOutcome:
     samples ("" when it found none; None when the scorer does not say)."""
 
 
+CANCELLED_REASON = "cancelled: its caller left or the server is stopping"
+"""Why a sample has no score when its call was abandoned before it was scored."""
+
+
+class ScoringCancelled(Exception):
+    """A call's scoring stopped because its caller left or the server is stopping."""
+
+
 def failed(reason: str) -> ScoreOutcome:
     return ScoreOutcome(score=0.0, ok=False, reason=reason)

@@ -1,6 +1,8 @@
 """Reward model: a tiny Llama classification model built from a config (no downloads)."""
 
 import json
+import threading
+import time
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ from meshrl.testing.char_tokenizer import save_char_tokenizer
 from meshrl.testing.tiny_model import tiny_llama_config
 from services.reward.reward_model import RewardModel, prompt_messages
 from services.reward.scoring import RewardScorer
-from services.reward.types import ScoreItem
+from services.reward.types import CANCELLED_REASON, ScoreItem, ScoringCancelled
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -98,3 +100,122 @@ def test_rm_enabled_without_path():
     cfg = RewardConfig(num_workers=1, reward_model=RewardModelConfig(enable=True))
     with pytest.raises(ValueError, match="reward.reward_model.path is empty"):
         RewardScorer(cfg)
+
+
+def test_a_set_event_stops_the_reward_model_between_micro_batches(seq_rm):
+    rm = RewardModel(str(seq_rm), micro_batch_size=1, device="cpu")
+    cancelled = threading.Event()
+    forwards = []
+    real = rm._score_batch
+
+    def forward_then_leave(texts):
+        forwards.append(texts)
+        cancelled.set()  # the caller leaves during the first micro-batch
+        return real(texts)
+
+    rm._score_batch = forward_then_leave
+    with pytest.raises(ScoringCancelled, match="after 1 of 4 samples"):
+        rm.score(PROMPTS, RESPONSES, cancelled)
+    assert len(forwards) == 1
+    with pytest.raises(ScoringCancelled, match="after 0 of 4"):
+        rm.score(PROMPTS, RESPONSES, cancelled)  # set before the call: no forward at all
+    assert len(forwards) == 1
+
+
+SLOW_FORWARD_S = 0.2
+
+
+@pytest.fixture
+def slow_rm_scorer(seq_rm):
+    """A scorer whose reward model takes SLOW_FORWARD_S a micro-batch of one sample (as a
+    large model would); `forwards` counts the micro-batches run."""
+    cfg = RewardConfig(
+        num_workers=1,
+        reward_model=RewardModelConfig(enable=True, path=str(seq_rm), micro_batch_size=1),
+    )
+    with RewardScorer(cfg) as scorer:
+        real = scorer.reward_model._score_batch
+        scorer.forwards = 0
+
+        def slow(texts):
+            scorer.forwards += 1
+            time.sleep(SLOW_FORWARD_S)
+            return real(texts)
+
+        scorer.reward_model._score_batch = slow
+        yield scorer
+
+
+def _items(n: int) -> list[ScoreItem]:
+    return [ScoreItem("Dahoas/full-hh-rlhf", f"reply {i}", "", prompt="Q: hi") for i in range(n)]
+
+
+class _Caller:
+    """A Score call on a thread, with the `when_caller_leaves` hook a gRPC server passes."""
+
+    def __init__(self, scorer: RewardScorer, n: int):
+        self.leave_fns: list = []
+        self.out = None
+        self.thread = threading.Thread(
+            target=lambda: setattr(self, "out", scorer.score(_items(n), None, self._register))
+        )
+        self.thread.start()
+
+    def _register(self, fn) -> bool:
+        self.leave_fns.append(fn)
+        return True
+
+    def leave(self) -> float:
+        """Runs the callbacks as the RPC's end would; how long the call then took to return."""
+        t0 = time.monotonic()
+        for fn in self.leave_fns:
+            fn()
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+        return time.monotonic() - t0
+
+
+def _wait_for(condition, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def test_a_caller_that_leaves_stops_its_reward_model_batch(slow_rm_scorer):
+    """Before, the model scored the whole batch for nobody (40 x 0.2 s here), and every
+    other call waited behind it."""
+    call = _Caller(slow_rm_scorer, 40)
+    _wait_for(lambda: slow_rm_scorer.forwards >= 2)
+    took = call.leave()
+    assert took < 10 * SLOW_FORWARD_S
+    assert slow_rm_scorer.forwards < 10
+    assert [o.reason for o in call.out] == [CANCELLED_REASON] * 40
+    assert not any(o.ok for o in call.out)
+    # the model is free again: the next call is scored, in full
+    out = slow_rm_scorer.score(_items(2))
+    assert all(o.ok and "rm_score" in o.extra for o in out)
+
+
+def test_a_caller_that_leaves_while_waiting_for_the_model_gives_up_at_once(slow_rm_scorer):
+    first = _Caller(slow_rm_scorer, 40)
+    _wait_for(lambda: slow_rm_scorer.forwards >= 1)
+    second = _Caller(slow_rm_scorer, 3)
+    time.sleep(2 * SLOW_FORWARD_S)
+    assert second.leave() < 1.0  # it never waits for the first call's batch
+    assert [o.reason for o in second.out] == [CANCELLED_REASON] * 3
+    assert first.thread.is_alive()  # the first call goes on
+    first.leave()
+
+
+def test_abandon_stops_the_reward_model_calls_under_way(slow_rm_scorer):
+    """A stopping server: the calls on the model return within one micro-batch."""
+    call = _Caller(slow_rm_scorer, 40)
+    _wait_for(lambda: slow_rm_scorer.forwards >= 1)
+    t0 = time.monotonic()
+    slow_rm_scorer.abandon()
+    call.thread.join(30)
+    assert time.monotonic() - t0 < 10 * SLOW_FORWARD_S
+    assert [o.reason for o in call.out] == [CANCELLED_REASON] * 40
+    late = slow_rm_scorer.score(_items(1))  # a call after the stop starts nothing
+    assert late[0].reason == CANCELLED_REASON and slow_rm_scorer.forwards < 10
