@@ -13,11 +13,11 @@ import signal
 import threading
 from pathlib import Path
 
-from meshrl.config import RunConfig, config_to_yaml
+from meshrl.config import RunConfig
 from meshrl.launcher.factory import make_launcher
 from meshrl.rpc.security import SecuritySettings
 from services.coordinator.metrics_sinks import close_sinks
-from services.coordinator.preflight import check_run_config
+from services.coordinator.preflight import check_run_config, start_run_folder
 from services.coordinator.run import PPORun, run_sinks
 from services.coordinator.run_types import ended_exit_code
 
@@ -72,8 +72,7 @@ def run_local(cfg: RunConfig) -> RunResult:
     SecuritySettings.from_env().verify()
     check_run_config(cfg)  # before any role server starts
     run_dir = Path(cfg.trainer.default_local_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
+    start_run_folder(run_dir, cfg)
     # Before any role server starts: a logger that cannot start (wandb online without an
     # API key, an MLflow server that does not answer) ends the run now, not after the
     # models have loaded.

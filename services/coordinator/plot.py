@@ -19,9 +19,13 @@ PANELS = [
 ]
 
 
-def plot_metrics(jsonl_path: Path, png_path: Path) -> Path:
+def plot_metrics(jsonl_path: Path, png_path: Path) -> Path | None:
+    """Writes the PNG; None (and no file) when no step has been logged yet, as in a run
+    that failed before its first step."""
     rows = [r for r in read_jsonl(jsonl_path) if "critic/score/mean" in r]
     panels = [(k, t) for k, t in PANELS if any(r.get(k) is not None for r in rows)]
+    if not panels:
+        return None
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False)
     for ax, (key, title) in zip(axes[0], panels, strict=True):
         pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
@@ -35,7 +39,7 @@ def plot_metrics(jsonl_path: Path, png_path: Path) -> Path:
         for k, v in r.items()
         if k.startswith("val-core/") and "/acc/" in k and v is not None
     ]
-    if val and panels:
+    if val:
         axes[0][0].plot([p[0] for p in val], [p[1] for p in val], "o--", label="val acc")
         axes[0][0].legend()
     fig.tight_layout()

@@ -16,7 +16,7 @@ import os
 from collections import Counter
 from pathlib import Path
 
-from meshrl.config.loader import ConfigError
+from meshrl.config.loader import ConfigError, config_to_yaml
 from meshrl.config.schema import ModelConfig, RunConfig
 from meshrl.data.errors import DataError
 
@@ -37,6 +37,20 @@ PAPER_CLIP_RANGES = {
 
 ANY_SOURCE = "*"
 """What the reward server lists when it scores every data_source (custom function, RM)."""
+
+
+def start_run_folder(run_dir: Path, cfg: RunConfig) -> None:
+    """Makes the run folder and writes the resolved config in it; a ConfigError naming
+    ``trainer.default_local_dir`` when the folder cannot be made or written (a file of that
+    name, a read-only mount, a typo under /proc) instead of an OSError traceback."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
+    except OSError as e:
+        why = "a file of that name exists" if run_dir.is_file() else (e.strerror or str(e))
+        raise ConfigError(
+            f"trainer.default_local_dir: cannot use {run_dir} as the run folder: {why}"
+        ) from None
 
 
 def check_run_config(cfg: RunConfig) -> None:

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import yaml
 
-from meshrl.config import ConfigError, RunConfig, build_config, config_to_yaml
+from meshrl.config import ConfigError, RunConfig, build_config
 from meshrl.data.errors import DataError
 from meshrl.rpc.security import SecuritySettings
 from services.coordinator.metrics_sinks import ConsoleSink, MetricsSink, close_sinks, file_sinks
-from services.coordinator.preflight import check_run_config
+from services.coordinator.preflight import check_run_config, start_run_folder
 from services.coordinator.run_types import RunEvent, RunState, RunStatus, ended_exit_code
 
 log = logging.getLogger(__name__)
@@ -164,8 +164,7 @@ class ManagedRun:
 
     def _run(self) -> tuple[RunState, str]:
         """Brings the servers up, trains, takes them down; returns how the run ended."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(config_to_yaml(self.cfg))
+        start_run_folder(self.run_dir, self.cfg)
         # Before any role server starts: a logger that cannot start rejects the run now.
         sinks = self._sinks()
         self.update(line=f"starting role servers ({self.cfg.launcher.kind} launcher)")
