@@ -77,6 +77,10 @@ def write_manifest(folder: Path) -> None:
 
 def verify(folder: Path) -> None:
     """Raises CheckpointError naming the first missing or altered file."""
+    if not folder.is_dir():
+        raise CheckpointError(
+            f"{folder}: {'not a folder' if folder.exists() else 'no such folder'}"
+        )
     manifest = folder / MANIFEST
     if not manifest.is_file():
         raise CheckpointError(f"{folder}: no {MANIFEST} (partial checkpoint)")

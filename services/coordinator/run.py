@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from meshrl.algorithms.kl import make_kl_controller
 from meshrl.config import ConfigError, RunConfig, config_to_yaml
+from meshrl.config.schema import TrainerConfig
 from meshrl.data.dataset import PromptDataset
 from meshrl.data.errors import DataError
 from meshrl.data.loader import PromptLoader
@@ -332,7 +333,14 @@ class PPORun:
         try:
             verify(folder)  # an explicit path must be whole; no silent fallback
         except CheckpointError as e:  # the config names it: a wrong request (exit 2)
-            raise ConfigError(f"trainer.resume_mode: {e}") from None
+            hint = ""
+            if (folder / "checkpoints").is_dir() or folder.name == "checkpoints":
+                hint = (
+                    "; name one of its checkpoints/global_step_<k> folders, or resume the "
+                    "run in that folder with trainer.default_local_dir=<it> "
+                    "trainer.resume_mode=auto"
+                )
+            raise ConfigError(f"trainer.resume_mode: {e}{hint}") from None
         return folder
 
     def resume(self) -> None:
@@ -408,6 +416,8 @@ class PPORun:
         cfg = self.cfg.trainer
         if cfg.val_only:
             return self.validate_only()
+        for warning in plan_warnings(cfg, self.state.step, self.total_steps):
+            log.warning("%s", warning)
         if cfg.val_before_train and self.val_set is not None:
             before = self.validate_or_recover()
             if before is not None:
@@ -524,3 +534,22 @@ class PPORun:
             if closer is not None:
                 closer.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def plan_warnings(trainer: TrainerConfig, start_step: int, total_steps: int) -> list[str]:
+    """What a user would not want to learn only at the end of a run: that it trains
+    nothing (resumed at or past its last step), or keeps nothing (no checkpoint)."""
+    out = []
+    if start_step >= total_steps:
+        out.append(
+            f"nothing to train: the run resumed at step {start_step}, and it has "
+            f"{total_steps} steps (trainer.total_training_steps, or total_epochs); raise "
+            "it to train on"
+        )
+    elif trainer.save_freq <= 0:
+        out.append(
+            f"trainer.save_freq={trainer.save_freq}: this run saves no checkpoint, so its "
+            "trained model is not kept (verl's default too); set trainer.save_freq=N for "
+            "one every N steps and at the last step"
+        )
+    return out

@@ -213,6 +213,53 @@ def test_a_resume_path_that_does_not_verify_is_a_config_error_naming_the_key(tmp
         run.resume()
 
 
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("no_such", "no such folder$"),
+        ("a_file", "not a folder$"),
+        ("run", "no MANIFEST.json .*; name one of its checkpoints/global_step_<k> folders"),
+    ],
+)
+def test_a_resume_path_that_is_no_checkpoint_says_what_it_is(tmp_path, name, says):
+    """Before, each said 'no MANIFEST.json (partial checkpoint)', a folder that does not
+    exist included."""
+    from meshrl.config import ConfigError
+
+    path = tmp_path / name
+    if name == "a_file":
+        path.write_text("")
+    if name == "run":  # a run folder rather than one of its checkpoints
+        write_checkpoint(path, 5)
+    run = make_run(tmp_path / "now", [f"trainer.resume_mode={path}"])
+    with pytest.raises(ConfigError, match=f"trainer.resume_mode: {path}: {says}"):
+        run.resume()
+
+
+def test_a_run_resumed_past_its_last_step_says_it_has_nothing_to_train(tmp_path, caplog):
+    """Before, it ended at once, exit 0, without a word."""
+    write_checkpoint(tmp_path, 4)
+    run = make_run(tmp_path, ["trainer.save_freq=2"])
+    run.total_steps = 2
+    run.resume()
+    run.run_step = lambda records: pytest.fail("nothing to train")
+    with caplog.at_level("WARNING"):
+        run.train()
+    assert (
+        "nothing to train: the run resumed at step 4, and it has 2 steps "
+        "(trainer.total_training_steps, or total_epochs)"
+    ) in caplog.text
+
+
+def test_a_run_that_keeps_no_checkpoint_says_so_at_its_start(tmp_path):
+    from services.coordinator.run import plan_warnings
+
+    keeps_none = build_config({}, [*GRPO]).trainer  # save_freq -1, as verl's default
+    (warning,) = plan_warnings(keeps_none, 0, 10)
+    assert warning.startswith("trainer.save_freq=-1: this run saves no checkpoint")
+    assert plan_warnings(build_config({}, [*GRPO, "trainer.save_freq=5"]).trainer, 0, 10) == []
+
+
 def test_histories_set_aside_within_one_second_go_to_folders_of_their_own(tmp_path):
     manager = CheckpointManager(tmp_path)
     write_checkpoint(tmp_path, 20)

@@ -172,3 +172,15 @@ def test_a_wrong_address_list_ends_the_run_before_the_loggers_open(
     assert exit_code == cli.EXIT_BAD_REQUEST == 2, err
     assert "launcher.addresses.actor: no address given" in err
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("where", ["a_file", "/proc/no/such/folder"])
+def test_a_run_folder_that_cannot_be_made_is_a_bad_request(tmp_path, config, capsys, where):
+    """Before: a FileExistsError / FileNotFoundError traceback, exit 1."""
+    path = tmp_path / where if where == "a_file" else where
+    if where == "a_file":
+        path.write_text("not a folder")
+    assert cli.main(["run", config, f"trainer.default_local_dir={path}"]) == 2
+    err = capsys.readouterr().err
+    why = "a file of that name exists" if where == "a_file" else "No such file or directory"
+    assert f"meshrl: trainer.default_local_dir: cannot use {path} as the run folder: {why}" in err
