@@ -62,8 +62,46 @@ _SERVICES = {"rollout": "meshrl.api.v1.RolloutService", "reward": "meshrl.api.v1
 _TRAINER_SERVICE = "meshrl.api.v1.TrainerService"
 
 
+def _role(name: str) -> str:
+    """The config role of a launcher name: rollout0 -> rollout."""
+    return name.rstrip("0123456789")
+
+
+def _service_of(name: str) -> str:
+    return _SERVICES.get(_role(name), _TRAINER_SERVICE)
+
+
+def _check_serves(name: str, address: str, timeout_s: float = 10.0) -> None:
+    """Raises ConfigError when the server at `address` does not serve the service of its
+    role (two addresses swapped in launcher.addresses): its health service does not know
+    the service name. Otherwise the run's first call would fail as UNIMPLEMENTED."""
+    channel = open_channel(address)
+    try:
+        try:
+            health_status(channel, _service_of(name), timeout_s)
+            return
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.NOT_FOUND:
+                return  # not this check's business: the run's calls report it
+        served = []
+        for kind, service in (("rollout", _SERVICES["rollout"]), ("trainer", _TRAINER_SERVICE),
+                              ("reward", _SERVICES["reward"])):  # fmt: skip
+            try:
+                health_status(channel, service, timeout_s)
+                served.append(kind)
+            except grpc.RpcError:
+                pass
+        what = f"a {' and '.join(served)} server" if served else "no meshrl role service"
+        raise ConfigError(
+            f"launcher.addresses.{_role(name)}: {address} is {what}, not the {_role(name)} "
+            f"role's ({_service_of(name)}); are two addresses swapped?"
+        )
+    finally:
+        channel.close()
+
+
 def _serving(name: str, address: str, timeout_s: float = 3.0) -> bool:
-    service = _SERVICES.get(name.rstrip("0123456789"), _TRAINER_SERVICE)
+    service = _service_of(name)
     channel = open_channel(address)
     try:
         return health_status(channel, service, timeout_s) == health_pb2.HealthCheckResponse.SERVING
@@ -87,6 +125,8 @@ class ExternalLauncher:
     def start(self) -> Endpoints:
         for address in self.addresses():
             wait_for_health(address, "", self.cfg.launcher.startup_timeout_s)
+        for name, address in self.named_addresses().items():
+            _check_serves(name, address)
         return self._endpoints
 
     def named_addresses(self) -> dict[str, str]:
@@ -106,6 +146,14 @@ class ExternalLauncher:
         return [
             name for name, address in self.named_addresses().items() if not _serving(name, address)
         ]
+
+    @property
+    def recovery_plan(self) -> str:
+        return (
+            f"waiting up to {self.cfg.launcher.startup_timeout_s:.0f} s for them to answer "
+            "again on the same address (this run does not start them: whoever does, such as "
+            "compose's restart policy, restarts them)"
+        )
 
     def restart(self, name: str) -> str:
         address = self.named_addresses()[name]

@@ -23,10 +23,19 @@ STATEFUL_ROLES = ("actor", "critic")
 
 
 class Restarter(Protocol):
-    """What a launcher offers for recovery (LocalLauncher, RayLauncher)."""
+    """What a launcher offers for recovery (LocalLauncher, RayLauncher, ExternalLauncher).
+    An optional ``recovery_plan`` (str) says what its ``restart`` does, for the log line
+    (default: :data:`RESTARTING`)."""
 
     def restart(self, name: str) -> str: ...
     def dead_roles(self) -> list[str]: ...
+
+
+RESTARTING = "restarting them"
+
+
+def recovery_plan(restarter: Restarter) -> str:
+    return getattr(restarter, "recovery_plan", RESTARTING)
 
 
 def unreachable(address: str, timeout_s: float = 3.0) -> bool:

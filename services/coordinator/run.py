@@ -46,7 +46,7 @@ from services.coordinator.metrics_sinks import (
 from services.coordinator.plot import plot_metrics
 from services.coordinator.ppo_step import PPOStep, Roles, WeightSyncFailed
 from services.coordinator.preflight import check_data_sources, load_tokenizer
-from services.coordinator.recovery import STATEFUL_ROLES, Restarter, find_dead
+from services.coordinator.recovery import STATEFUL_ROLES, Restarter, find_dead, recovery_plan
 from services.coordinator.run_types import ended_exit_code
 from services.coordinator.validation import validate
 from services.coordinator.weight_sync import WeightSyncer
@@ -269,7 +269,19 @@ class PPORun:
         re-raises ``err`` when there is no restarter or the restarts are spent."""
         self.step_failures[step] += 1
         limit = self.cfg.launcher.max_restarts
-        if self.restarter is None or self.step_failures[step] > limit:
+        if self.restarter is None:
+            raise err
+        if self.step_failures[step] > limit:
+            folder = self.rewind_folder()
+            resume = (
+                f"its last checkpoint, {folder}, resumes it: run it again (trainer.resume_mode=auto)"
+                if folder is not None
+                else "it has no checkpoint yet (trainer.save_freq)"
+            )
+            log.error(
+                "%s (%s); launcher.max_restarts=%d recoveries of this step are spent, so the "
+                "run ends; %s", what, err, limit, resume,
+            )  # fmt: skip
             raise err
         attempt = self.step_failures[step]
         log.warning("%s (%s); recovering (attempt %d of %d)", what, err, attempt, limit)
@@ -281,7 +293,7 @@ class PPORun:
         dead = find_dead(self.restarter, addresses)
         if not dead:
             raise err  # the call failed but every server lives: not a crash to recover from
-        log.warning("role servers down: %s; restarting them", ", ".join(dead))
+        log.warning("role servers down: %s; %s", ", ".join(dead), recovery_plan(self.restarter))
         for name in dead:
             addresses[name] = self.restarter.restart(name)  # a new port if the old one was taken
         self.endpoints = Endpoints.from_addresses(addresses)
