@@ -122,6 +122,11 @@ def replica_sampling(sampling: rollout_pb2.SamplingParams, i: int) -> rollout_pb
     return own
 
 
+class RewardFailedEverySample(RuntimeError):
+    """No sample of a training batch could be scored: the run stops rather than train on
+    rewards that are all 0 (almost always a reward function that fails on every input)."""
+
+
 def reward_failure_summary(results: list, data_sources: list[str]) -> str | None:
     """One line on the samples the reward service could not score (a scorer that raised, hung,
     returned a non-number, or killed its worker), or None when every sample was scored."""
@@ -214,6 +219,12 @@ class PPOStep:
             batch.scores += penalty
         batch.reward_failed = sum(not r.ok for r in results)
         if summary := reward_failure_summary(results, batch.data_sources):
+            if batch.reward_failed == len(results):
+                raise RewardFailedEverySample(
+                    f"reward: {summary}. No sample of this batch has a reward, so the run "
+                    "stops here rather than train on zeros: fix the reward function "
+                    "(reward.custom_function) or the reward service, then resume"
+                )
             log.warning("reward: %s", summary)
         batch.reward_extra = [r.extra for r in results]
         batch.reward_failures = [r.failure for r in results]

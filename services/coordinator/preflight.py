@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 from collections import Counter
@@ -217,6 +218,29 @@ def load_tokenizer(model: ModelConfig):
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as e:
         raise ConfigError(f"{key}={path!r}: no tokenizer could be loaded from it: {e}") from None
+
+
+def context_length_warning(cfg: RunConfig) -> str | None:
+    """A line when a prompt and its response may not fit the model's context
+    (``max_position_embeddings`` of the model folder's config.json), or None. A warning, not
+    an error: rope models run past it, only worse, and some runs mean to. Checked only where
+    the coordinator can read the folder."""
+    model_dir = Path(cfg.actor_rollout_ref.model.path)
+    config_file = model_dir / "config.json"
+    if not config_file.is_file():
+        return None
+    try:
+        limit = json.loads(config_file.read_text()).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return None
+    longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if not isinstance(limit, int) or longest <= limit:
+        return None
+    return (
+        f"data.max_prompt_length + data.max_response_length = {longest} tokens, past the "
+        f"model's max_position_embeddings ({limit}, {config_file}): the tokens past it run "
+        "outside the positions the model was trained on"
+    )
 
 
 def check_data_sources(datasets: dict[str, list[str]], known: list[str]) -> None:

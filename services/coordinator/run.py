@@ -45,7 +45,11 @@ from services.coordinator.metrics_sinks import (
 )
 from services.coordinator.plot import plot_metrics
 from services.coordinator.ppo_step import PPOStep, Roles, WeightSyncFailed
-from services.coordinator.preflight import check_data_sources, load_tokenizer
+from services.coordinator.preflight import (
+    check_data_sources,
+    context_length_warning,
+    load_tokenizer,
+)
 from services.coordinator.recovery import STATEFUL_ROLES, Restarter, find_dead, recovery_plan
 from services.coordinator.run_types import ended_exit_code
 from services.coordinator.validation import validate
@@ -170,6 +174,8 @@ class PPORun:
         cfg = self.cfg
         model = cfg.actor_rollout_ref.model
         self.tokenizer = load_tokenizer(model)  # ConfigError naming the key if absent
+        if warning := context_length_warning(cfg):
+            log.warning("%s", warning)
         self.train_set = make_dataset(cfg, cfg.data.train_files, self.tokenizer)
         self.val_set = (
             make_dataset(cfg, cfg.data.val_files, self.tokenizer) if cfg.data.val_files else None

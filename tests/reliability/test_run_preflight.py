@@ -17,7 +17,12 @@ from meshrl.data.errors import DataError
 from meshrl.ragged import Ragged
 from meshrl.testing.char_tokenizer import build_char_tokenizer, save_char_tokenizer
 from services.coordinator.clients import ScoredSample
-from services.coordinator.ppo_step import PPOStep, Roles, reward_failure_summary
+from services.coordinator.ppo_step import (
+    PPOStep,
+    RewardFailedEverySample,
+    Roles,
+    reward_failure_summary,
+)
 from services.coordinator.preflight import check_data_sources, load_tokenizer
 from services.coordinator.rollout_batch import RolloutBatch
 from services.coordinator.run import Endpoints, PPORun
@@ -94,18 +99,23 @@ def test_unknown_data_source_fails_at_start_naming_it(tmp_path):
 
 
 class _FailingReward:
+    def __init__(self, all_fail: bool = False):
+        self.all_fail = all_fail
+
     def score(self, items):
+        first = ScoredSample(1.0, True, "", {"acc": 1.0})
+        if self.all_fail:
+            first = ScoredSample(0.0, False, "TypeError: compute_score() takes 2 arguments", {})
         return [
-            ScoredSample(1.0, True, "", {"acc": 1.0}),
+            first,
             ScoredSample(0.0, False, "timeout after 10.0s", {}),
             ScoredSample(0.0, False, "returned str, expected a number", {}),
         ]
 
 
-def test_samples_that_could_not_be_scored_are_reported(caplog):
-    tok = build_char_tokenizer()
+def _three_sample_batch() -> RolloutBatch:
     rows = Ragged.from_lists([[5, 6], [7], [8, 9]])
-    batch = RolloutBatch(
+    return RolloutBatch(
         prompts=rows,
         responses=rows,
         rollout_logprobs=rows.with_values(torch.zeros(5)),
@@ -116,21 +126,58 @@ def test_samples_that_could_not_be_scored_are_reported(caplog):
         extra_infos=[{}, {}, {}],
         weight_version=0,
     )
+
+
+def _score(batch: RolloutBatch, reward: _FailingReward) -> None:
     step = PPOStep(
         build_config({}),
-        Roles(rollouts=[], actor=None, reward=_FailingReward()),
-        tok,
+        Roles(rollouts=[], actor=None, reward=reward),
+        build_char_tokenizer(),
         syncer=None,
         kl_ctrl=None,
     )
     try:
-        with caplog.at_level(logging.WARNING):
-            step.score(batch)
+        step.score(batch)
     finally:
         step.close()
+
+
+def test_samples_that_could_not_be_scored_are_reported(caplog):
+    batch = _three_sample_batch()
+    with caplog.at_level(logging.WARNING):
+        _score(batch, _FailingReward())
     assert batch.reward_failed == 2 and batch.scores.tolist() == [1.0, 0.0, 0.0]
     assert (
         "reward: 2 of 3 samples could not be scored and count as 0 "
         "(first: a 'math' sample: timeout after 10.0s)"
     ) in caplog.text
     assert reward_failure_summary([ScoredSample(1.0, True, "", {})], ["x"]) is None
+
+
+def test_a_batch_with_no_sample_scored_stops_the_run():
+    """Before, such a run trained every step on rewards that were all 0 and exited 0."""
+    with pytest.raises(RewardFailedEverySample) as e:
+        _score(_three_sample_batch(), _FailingReward(all_fail=True))
+    assert str(e.value).startswith(
+        "reward: 3 of 3 samples could not be scored and count as 0 (first: a 'openai/gsm8k' "
+        "sample: TypeError: compute_score() takes 2 arguments). No sample of this batch has a "
+        "reward, so the run stops here"
+    )
+
+
+def test_lengths_past_the_models_context_are_warned_about(tmp_path):
+    """Before, a run with 306-token prompts on a 256-position model ran without a word."""
+    from services.coordinator.preflight import context_length_warning
+
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 256}')
+    model = [f"actor_rollout_ref.model.path={tmp_path}"]
+    long = build_config({}, [*model, "data.max_prompt_length=400", "data.max_response_length=8"])
+    assert context_length_warning(long) == (
+        "data.max_prompt_length + data.max_response_length = 408 tokens, past the model's "
+        f"max_position_embeddings (256, {tmp_path / 'config.json'}): the tokens past it run "
+        "outside the positions the model was trained on"
+    )
+    fits = build_config({}, [*model, "data.max_prompt_length=200", "data.max_response_length=56"])
+    assert context_length_warning(fits) is None
+    elsewhere = build_config({}, ["actor_rollout_ref.model.path=/on/another/machine"])
+    assert context_length_warning(elsewhere) is None  # not readable here: not checked
