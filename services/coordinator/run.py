@@ -18,7 +18,6 @@ from tqdm import tqdm
 
 from meshrl.algorithms.kl import make_kl_controller
 from meshrl.config import ConfigError, RunConfig, config_to_yaml
-from meshrl.config.schema import TrainerConfig
 from meshrl.data.dataset import PromptDataset
 from meshrl.data.errors import DataError
 from meshrl.data.loader import PromptLoader
@@ -434,7 +433,7 @@ class PPORun:
         cfg = self.cfg.trainer
         if cfg.val_only:
             return self.validate_only()
-        for warning in plan_warnings(cfg, self.state.step, self.total_steps):
+        for warning in plan_warnings(self.cfg, self.state.step, self.total_steps):
             log.warning("%s", warning)
         if cfg.val_before_train and self.val_set is not None:
             before = self.validate_or_recover()
@@ -554,10 +553,17 @@ class PPORun:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def plan_warnings(trainer: TrainerConfig, start_step: int, total_steps: int) -> list[str]:
+def plan_warnings(cfg: RunConfig, start_step: int, total_steps: int) -> list[str]:
     """What a user would not want to learn only at the end of a run: that it trains
-    nothing (resumed at or past its last step), or keeps nothing (no checkpoint)."""
+    nothing (resumed at or past its last step), keeps nothing (no checkpoint), or never
+    validates though asked to."""
+    trainer = cfg.trainer
     out = []
+    if trainer.test_freq > 0 and not cfg.data.val_files:
+        out.append(
+            f"trainer.test_freq={trainer.test_freq}, but data.val_files is empty: this run "
+            "validates nothing"
+        )
     if start_step >= total_steps:
         out.append(
             f"nothing to train: the run resumed at step {start_step}, and it has "

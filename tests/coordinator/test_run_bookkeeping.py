@@ -274,10 +274,19 @@ def test_a_run_resumed_past_its_last_step_says_it_has_nothing_to_train(tmp_path,
 def test_a_run_that_keeps_no_checkpoint_says_so_at_its_start(tmp_path):
     from services.coordinator.run import plan_warnings
 
-    keeps_none = build_config({}, [*GRPO]).trainer  # save_freq -1, as verl's default
+    keeps_none = build_config({}, [*GRPO])  # save_freq -1, as verl's default
     (warning,) = plan_warnings(keeps_none, 0, 10)
     assert warning.startswith("trainer.save_freq=-1: this run saves no checkpoint")
-    assert plan_warnings(build_config({}, [*GRPO, "trainer.save_freq=5"]).trainer, 0, 10) == []
+    assert plan_warnings(build_config({}, [*GRPO, "trainer.save_freq=5"]), 0, 10) == []
+
+
+def test_a_run_asked_to_validate_without_validation_files_says_so():
+    from services.coordinator.run import plan_warnings
+
+    cfg = build_config({}, [*GRPO, "trainer.save_freq=5", "trainer.test_freq=2"])
+    assert plan_warnings(cfg, 0, 10) == [
+        "trainer.test_freq=2, but data.val_files is empty: this run validates nothing"
+    ]
 
 
 def test_histories_set_aside_within_one_second_go_to_folders_of_their_own(tmp_path):
