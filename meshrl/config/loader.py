@@ -1,7 +1,9 @@
 """Loads a run config: YAML file + dotted `key=value` overrides, validated at once.
 
 Errors name the offending key (`actor_rollout_ref.actor.clip_ratio: Input should be a valid
-number`) so a typo fails at start, not hours into a run.
+number`) so a typo fails at start, not hours into a run; every problem of a config is reported
+in one message. Overrides take verl's command lines as they are: Hydra's `+key=value` and
+`++key=value` set the key like `key=value` (every key is in the schema).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from meshrl.config.schema import RunConfig
+from meshrl.config.unknown_keys import unknown_key_lines
 
 
 class ConfigError(ValueError):
@@ -23,10 +26,21 @@ class ConfigError(ValueError):
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
-    """`a.b.c=value` -> (["a","b","c"], value parsed as YAML, so 1e-3, true, [a,b] work)."""
+    """`a.b.c=value` -> (["a","b","c"], value parsed as YAML, so 1e-3, true, [a,b] work).
+
+    Hydra's `+a.b=value` (add) and `++a.b=value` (add or override) are `a.b=value` here: the
+    schema already has every key, so adding one and setting it are the same thing. Its
+    `~a.b` (delete) is refused: a schema key always has a value.
+    """
+    if item.startswith("~"):
+        raise ConfigError(
+            f"override {item!r}: deleting a key (Hydra's ~) is not supported; leave the "
+            "override out, or set the key to the value you want"
+        )
     if "=" not in item:
         raise ConfigError(f"override {item!r} is not of the form key=value")
     key, raw = item.split("=", 1)
+    key = key.removeprefix("++") if key.startswith("++") else key.removeprefix("+")
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {item!r} has an empty key part")
     try:
@@ -54,21 +68,38 @@ def _text_field(path: list[str]) -> bool:
 
 
 def apply_overrides(tree: dict, overrides: list[str]) -> dict:
-    for item in overrides:
-        path, value = parse_override(item)
-        if _text_field(path) and not isinstance(value, (str, list, dict, type(None))):
-            # The text as typed: YAML 1.1 reads experiment_name=2024_01_05 as the number
-            # 20240105, 0123 as 83 (octal), yes as true and 2024-01-05 as a date. Quoted
-            # text stays YAML's (quotes removed), and `null` still means None.
-            value = item.split("=", 1)[1]
-        node = tree
-        for part in path[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"override {item!r}: {part} is not a section")
-            node = child
-        node[path[-1]] = value
+    """``tree`` with ``overrides`` set in it; ConfigError naming every bad override at once."""
+    problems = _apply_overrides(tree, overrides)
+    if problems:
+        raise ConfigError("invalid overrides:\n  " + "\n  ".join(problems))
     return tree
+
+
+def _apply_overrides(tree: dict, overrides: list[str]) -> list[str]:
+    """Sets each usable override in ``tree``; returns what is wrong with the others."""
+    problems = []
+    for item in overrides:
+        try:
+            _apply_override(tree, item)
+        except ConfigError as e:
+            problems.append(str(e))
+    return problems
+
+
+def _apply_override(tree: dict, item: str) -> None:
+    path, value = parse_override(item)
+    if _text_field(path) and not isinstance(value, (str, list, dict, type(None))):
+        # The text as typed: YAML 1.1 reads experiment_name=2024_01_05 as the number
+        # 20240105, 0123 as 83 (octal), yes as true and 2024-01-05 as a date. Quoted
+        # text stays YAML's (quotes removed), and `null` still means None.
+        value = item.split("=", 1)[1]
+    node = tree
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {item!r}: {part} is not a section")
+        node = child
+    node[path[-1]] = value
 
 
 _INTERP = re.compile(r"\$\{([a-zA-Z0-9_.]+)\}")
@@ -98,29 +129,40 @@ def _interpolate(tree: dict) -> dict:
     return walk(tree)
 
 
-def _format_validation_error(err: ValidationError) -> str:
+def _validation_problems(err: ValidationError) -> list[str]:
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<config>"
         if e["type"] == "extra_forbidden":
-            lines.append(f"{key}: unknown config key")
+            lines += unknown_key_lines(e["loc"], e.get("input"))
         elif e["type"] == "value_error":  # our validators: the message names its keys
             msg = e["msg"].removeprefix("Value error, ")
             lines.append(msg if key == "<config>" or msg.startswith(key) else f"{key}: {msg}")
         else:
             lines.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
-    return "invalid config:\n  " + "\n  ".join(lines)
+    return lines
+
+
+def _validate(tree: dict) -> tuple[RunConfig | None, list[str]]:
+    try:
+        cfg = RunConfig.model_validate(tree)
+        return RunConfig.model_validate(_interpolate(cfg.model_dump())), []
+    except ValidationError as e:
+        return None, _validation_problems(e)
 
 
 def build_config(tree: dict | None = None, overrides: list[str] | None = None) -> RunConfig:
     # A deep copy: overrides land in nested sections, which must stay the caller's own (a
     # tree reused for several configs would otherwise carry one's overrides into the next).
-    tree = apply_overrides(copy.deepcopy(tree or {}), list(overrides or []))
-    try:
-        cfg = RunConfig.model_validate(tree)
-        return RunConfig.model_validate(_interpolate(cfg.model_dump()))
-    except ValidationError as e:
-        raise ConfigError(_format_validation_error(e)) from None
+    tree = copy.deepcopy(tree or {})
+    # The tree is validated even when some overrides could not be read, so that one message
+    # names every problem rather than the first of several rounds.
+    problems = _apply_overrides(tree, list(overrides or []))
+    cfg, invalid = _validate(tree)
+    problems += invalid
+    if problems or cfg is None:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+    return cfg
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:

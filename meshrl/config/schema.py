@@ -9,9 +9,9 @@ time (ports, addresses, versions) live in state objects, never in this config.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 # The KL estimators of meshrl.algorithms.kl.KL_ESTIMATOR_KINDS, named here so that loading a
 # config does not import torch (tests/config checks the two lists agree). "+": straight-through.
@@ -19,6 +19,21 @@ KLEstimator = Literal[
     "kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3",
     "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+",
 ]  # fmt: skip
+
+
+_Item = TypeVar("_Item")
+
+
+def _one_item_list(value: object) -> object:
+    """A single string as a one-item list; anything else goes on to the list check as is."""
+    return [value] if isinstance(value, str) and value else value
+
+
+# verl (through Hydra) takes `data.train_files=/data/train.parquet` or `trainer.logger=console`
+# where a list is meant; its scripts nearly all start that way. Only a non-empty string is
+# wrapped: a number, a mapping or `key=` (nothing: an empty list or a slip?) is still refused
+# as "Input should be a valid list".
+OneOrList = Annotated[list[_Item], BeforeValidator(_one_item_list)]
 
 
 class Section(BaseModel):
@@ -35,10 +50,11 @@ class Section(BaseModel):
 
 
 class DataConfig(Section):
-    train_files: list[str] = Field(default_factory=list)
-    """Parquet files of training prompts in verl's schema."""
-    val_files: list[str] = Field(default_factory=list)
-    """Parquet files of validation prompts; empty disables validation."""
+    train_files: OneOrList[str] = Field(default_factory=list)
+    """Parquet files of training prompts in verl's schema (one path alone is a list of one)."""
+    val_files: OneOrList[str] = Field(default_factory=list)
+    """Parquet files of validation prompts (one path alone is a list of one); empty disables
+    validation."""
     prompt_key: str = "prompt"
     """Column holding the prompt: a chat message list or a plain string."""
     max_prompt_length: int = Field(512, gt=0)
@@ -407,11 +423,12 @@ class TrainerConfig(Section):
     """auto (latest complete checkpoint of the run folder), disable, or a checkpoint path."""
     default_local_dir: str = "runs/${trainer.project_name}/${trainer.experiment_name}"
     """Run folder: metrics, checkpoints, logs."""
-    logger: list[Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
+    logger: OneOrList[Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
         default_factory=lambda: ["console", "jsonl"]
     )
-    """Where step metrics go: the console, `<run folder>/metrics.jsonl`, TensorBoard
-    event files in `<run folder>/tensorboard` or `$TENSORBOARD_DIR/<project>/<experiment>`
+    """Where step metrics go (one name alone is a list of one): the console,
+    `<run folder>/metrics.jsonl`, TensorBoard event files in `<run folder>/tensorboard` or
+    `$TENSORBOARD_DIR/<project>/<experiment>`
     (`pip install 'meshrl[tensorboard]'`), a Weights & Biases run named
     `<project_name>` / `<experiment_name>`, its files in the run folder or `$WANDB_DIR`,
     online or offline as `$WANDB_MODE` says (`pip install 'meshrl[wandb]'`), and an MLflow
@@ -460,8 +477,9 @@ class LauncherConfig(Section):
     startup_timeout_s: float = Field(120.0, gt=0)
     max_restarts: int = Field(2, ge=0)
     """Restarts of a dead role server before the run stops."""
-    addresses: dict[str, list[str]] = Field(default_factory=dict)
-    """external: role -> ["host:port", ...] (rollout may have several)."""
+    addresses: dict[str, OneOrList[str]] = Field(default_factory=dict)
+    """external: role -> ["host:port", ...] (rollout may have several; one "host:port" alone
+    is a list of one)."""
     ray_address: str | None = None
     """ray: the cluster to join ("auto", "HOST:PORT"); None = start a private one here."""
     resource_pool: dict[str, ResourcePoolConfig] = Field(default_factory=dict)

@@ -1,0 +1,143 @@
+"""verl keys that meshrl does not have, or has under another name: what to do instead.
+
+Such a key stays an error (a key silently ignored would let a verl user believe it took
+effect); the table only makes the error say what meshrl does instead. A table key also
+answers for the keys below it: `actor_rollout_ref.actor.fsdp_config` covers
+`actor_rollout_ref.actor.fsdp_config.param_offload`. tests/config/test_verl_keys.py checks
+that every key here is unknown to the schema and every key it points to exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class VerlKey:
+    use: str = ""
+    """The meshrl key to set instead (optionally as `key=<what>`); empty when there is none."""
+    why: str = ""
+    """What meshrl does instead, or why the key is not needed here."""
+
+    def hint(self) -> str:
+        if not self.use:
+            return f"unknown config key (verl's), not used here: {self.why}"
+        note = f" ({self.why})" if self.why else ""
+        return f"unknown config key (verl's): set {self.use} instead{note}"
+
+
+_FSDP = "each trainer role is always FSDP2-sharded over its world_size ranks, with no CPU offload"
+_PER_RANK = "responses per forward on each rank"
+
+VERL_KEYS: dict[str, VerlKey] = {
+    # data
+    "data.tokenizer": VerlKey(use="actor_rollout_ref.model.tokenizer_path"),
+    "data.return_raw_chat": VerlKey(
+        why="rollout gets the prompts as data.apply_chat_template renders them, and a reward "
+        "model reads the decoded prompt text as its user turn"
+    ),
+    "data.reward_fn_key": VerlKey(why="scorers are picked by each row's data_source column"),
+    # actor, rollout, reference
+    "actor_rollout_ref.model.trust_remote_code": VerlKey(
+        why="models load without remote code: only architectures transformers ships"
+    ),
+    "actor_rollout_ref.actor.fsdp_config": VerlKey(
+        why=f"{_FSDP}; the compute dtype is actor_rollout_ref.model.dtype"
+    ),
+    "actor_rollout_ref.actor.ppo_micro_batch_size": VerlKey(
+        use="actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", why=_PER_RANK
+    ),
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": VerlKey(
+        why="no sequence parallelism: a trainer role's ranks shard the model (FSDP2)"
+    ),
+    "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": VerlKey(
+        use="actor_rollout_ref.actor.optim.lr_warmup_steps", why="a number of steps, not a ratio"
+    ),
+    "actor_rollout_ref.actor.optim.warmup_style": VerlKey(
+        use="actor_rollout_ref.actor.optim.lr_scheduler_type"
+    ),
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": VerlKey(
+        why="each rollout server holds the whole model on one device (vLLM too); more servers: "
+        "actor_rollout_ref.rollout.replicas"
+    ),
+    "actor_rollout_ref.rollout.mode": VerlKey(
+        why="rollout always runs as servers of its own (no sync or async mode, no agent "
+        "loop); more servers: actor_rollout_ref.rollout.replicas"
+    ),
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": VerlKey(
+        use="actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", why=_PER_RANK
+    ),
+    "actor_rollout_ref.ref.fsdp_config": VerlKey(
+        why=f"{_FSDP}; the compute dtype is actor_rollout_ref.model.dtype"
+    ),
+    "actor_rollout_ref.ref.log_prob_micro_batch_size": VerlKey(
+        use="actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", why=_PER_RANK
+    ),
+    # critic
+    "critic.model.fsdp_config": VerlKey(why=f"{_FSDP}; the compute dtype is critic.model.dtype"),
+    "critic.ppo_micro_batch_size": VerlKey(
+        use="critic.ppo_micro_batch_size_per_gpu", why=_PER_RANK
+    ),
+    "critic.optim.lr_warmup_steps_ratio": VerlKey(
+        use="critic.optim.lr_warmup_steps", why="a number of steps, not a ratio"
+    ),
+    "critic.optim.warmup_style": VerlKey(use="critic.optim.lr_scheduler_type"),
+    # reward
+    "custom_reward_function": VerlKey(
+        use="reward.custom_function=path/to/file.py:function_name",
+        why="verl's path and name in one value; the name defaults to compute_score",
+    ),
+    "reward_model": VerlKey(
+        why="the reward model is reward.reward_model, DAPO's overlong penalty "
+        "reward.overlong_buffer"
+    ),
+    "reward_model.enable": VerlKey(use="reward.reward_model.enable"),
+    "reward_model.model.path": VerlKey(use="reward.reward_model.path"),
+    "reward_model.micro_batch_size_per_gpu": VerlKey(use="reward.reward_model.micro_batch_size"),
+    "reward_model.max_length": VerlKey(use="reward.reward_model.max_length"),
+    "reward_model.overlong_buffer": VerlKey(use="reward.overlong_buffer"),
+    "reward_model.reward_manager": VerlKey(
+        why="rule scorers are picked by each row's data_source; your own function: "
+        "reward.custom_function"
+    ),
+    # trainer
+    "trainer.critic_warmup": VerlKey(
+        use="critic.critic_warmup", why="the actor then starts at step N+1, verl's at step N"
+    ),
+    "trainer.n_gpus_per_node": VerlKey(
+        why="with trainer.device=cuda the roles take the GPUs: ranks per trainer role "
+        "(actor_rollout_ref.actor.world_size, critic.world_size, "
+        "actor_rollout_ref.ref.world_size), actor_rollout_ref.rollout.replicas rollout "
+        "servers, placed by launcher.role_gpus"
+    ),
+    "trainer.nnodes": VerlKey(
+        why="the local launcher runs every role here; across nodes: --launcher ray with "
+        "launcher.resource_pool (a trainer role's ranks stay on one node)"
+    ),
+    "trainer.max_actor_ckpt_to_keep": VerlKey(
+        use="trainer.max_ckpt_to_keep", why="one count: each checkpoint holds every role"
+    ),
+    "trainer.max_critic_ckpt_to_keep": VerlKey(
+        use="trainer.max_ckpt_to_keep", why="one count: each checkpoint holds every role"
+    ),
+    "trainer.resume_from_path": VerlKey(use="trainer.resume_mode=<checkpoint path>"),
+    "trainer.val_generations_to_log_to_wandb": VerlKey(use="trainer.log_val_generations"),
+    "trainer.default_hdfs_dir": VerlKey(
+        why="no HDFS copy: checkpoints stay in the run folder, trainer.default_local_dir"
+    ),
+    # Ray
+    "ray_init": VerlKey(
+        why="--ray-address (launcher.ray_address) names the cluster; each pool's CPUs and GPUs "
+        "are in launcher.resource_pool"
+    ),
+}
+
+
+def verl_key(key: str) -> tuple[str, VerlKey] | None:
+    """The table entry answering for dotted ``key``: its own, else its nearest section's."""
+    parts = key.split(".")
+    for end in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:end])
+        if prefix in VERL_KEYS:
+            return prefix, VERL_KEYS[prefix]
+    return None

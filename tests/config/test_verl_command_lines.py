@@ -1,0 +1,258 @@
+"""verl command lines as users paste them: single-string lists, Hydra's `+`/`++`/`~`
+prefixes, "did you mean" for typos, and what to do instead for verl keys meshrl lacks."""
+
+import pytest
+
+from meshrl import cli
+from meshrl.config import ConfigError, build_config, config_from_yaml, config_to_yaml, load_config
+
+
+def error_of(overrides: list[str], tree: dict | None = None) -> str:
+    with pytest.raises(ConfigError) as err:
+        build_config(tree or {}, overrides)
+    return str(err.value)
+
+
+# --- one string where a list is meant ---------------------------------------------------
+
+
+def test_a_single_path_or_logger_override_is_a_list_of_one():
+    cfg = build_config(
+        {},
+        [
+            "data.train_files=/root/data/gsm8k/train.parquet",
+            "data.val_files=/root/data/gsm8k/test.parquet",
+            "trainer.logger=console",
+            "launcher.addresses.actor=127.0.0.1:5303",
+        ],
+    )
+    assert cfg.data.train_files == ["/root/data/gsm8k/train.parquet"]
+    assert cfg.data.val_files == ["/root/data/gsm8k/test.parquet"]
+    assert cfg.trainer.logger == ["console"]
+    assert cfg.launcher.addresses == {"actor": ["127.0.0.1:5303"]}
+    assert config_from_yaml(config_to_yaml(cfg)) == cfg  # role servers get lists
+
+
+def test_verls_quoted_list_overrides_still_read_as_lists():
+    cfg = build_config(
+        {}, ["data.train_files=['a.parquet','b.parquet']", 'trainer.logger=["console","wandb"]']
+    )
+    assert cfg.data.train_files == ["a.parquet", "b.parquet"]
+    assert cfg.trainer.logger == ["console", "wandb"]
+
+
+def test_a_single_string_in_yaml_is_a_list_of_one(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "data:\n  train_files: ~/data/gsm8k/train.parquet\n  val_files: test.parquet\n"
+        "trainer:\n  logger: jsonl\n"
+    )
+    cfg = load_config(path)
+    assert cfg.data.train_files == ["~/data/gsm8k/train.parquet"]
+    assert cfg.data.val_files == ["test.parquet"] and cfg.trainer.logger == ["jsonl"]
+
+
+@pytest.mark.parametrize(
+    "tree, message",
+    [
+        (
+            {"data": {"train_files": 5}},
+            r"data\.train_files: Input should be a valid list \(got 5\)",
+        ),
+        ({"data": {"val_files": {"a": 1}}}, r"data\.val_files: Input should be a valid list"),
+        ({"trainer": {"logger": "consol"}}, r"trainer\.logger\.0: Input should be 'console'"),
+        ({"data": {"train_files": ""}}, r"data\.train_files: Input should be a valid list"),
+    ],
+    ids=["number", "mapping", "unknown logger", "empty"],
+)
+def test_other_wrong_types_are_still_refused(tree, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(tree)
+
+
+# --- Hydra's prefixes ---------------------------------------------------------------------
+
+
+def test_plus_and_double_plus_set_the_plain_key():
+    cfg = build_config({}, ["+trainer.val_before_train=False", "++trainer.test_freq=5"])
+    assert cfg.trainer.val_before_train is False and cfg.trainer.test_freq == 5
+
+
+def test_an_unknown_key_after_a_plus_is_named_without_it():
+    err = error_of(["+trainer.fooo=1"])
+    assert "  trainer.fooo: unknown config key" in err and "+trainer" not in err
+
+
+def test_a_plus_text_key_still_takes_the_value_as_typed():
+    assert build_config({}, ["+trainer.experiment_name=0123"]).trainer.experiment_name == "0123"
+
+
+def test_hydras_delete_is_refused_clearly():
+    err = error_of(["~trainer.val_before_train"])
+    assert "'~trainer.val_before_train': deleting a key (Hydra's ~) is not supported" in err
+
+
+def test_bad_overrides_and_bad_keys_are_reported_in_one_message():
+    err = error_of(
+        ["~trainer.logger", "data.train_batch_size", "trainer.total_epoch=3", "data.seed=x"]
+    )
+    for expected in (
+        "'~trainer.logger': deleting a key",
+        "'data.train_batch_size' is not of the form key=value",
+        "trainer.total_epoch: unknown config key",
+        "data.seed: Input should be a valid integer",
+    ):
+        assert expected in err
+
+
+# --- did you mean -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        (
+            "actor_rollout_ref.actor.clip_ration=0.3",
+            "actor_rollout_ref.actor.clip_ration: unknown config key; "
+            "did you mean actor_rollout_ref.actor.clip_ratio?",
+        ),
+        (
+            "actor_rollout_reff.actor.clip_ratio=0.3",  # reported at the unknown section
+            "actor_rollout_reff: unknown config key; did you mean actor_rollout_ref?",
+        ),
+        (
+            "trainer.total_epoch=3",
+            "trainer.total_epoch: unknown config key; did you mean trainer.total_epochs?",
+        ),
+        (
+            "launcher.resource_pool.big.gpu_per_node=8",  # below a pool the user named
+            "launcher.resource_pool.big.gpu_per_node: unknown config key; "
+            "did you mean launcher.resource_pool.big.gpus_per_node?",
+        ),
+    ],
+    ids=lambda x: x.split("=")[0],
+)
+def test_a_typo_gets_the_closest_key_of_its_section(override, line):
+    assert f"  {line}" in error_of([override])
+
+
+def test_a_key_in_the_wrong_section_gets_where_it_lives():
+    err = error_of(["trainer.lora_rank=8"])
+    assert (
+        "trainer.lora_rank: unknown config key; "
+        "did you mean actor_rollout_ref.model.lora_rank or critic.model.lora_rank?"
+    ) in err
+
+
+def test_nothing_close_gets_no_suggestion():
+    assert error_of(["trainer.zzz=1"]).endswith("trainer.zzz: unknown config key")
+
+
+# --- verl keys meshrl does not have -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        (
+            "trainer.critic_warmup=0",
+            "trainer.critic_warmup: unknown config key (verl's): set critic.critic_warmup instead",
+        ),
+        (
+            "trainer.n_gpus_per_node=8",
+            "trainer.n_gpus_per_node: unknown config key (verl's), not used here: with "
+            "trainer.device=cuda",
+        ),
+        ("trainer.nnodes=1", "trainer.nnodes: unknown config key (verl's), not used here"),
+        (
+            "trainer.max_actor_ckpt_to_keep=2",
+            "trainer.max_actor_ckpt_to_keep: unknown config key (verl's): set "
+            "trainer.max_ckpt_to_keep instead",
+        ),
+        (
+            "trainer.max_critic_ckpt_to_keep=2",
+            "trainer.max_critic_ckpt_to_keep: unknown config key (verl's): set "
+            "trainer.max_ckpt_to_keep instead",
+        ),
+        (
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size: unknown config key (verl's), "
+            "not used here",
+        ),
+        ("actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.mode: unknown"),
+        ("data.return_raw_chat=True", "data.return_raw_chat: unknown config key (verl's)"),
+        (
+            "actor_rollout_ref.model.trust_remote_code=True",
+            "actor_rollout_ref.model.trust_remote_code: unknown config key (verl's), not used",
+        ),
+        (
+            "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+            "actor_rollout_ref.actor.fsdp_config: unknown config key (verl's), not used here",
+        ),
+        (
+            "actor_rollout_ref.actor.ppo_micro_batch_size=8",  # difflib alone: ppo_mini_...
+            "set actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu instead",
+        ),
+    ],
+    ids=lambda x: x.split("=")[0],
+)
+def test_a_verl_key_says_what_to_do_instead(override, line):
+    assert line in error_of([override])
+
+
+def test_verls_custom_reward_function_is_one_line_naming_our_format():
+    err = error_of(["custom_reward_function.path=my.py", "custom_reward_function.name=fn"])
+    lines = [line for line in err.splitlines() if "custom_reward_function" in line]
+    assert lines == [
+        "  custom_reward_function: unknown config key (verl's): set "
+        "reward.custom_function=path/to/file.py:function_name instead (verl's path and name "
+        "in one value; the name defaults to compute_score)"
+    ]
+
+
+def test_verls_reward_model_section_maps_each_setting():
+    err = error_of(
+        [
+            "reward_model.enable=True",
+            "reward_model.model.path=/models/rm",
+            "+reward_model.overlong_buffer.len=512",
+            "reward_model.reward_manager=dapo",
+        ]
+    )
+    for expected in (
+        "reward_model.enable: unknown config key (verl's): set reward.reward_model.enable",
+        "reward_model.model.path: unknown config key (verl's): set reward.reward_model.path",
+        "reward_model.overlong_buffer: unknown config key (verl's): set reward.overlong_buffer",
+        "reward_model.reward_manager: unknown config key (verl's), not used here",
+    ):
+        assert expected in err
+    # a setting of the section without an entry of its own gets the section's hint
+    assert "reward_model: unknown config key (verl's), not used here: the reward model is " in (
+        error_of(["reward_model.strategy=fsdp"])
+    )
+
+
+def test_a_verl_grpo_command_line_exits_2_with_every_hint(tmp_path, capsys, monkeypatch):
+    import meshrl.launcher.run_local as run_local
+
+    def refuse(cfg, run_dir):
+        raise AssertionError("role servers started for a config that cannot run")
+
+    monkeypatch.setattr(run_local, "make_launcher", refuse)
+    config = tmp_path / "run.yaml"
+    config.write_text("{}\n")
+    argv = [
+        "run",
+        str(config),
+        "algorithm.adv_estimator=grpo",
+        "data.train_files=/root/data/gsm8k/train.parquet",
+        "+trainer.val_before_train=False",
+        "trainer.logger=console",
+        "trainer.n_gpus_per_node=8",
+        "actor_rollout_ref.actor.clip_ration=0.2",
+    ]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "trainer.n_gpus_per_node: unknown config key (verl's)" in err
+    assert "did you mean actor_rollout_ref.actor.clip_ratio?" in err
+    assert "train_files" not in err and "logger" not in err and "+trainer" not in err
