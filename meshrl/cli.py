@@ -17,6 +17,12 @@ EXIT_STOPPED = RunState.STOPPED.exit_code
 EXIT_INTERRUPTED = INTERRUPTED_EXIT_CODE
 
 
+PREPROCESS_DATASETS = ("gsm8k", "math", "hellaswag", "hh_rlhf", "full_hh_rlhf")
+"""The names of meshrl.data.preprocess.PREPROCESSORS (docs/data.md), written out so that
+building the parser does not import pyarrow; tests/data/test_data_preprocess.py keeps them
+equal."""
+
+
 def _launcher_overrides(args: argparse.Namespace) -> list[str]:
     """--launcher / --ray-address as config overrides (after the user's, so they win)."""
     extra = [f"launcher.kind={args.launcher}"] if args.launcher else []
@@ -87,15 +93,9 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
 
 def _cmd_reward(args: argparse.Namespace) -> int:
     if args.reward_command == "serve":
-        from services.reward.server import serve
+        from services.reward.server import serve_from_args
 
-        serve(
-            host=args.host,
-            port=args.port,
-            custom_function=args.custom_function,
-            timeout_s=args.timeout_s,
-            num_workers=args.num_workers,
-        )
+        serve_from_args(args)
         return 0
     from services.reward.evaluate import run
 
@@ -192,23 +192,29 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(fn=_cmd_serve)
 
     pre = sub.add_parser("preprocess", help="convert a raw data set to verl-schema parquet")
-    pre.add_argument("dataset", choices=["gsm8k", "math", "hellaswag", "full_hh_rlhf"])
+    pre.add_argument(
+        "dataset", choices=PREPROCESS_DATASETS, help="full_hh_rlhf is another name of hh_rlhf"
+    )
     pre.add_argument("--input", required=True, help="raw file or folder on local disk")
     pre.add_argument("--output", required=True, help="folder for train.parquet / test.parquet")
     pre.set_defaults(fn=_cmd_preprocess)
 
     reward = sub.add_parser("reward", help="the reward service on its own")
     rsub = reward.add_subparsers(dest="reward_command", required=True)
-    rserve = rsub.add_parser("serve", help="start the reward server")
-    rserve.add_argument("--host", default="127.0.0.1")
-    rserve.add_argument("--port", type=int, default=50051)
-    rserve.add_argument("--custom-function", default=None, help="path/to/file.py:function_name")
-    rserve.add_argument("--timeout-s", type=float, default=10.0, help="per-sample scorer limit")
-    rserve.add_argument("--num-workers", type=int, default=2)
-    rserve.set_defaults(fn=_cmd_reward)
-    reval = rsub.add_parser("eval", help="accuracy per data_source of responses to a parquet set")
-    from services.reward.eval_args import add_arguments as add_eval_arguments
+    from services.reward.arguments import (
+        EVAL_EXIT_CODES,
+        add_eval_arguments,
+        add_serve_arguments,
+    )
 
+    rserve = rsub.add_parser("serve", help="start the reward server")
+    add_serve_arguments(rserve, default_port=50051)
+    rserve.set_defaults(fn=_cmd_reward)
+    reval = rsub.add_parser(
+        "eval",
+        help="accuracy per data_source of responses to a parquet set",
+        epilog=EVAL_EXIT_CODES,
+    )
     add_eval_arguments(reval)
     reval.set_defaults(fn=_cmd_reward)
 
@@ -238,31 +244,36 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _bad_request_errors() -> tuple[type[BaseException], ...]:
-    """The request itself is wrong (exit 2): its message names what to change."""
-    from meshrl.config import ConfigError
-    from meshrl.data.errors import DataError
-    from meshrl.export import ExportError
+def _loaded_error_types(*names: str) -> tuple[type[BaseException], ...]:
+    """The error classes named "module:Class" whose modules are loaded. One whose module was
+    never imported cannot have been raised, and importing it only to match an exception
+    held every error message (a bad --config, Ctrl-C) back 4 s: meshrl.export loads torch,
+    the coordinator's modules take 1.4 s."""
+    out = []
+    for name in names:
+        module, cls = name.split(":")
+        if module in sys.modules:
+            out.append(getattr(sys.modules[module], cls))
+    return tuple(out)
 
-    return (ConfigError, DataError, ExportError)
 
-
-def _failure_errors() -> tuple[type[BaseException], ...]:
-    """The work could not go on (exit 1): a role failing past its restarts, a lost service, a
-    checkpoint that cannot be read or written. The message says all a user needs."""
-    from meshrl.rpc.client import ServiceUnavailable
-    from services.coordinator.checkpointing import CheckpointError
-    from services.coordinator.clients import RoleCallError
-    from services.coordinator.dynamic_sampling import FilterGroupsExhausted
-    from services.coordinator.remote import CoordinatorError
-
-    return (
-        CheckpointError,
-        ServiceUnavailable,
-        RoleCallError,
-        CoordinatorError,
-        FilterGroupsExhausted,
-    )
+BAD_REQUEST_ERRORS = (
+    "meshrl.config.loader:ConfigError",
+    "meshrl.data.errors:DataError",
+    "meshrl.export:ExportError",
+)
+"""The request itself is wrong (exit 2): its message names what to change."""
+FAILURE_ERRORS = (
+    "services.coordinator.checkpointing:CheckpointError",
+    "meshrl.rpc.client:ServiceUnavailable",
+    "services.coordinator.clients:RoleCallError",
+    "services.coordinator.remote:CoordinatorError",
+    "services.coordinator.dynamic_sampling:FilterGroupsExhausted",
+    "services.coordinator.ppo_step:RewardFailedEverySample",
+)
+"""The work could not go on (exit 1): a role failing past its restarts, a lost service, a
+checkpoint that cannot be read or written, a batch with no sample scored. The message says
+all a user needs."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,10 +284,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return args.fn(args)
-    except _bad_request_errors() as e:
+    except _loaded_error_types(*BAD_REQUEST_ERRORS) as e:
         print(f"meshrl: {e}", file=sys.stderr)
         return EXIT_BAD_REQUEST
-    except _failure_errors() as e:
+    except _loaded_error_types(*FAILURE_ERRORS) as e:
         print(f"meshrl: {e}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:

@@ -9,13 +9,13 @@ from importlib import resources
 from pathlib import Path
 
 import torch
-import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from meshrl.config import ConfigError, build_config
+from meshrl.config import ConfigError, load_config
 from meshrl.demo.arithmetic import write_arithmetic_parquet
 from meshrl.demo.warm_start import warm_start
 from meshrl.testing.tiny_model import make_tiny_model_dir
+from services.coordinator.checkpointing import step_of
 from services.coordinator.metrics_sinks import read_jsonl
 
 WARM_START_ITERATIONS = 900
@@ -43,13 +43,8 @@ def prepare_model(out_dir: Path, held_out: set, seed: int = 0) -> Path:
 
 
 def demo_config(out_dir: Path, overrides: list[str], config_path: str | None = None):
-    """The demo's config (or another one, e.g. examples/grpo_n4.yaml) with the demo's paths."""
-    text = (
-        Path(config_path).read_text()
-        if config_path
-        else resources.files("meshrl.demo").joinpath("demo.yaml").read_text()
-    )
-    tree = yaml.safe_load(text)
+    """The demo's config (or another one, e.g. examples/grpo_n4.yaml) with the demo's paths.
+    Read by `meshrl run`'s loader, so a missing or malformed file is the same ConfigError."""
     data = out_dir / "data"
     paths = {s: data / f"{s}.parquet" for s in ("train", "test")}
     base = [
@@ -58,7 +53,10 @@ def demo_config(out_dir: Path, overrides: list[str], config_path: str | None = N
         f"actor_rollout_ref.model.path={out_dir / 'model'}",
         f"trainer.default_local_dir={out_dir / 'run'}",
     ]
-    return build_config(tree, base + list(overrides))
+    if config_path is not None:
+        return load_config(config_path, base + list(overrides))
+    with resources.as_file(resources.files("meshrl.demo").joinpath("demo.yaml")) as path:
+        return load_config(path, base + list(overrides))
 
 
 def _scores_by_step(rows: list[dict]) -> list[float]:
@@ -91,6 +89,9 @@ def summarize(run_dir: Path) -> float:
     if val:
         print("greedy validation accuracy by step: " + ", ".join(f"{s}: {v:.2f}" for s, v in val))
     print(f"metrics: {metrics_file}\nplot:    {run_dir / 'metrics.png'}")
+    saved = sorted((run_dir / "checkpoints").glob("global_step_*"), key=step_of)
+    if saved:  # `meshrl export` makes a Hugging Face folder of it
+        print(f"model:   {saved[-1]} (meshrl export {saved[-1]} --to <folder>)")
     return last - first
 
 

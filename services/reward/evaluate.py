@@ -13,6 +13,8 @@ responses counted correct (the scorer's ``acc`` extra, which rule scorers set to
 ``score >= 1 - 1e-6``; else that same threshold); ``pass@n`` the fraction of prompts with at
 least one correct response; ``maj@n`` the fraction of prompts whose majority answer (the
 scorers' ``pred``) is correct; ``failed`` the responses whose scorer failed (scored 0).
+After the table, each data_source with failed samples is named on stderr with the first
+sample's reason; when every sample failed the exit code is 1 (arguments.EVAL_EXIT_CODES).
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from pathlib import Path
 
 from meshrl.config.schema import RewardConfig
 from meshrl.data.rows import RawRow, read_rows
-from services.reward.eval_args import add_arguments
+from services.reward.arguments import EVAL_EXIT_CODES, add_eval_arguments
 from services.reward.types import ScoreItem, ScoreOutcome
 
 ACC_TOLERANCE = 1e-6
+EXIT_SCORED, EXIT_FAILED, EXIT_BAD_ARGUMENTS = 0, 1, 2
+"""See arguments.EVAL_EXIT_CODES."""
 CHUNK = 512
 """Items per Score call when scoring through a server."""
 WORKER_RESPAWN_S = 5.0
@@ -260,31 +264,83 @@ def write_report(report: EvalReport, path: str | Path) -> None:
     path.write_text(json.dumps(report.to_dict(), indent=1) + "\n")
 
 
+def failure_lines(report: EvalReport) -> list[str]:
+    """One line per data_source with failed samples: how many, and the first one's reason
+    (otherwise only in the --output report), e.g. a custom function of the wrong signature."""
+    first_reason: dict[str, str] = {}
+    for s in report.samples:
+        if not s.ok:
+            first_reason.setdefault(s.data_source, s.reason)
+    return [
+        f"{s.data_source}: {s.failed} of {s.responses} samples could not be scored "
+        f"(first: {first_reason[s.data_source]})"
+        for s in report.sources
+        if s.failed
+    ]
+
+
+def in_process_flags(args: argparse.Namespace) -> dict[str, object]:
+    """The flags given that only build the in-process scorer (flag -> value): a reward server
+    scores with the custom function and workers it was started with. --timeout-s is not
+    one: it is sent with each call."""
+    flags = {"--custom-function": args.custom_function, "--num-workers": args.num_workers}
+    return {flag: value for flag, value in flags.items() if value is not None}
+
+
+def server_conflict(args: argparse.Namespace) -> str | None:
+    """Why the flags given do not go with --server (they would be ignored), or None."""
+    ignored = in_process_flags(args)
+    if args.server is None or not ignored:
+        return None
+    serve_command = " ".join(f"{flag} {value}" for flag, value in ignored.items())
+    return (
+        f"{' and '.join(ignored)} cannot be used with --server: the reward server at "
+        f"{args.server} scores with what it was started with. Start it with them (meshrl "
+        f"reward serve {serve_command}), or leave out --server to score in this process"
+    )
+
+
+def _in_process_config(args: argparse.Namespace) -> RewardConfig:
+    """The flags given; RewardConfig's defaults for the others."""
+    given = {
+        "custom_function": args.custom_function,
+        "num_workers": args.num_workers,
+        "timeout_s": args.timeout_s,
+    }
+    return RewardConfig(**{k: v for k, v in given.items() if v is not None})
+
+
 def run(args: argparse.Namespace) -> int:
-    """Scores, prints the table; 1 with the error on stderr for bad input or a dead server."""
-    limit = {} if args.timeout_s is None else {"timeout_s": args.timeout_s}
-    cfg = RewardConfig(custom_function=args.custom_function, num_workers=args.num_workers, **limit)
+    """Scores, prints the table and the failures; the exit code is EVAL_EXIT_CODES'."""
+    if problem := server_conflict(args):
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENTS
     try:
         report = evaluate(
             args.data,
             args.responses,
             args.server,
             output=args.output,
-            cfg=cfg,
+            cfg=_in_process_config(args),
             sample_timeout_s=args.timeout_s,
         )
     except (ValueError, RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(format_table(report))
-    return 0
+        return EXIT_FAILED
+    print(format_table(report), flush=True)  # before the failures, which go to stderr
+    for line in failure_lines(report):
+        print(line, file=sys.stderr)
+    every_sample_failed = 0 < report.overall.responses == report.overall.failed
+    return EXIT_FAILED if every_sample_failed else EXIT_SCORED
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m services.reward.evaluate", description=__doc__.split("\n")[0]
+        prog="python -m services.reward.evaluate",
+        description=__doc__.split("\n")[0],
+        epilog=EVAL_EXIT_CODES,
     )
-    add_arguments(p)
+    add_eval_arguments(p)
     return run(p.parse_args(argv))
 
 

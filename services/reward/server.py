@@ -18,16 +18,18 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import logging
+import sys
 import threading
 
 import grpc
 
 from meshrl.api.v1 import common_pb2, reward_pb2, reward_pb2_grpc
-from meshrl.config.loader import config_from_yaml
+from meshrl.config.loader import ConfigError, config_from_yaml
 from meshrl.config.schema import RewardConfig, RewardModelConfig
 from meshrl.rpc.call_count import CallCount
 from meshrl.rpc.call_markers import CallMarkers
 from meshrl.rpc.server import GrpcServer, ServiceError, StopSignal, exit_at_once, rpc_method
+from services.reward.arguments import add_serve_arguments
 from services.reward.convert import item_from_proto, outcome_to_proto
 from services.reward.scorer_slot import DEFAULT_MAX_CALLS, NotReady, ScorerSlot
 from services.reward.scoring import RewardScorer
@@ -222,36 +224,46 @@ def shut_down(server: GrpcServer, servicer: RewardServicer) -> None:
         exit_at_once()
 
 
-def main(argv: list[str] | None = None) -> None:
+def serve_from_args(args: argparse.Namespace) -> None:
+    """`serve` with the arguments of `add_serve_arguments`; ConfigError (exit 2 for both
+    commands) when it cannot start as asked: a custom function file that does not exist,
+    a port in use. The message says it all; a traceback would bury it under two (the
+    scorer worker's, then ours)."""
+    try:
+        serve(
+            args.host,
+            args.port,
+            custom_function=args.custom_function,
+            timeout_s=args.timeout_s,
+            num_workers=args.num_workers,
+            reward_model_path=args.reward_model,
+            memory_limit_mb=args.memory_limit_mb,
+            max_calls=args.max_calls,
+        )
+    # Only the start-up raises these: ValueError from the scorer's checks of its config
+    # (CustomFunctionError, the reward model's), OSError from binding the port or reading the
+    # reward model. A running server answers errors per call.
+    except (ValueError, OSError) as e:
+        raise ConfigError(str(e)) from None
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m services.reward.server", description=__doc__.split("\n")[0]
     )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0, help="0 = any free port (printed at start)")
-    p.add_argument("--custom-function", default=None, help="path/to/file.py:function_name")
-    p.add_argument("--timeout-s", type=float, default=10.0, help="per-sample scorer limit")
-    p.add_argument("--num-workers", type=int, default=2, help="scorer worker processes")
-    p.add_argument("--reward-model", default=None, help="reward model folder (HF classification)")
-    p.add_argument("--memory-limit-mb", type=int, default=None, help="per worker (default 4096)")
-    p.add_argument(
-        "--max-calls", type=int, default=DEFAULT_MAX_CALLS, help="Score calls served at once"
-    )
+    add_serve_arguments(p, default_port=0)
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    serve(
-        args.host,
-        args.port,
-        custom_function=args.custom_function,
-        timeout_s=args.timeout_s,
-        num_workers=args.num_workers,
-        reward_model_path=args.reward_model,
-        memory_limit_mb=args.memory_limit_mb,
-        max_calls=args.max_calls,
-    )
+    try:
+        serve_from_args(args)
+    except ConfigError as e:
+        log.error("%s", e)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

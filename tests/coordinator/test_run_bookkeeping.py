@@ -204,9 +204,7 @@ def test_a_crash_that_recurs_after_each_rewind_ends_the_run(tmp_path):
 
 
 @pytest.mark.parametrize("with_checkpoint", [False, True])
-def test_a_run_out_of_restarts_says_so_and_where_it_resumes_from(
-    tmp_path, caplog, with_checkpoint
-):
+def test_a_run_out_of_restarts_says_so_and_where_it_resumes_from(tmp_path, caplog, with_checkpoint):
     """Before, a run with launcher.max_restarts=0 whose actor died ended on the call's
     error alone: `actor at ... failed during UpdatePolicy: UNAVAILABLE: Socket closed`."""
     run = make_run(tmp_path, ["launcher.max_restarts=0"], restarter=object())

@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from meshrl import cli
 from meshrl.data.dataset import PromptDataset
 from meshrl.data.errors import DataError
 from meshrl.data.preprocess import PREPROCESSORS, convert, run
@@ -255,9 +256,53 @@ def test_errors(tmp_path):
         run("gsm8k", tmp_path / "raw/questions.jsonl", tmp_path / "out")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad/train.jsonl").write_text("{not json\n")
-    with pytest.raises(DataError, match="cannot read raw file .*train.jsonl"):
+    with pytest.raises(DataError, match="train.jsonl line 1: not JSON"):
         run("gsm8k", tmp_path / "bad", tmp_path / "out")
+
+
+def test_a_bad_jsonl_record_is_named_by_its_line_in_the_file(tmp_path):
+    """Before: "Invalid control character at: line 1 column 24", json's line within the
+    record, for a record cut short on line 501."""
+    path = jsonl(tmp_path / "train.jsonl", GSM[:1] * 500)
+    with path.open("a") as f:
+        f.write('\n{"question": "Natalia s\n')  # an empty line (skipped, counted), then cut
+    with pytest.raises(DataError) as e:
+        run("gsm8k", path, tmp_path / "out")
+    assert str(e.value) == f"{path} line 502: not JSON (Invalid control character at column 24)"
+
+
+@pytest.mark.parametrize("name", ["train.jsonl", "train.json"])
+def test_a_record_that_is_not_an_object_is_refused_naming_the_file(tmp_path, name):
+    """Before: AttributeError: 'list' object has no attribute 'get' (a traceback)."""
+    path = tmp_path / name
+    path.write_text("[1, 2]\n" if name.endswith(".jsonl") else "[[1, 2]]")
+    where = f"{path} line 1" if name.endswith(".jsonl") else str(path)
+    with pytest.raises(DataError, match=f"^{where}: a record must be a JSON object, got list$"):
+        run("gsm8k", path, tmp_path / "out")
+
+
+def test_a_gz_file_cut_short_is_a_data_error(tmp_path):
+    """Before: an EOFError traceback."""
+    path = jsonl(tmp_path / "train.jsonl.gz", GSM * 200, gz=True)
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(DataError, match="cannot read raw file .*train.jsonl.gz: Compressed file"):
+        run("gsm8k", path, tmp_path / "out")
 
 
 def test_registry_names():
     assert set(PREPROCESSORS) >= {"gsm8k", "math", "hellaswag", "hh_rlhf"}
+
+
+def test_meshrl_preprocess_takes_every_name_the_registry_has():
+    # the CLI writes the names out (importing the registry would load pyarrow)
+    assert set(cli.PREPROCESS_DATASETS) == set(PREPROCESSORS)
+
+
+@pytest.mark.parametrize("name", ["hh_rlhf", "full_hh_rlhf"])
+def test_meshrl_preprocess_hh_rlhf_by_its_documented_name_and_alias(tmp_path, capsys, name):
+    """Before: `meshrl preprocess hh_rlhf` was refused (invalid choice), though docs/data.md
+    names it, full_hh_rlhf its alias."""
+    jsonl(tmp_path / "raw/helpful-base/test.jsonl.gz", HH, gz=True)
+    argv = ["preprocess", name, "--input", str(tmp_path / "raw"), "--output", str(tmp_path / "out")]
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().out == f"test: 1 rows -> {tmp_path / 'out'}/test.parquet\n"

@@ -23,6 +23,15 @@ def test_a_short_run_is_summarised_over_the_steps_it_has(tmp_path, capsys):
     assert "first 3 steps 0.600 -> last 3 steps 0.600" in capsys.readouterr().out
 
 
+def test_the_summary_names_the_last_checkpoint_to_export(tmp_path, capsys):
+    write_metrics(tmp_path, [{"step": s, "critic/score/mean": 0.5} for s in (1, 2)])
+    for step in (2, 10):  # by step number, not name: global_step_10 sorts before _2
+        (tmp_path / "checkpoints" / f"global_step_{step}").mkdir(parents=True)
+    summarize(tmp_path)
+    last = tmp_path / "checkpoints" / "global_step_10"
+    assert f"model:   {last} (meshrl export {last} --to <folder>)" in capsys.readouterr().out
+
+
 def test_a_step_logged_again_after_a_rewind_counts_once_with_its_later_line(tmp_path, capsys):
     rows = [{"step": s, "critic/score/mean": 0.0} for s in range(1, 8)]
     rows += [{"step": 7, "critic/score/mean": 1.0}]  # step 7 run again after a rewind

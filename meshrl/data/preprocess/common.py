@@ -89,16 +89,39 @@ def read_records(path: Path) -> Iterator[dict[str, Any]]:
         if name.endswith(".parquet"):
             yield from pq.read_table(path).to_pylist()
         elif name.endswith((".jsonl", ".jsonl.gz")):
-            with _open_text(path) as f:
-                for line in f:
-                    if line.strip():
-                        yield json.loads(line)
+            yield from _jsonl_records(path)
         else:  # .json: one record (MATH's per-problem files) or a list of them
             with _open_text(path) as f:
                 obj = json.load(f)
-            yield from obj if isinstance(obj, list) else [obj]
-    except (json.JSONDecodeError, pa.ArrowException, OSError, UnicodeDecodeError) as e:
+            for record in obj if isinstance(obj, list) else [obj]:
+                yield _as_record(record, str(path))
+    # EOFError: a .gz file cut short ("Compressed file ended before the end-of-stream ...")
+    except (json.JSONDecodeError, pa.ArrowException, OSError, EOFError, UnicodeDecodeError) as e:
         raise DataError(f"cannot read raw file {path}: {e}") from None
+
+
+def _jsonl_records(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of a JSON-lines file. A bad line is named by its line in the file:
+    json's own position counts within the line ("line 1 column 24")."""
+    with _open_text(path) as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                # e.msg may end in its own "at" ("Invalid control character at")
+                reason = f"{e.msg.removesuffix(' at')} at column {e.colno}"
+                raise DataError(f"{path} line {number}: not JSON ({reason})") from None
+            yield _as_record(record, f"{path} line {number}")
+
+
+def _as_record(value: Any, where: str) -> dict[str, Any]:
+    # The converters read fields by name: a list or a number would fail there with a
+    # traceback that names no file.
+    if not isinstance(value, dict):
+        raise DataError(f"{where}: a record must be a JSON object, got {type(value).__name__}")
+    return value
 
 
 def _open_text(path: Path):

@@ -175,3 +175,89 @@ def test_majority_at_n_judges_the_answer_most_responses_give():
     no_answers = summarize([SampleResult(0, 0, "x", 1.0, 1.0, True)])  # e.g. a reward model
     assert no_answers.overall.maj_at_n is None
     assert format_table(no_answers).splitlines()[-1].split()[-2] == "-"
+
+
+WRONG_SIGNATURE = "def compute_score(solution_str, ground_truth):\n    return 1.0\n"
+"""A reward function of the wrong shape: every sample fails with its TypeError."""
+
+FAILS_ON_GSM8K = """
+def score(data_source, response, ground_truth, extra_info):
+    if data_source == "openai/gsm8k" and "1234" in ground_truth:
+        raise RuntimeError("cannot score this one")
+    return 1.0
+"""
+
+
+def eval_argv(files, *extra):
+    data, responses = files
+    return ["reward", "eval", "--data", str(data), "--responses", str(responses), *extra]
+
+
+def test_every_sample_failing_names_the_reason_and_exits_1(files, tmp_path, capsys):
+    """Before: `failed 6` in the table and exit 0; the reason only in the --output JSON."""
+    fn = tmp_path / "wrong.py"
+    fn.write_text(WRONG_SIGNATURE)
+    argv = eval_argv(files, "--custom-function", f"{fn}:compute_score", "--num-workers", "1")
+    assert cli_main(argv) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-2].split()[-1] == "6"  # the table still comes, on stdout
+    reason = "TypeError: compute_score() takes 2 positional arguments but 4 were given"
+    assert err.splitlines() == [
+        f"DigitalLearningGmbH/MATH-lighteval: 2 of 2 samples could not be scored (first: {reason})",
+        f"openai/gsm8k: 4 of 4 samples could not be scored (first: {reason})",
+    ]
+
+
+def test_some_samples_failing_are_named_and_exit_0(files, tmp_path, capsys):
+    fn = tmp_path / "some.py"
+    fn.write_text(FAILS_ON_GSM8K)
+    argv = eval_argv(files, "--custom-function", f"{fn}:score", "--num-workers", "1")
+    assert cli_main(argv) == 0
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "openai/gsm8k: 3 of 4 samples could not be scored "
+        "(first: RuntimeError: cannot score this one)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--custom-function", "raises.py"], "--custom-function"),
+        (["--num-workers", "4"], "--num-workers"),
+        (
+            ["--custom-function", "raises.py", "--num-workers", "4"],
+            "--custom-function and --num-workers",
+        ),
+    ],
+)
+def test_in_process_flags_are_refused_with_server(files, capsys, flags, named):
+    """Before: --custom-function was silently ignored, the server's scores reported."""
+    # refused before any connection: no server listens there
+    assert cli_main(eval_argv(files, "--server", "127.0.0.1:1", *flags)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {named} cannot be used with --server: ")
+    assert f"(meshrl reward serve {' '.join(flags)})" in err
+
+
+def test_the_timeout_goes_with_server(files, capsys):
+    # not refused: it is sent with each call (the dead server is what fails here)
+    assert cli_main(eval_argv(files, "--server", "127.0.0.1:1", "--timeout-s", "5")) == 1
+    assert "error: reward server 127.0.0.1:1: UNAVAILABLE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--timeout-s", "0", "argument --timeout-s: must be more than 0, got 0"),
+        ("--timeout-s", "-1", "argument --timeout-s: must be more than 0, got -1"),
+        ("--num-workers", "0", "argument --num-workers: must be at least 1, got 0"),
+        ("--num-workers", "1.5", "argument --num-workers: must be a whole number, got '1.5'"),
+    ],
+)
+def test_limits_that_are_not_positive_are_one_line(files, capsys, flag, value, message):
+    """Before: a pydantic ValidationError traceback."""
+    with pytest.raises(SystemExit) as e:
+        cli_main(eval_argv(files, flag, value))
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"meshrl reward eval: error: {message}"

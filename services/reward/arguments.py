@@ -1,0 +1,150 @@
+"""The reward service's command-line arguments, for `serve` and `eval`, each defined once and
+shared by ``python -m services.reward.server`` / ``meshrl reward serve`` and
+``python -m services.reward.evaluate`` / ``meshrl reward eval``.
+
+Kept apart from the service itself so that building the `meshrl` parser does not import grpc,
+pyarrow and pydantic (0.25 s on every command).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_NUM_WORKERS = 2
+DEFAULT_MAX_CALLS = 8
+"""services.reward.scorer_slot.DEFAULT_MAX_CALLS, written out here as importing it would load
+the scorer (tests/launcher/test_cli_reward_serve.py keeps the two equal)."""
+
+EVAL_EXIT_CODES = (
+    "Exit code: 0 when the responses were scored, even if some samples could not be (each "
+    "data_source with failed samples is named on stderr, with the first reason); 1 when no "
+    "sample could be scored (every number printed would be 0), or on a bad data or responses "
+    "file or a reward server that does not answer; 2 for arguments that are wrong or do not "
+    "go together."
+)
+
+
+def _number(kind: type[int] | type[float], text: str) -> int | float:
+    try:
+        return kind(text)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    value = _number(int, text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _number(float, text)
+    if not value > 0:  # "not >" refuses nan too
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = _number(int, text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def existing_folder(text: str) -> str:
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"no folder {text}")
+    return text
+
+
+def add_serve_arguments(p: argparse.ArgumentParser, default_port: int) -> None:
+    """The reward server's arguments (`default_port`: the command's own default)."""
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=default_port,
+        help="default %(default)s; 0 = any free port (printed at start)",
+    )
+    p.add_argument(
+        "--custom-function",
+        metavar="FILE.py:NAME",
+        default=None,
+        help="score with this function (as the config's reward.custom_function)",
+    )
+    p.add_argument(
+        "--timeout-s",
+        metavar="SECONDS",
+        type=positive_float,
+        default=DEFAULT_TIMEOUT_S,
+        help="per-sample scorer limit in seconds (default %(default)s)",
+    )
+    p.add_argument(
+        "--num-workers",
+        metavar="N",
+        type=positive_int,
+        default=DEFAULT_NUM_WORKERS,
+        help="scorer worker processes (default %(default)s)",
+    )
+    p.add_argument(
+        "--reward-model",
+        metavar="DIR",
+        type=existing_folder,
+        default=None,
+        help="score with this reward model: a local Hugging Face classification model folder",
+    )
+    p.add_argument(
+        "--memory-limit-mb",
+        metavar="MB",
+        type=non_negative_int,
+        default=None,
+        help="address-space limit of each scorer worker (default 4096; 0 = none)",
+    )
+    p.add_argument(
+        "--max-calls",
+        metavar="N",
+        type=positive_int,
+        default=DEFAULT_MAX_CALLS,
+        help="Score calls served at once (default %(default)s)",
+    )
+
+
+def add_eval_arguments(p: argparse.ArgumentParser) -> None:
+    """The offline evaluation's arguments."""
+    p.add_argument("--data", required=True, nargs="+", help="verl-schema parquet file(s)")
+    p.add_argument("--responses", required=True, help="responses.jsonl")
+    p.add_argument(
+        "--server",
+        metavar="HOST:PORT",
+        default=None,
+        help="score through this reward server (default: in this process)",
+    )
+    p.add_argument("--output", default=None, help="write the report as JSON here")
+    # The next two build the in-process scorer: a server scores with what it was started
+    # with, so they are refused with --server (their defaults are None to tell them given).
+    p.add_argument(
+        "--custom-function",
+        metavar="FILE.py:NAME",
+        default=None,
+        help="score with this function (in process only; for a server, start it with "
+        "`meshrl reward serve --custom-function`)",
+    )
+    p.add_argument(
+        "--num-workers",
+        metavar="N",
+        type=positive_int,
+        default=None,
+        help=f"scorer worker processes (in process only; default {DEFAULT_NUM_WORKERS})",
+    )
+    p.add_argument(
+        "--timeout-s",
+        metavar="SECONDS",
+        type=positive_float,
+        default=None,
+        help=f"each sample's scoring limit in seconds (default {DEFAULT_TIMEOUT_S:g} in "
+        "process; with --server it is sent with each call, else the server's own applies)",
+    )

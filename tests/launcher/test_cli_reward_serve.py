@@ -1,0 +1,124 @@
+"""`meshrl reward serve` as a real process: the same flags as `python -m services.reward.server`
+(one argument definition), and a start-up that cannot go as asked ends in one line, exit 2."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaForSequenceClassification
+
+from meshrl import cli
+from meshrl.config.schema import RewardConfig
+from meshrl.launcher.ports import free_port
+from meshrl.rpc.client import wait_for_health
+from meshrl.testing.char_tokenizer import save_char_tokenizer
+from meshrl.testing.tiny_model import tiny_llama_config
+from services.reward import arguments
+from services.reward.client import RewardClient
+from services.reward.scorer_slot import DEFAULT_MAX_CALLS
+from services.reward.server import SERVICE_NAME
+from services.reward.types import ScoreItem
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+REPO = Path(__file__).resolve().parents[2]
+MESHRL = [sys.executable, "-m", "meshrl.cli"]
+SERVER_MODULE = [sys.executable, "-m", "services.reward.server"]
+
+# The scorer workers' address-space limit, as the custom function sees it in its worker.
+RLIMIT_SCORER = """
+import resource
+
+def score(data_source, response, ground_truth, extra_info):
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    return {"score": 0.0, "limit_mb": limit // 2**20}
+"""
+
+
+def tiny_reward_model(path: Path) -> Path:
+    tok = save_char_tokenizer(path)
+    config = tiny_llama_config(len(tok), hidden=32, layers=2, heads=2, intermediate=64)
+    config.num_labels = 1
+    torch.manual_seed(0)
+    LlamaForSequenceClassification(config).save_pretrained(str(path))
+    return path
+
+
+def test_the_defaults_written_out_for_the_parser_are_the_servers():
+    # arguments.py does not import the scorer (0.25 s on every meshrl command), so it
+    # writes these out
+    assert arguments.DEFAULT_MAX_CALLS == DEFAULT_MAX_CALLS
+    assert arguments.DEFAULT_TIMEOUT_S == RewardConfig().timeout_s
+    assert arguments.DEFAULT_NUM_WORKERS == RewardConfig().num_workers
+
+
+def test_meshrl_reward_serve_applies_the_server_modules_flags(tmp_path):
+    """Before: --reward-model, --memory-limit-mb and --max-calls were refused by `meshrl
+    reward serve`, though `python -m services.reward.server` takes them."""
+    rm = tiny_reward_model(tmp_path / "rm")
+    fn = tmp_path / "rlimit.py"
+    fn.write_text(RLIMIT_SCORER)
+    port = free_port()
+    argv = ["reward", "serve", "--port", str(port), "--num-workers", "1", "--timeout-s", "30"]
+    argv += ["--custom-function", f"{fn}:score", "--reward-model", str(rm)]
+    argv += ["--memory-limit-mb", "3000", "--max-calls", "1"]
+    assert cli.build_parser().parse_args(argv).max_calls == 1
+    log = tmp_path / "server.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            MESHRL + argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=os.environ
+        )
+    try:
+        wait_for_health(
+            f"127.0.0.1:{port}", SERVICE_NAME, timeout_s=120, alive=lambda: proc.poll() is None
+        )
+        with RewardClient(f"127.0.0.1:{port}", timeout_s=60) as client:
+            info = client.info()
+            [outcome] = client.score([ScoreItem("my/set", "an answer", "gt", "a prompt")])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        exit_code = proc.wait(30)
+    assert info.model_path == str(rm) and info.num_parameters > 0, log.read_text()
+    assert outcome.ok and outcome.extra["limit_mb"] == 3000 and "rm_score" in outcome.extra
+    assert exit_code == 0, log.read_text()
+
+
+BAD_FUNCTIONS = {
+    "a missing file": ("nope.py", "reward.custom_function: file nope.py does not exist"),
+    "a syntax error": ("syntax.py:score", "SyntaxError: invalid syntax (syntax.py, line 1)"),
+    "a missing name": ("fine.py:missing", "fine.py has no function 'missing'; callables there"),
+}
+
+
+def start_with_custom_function(command: list[str], cwd: Path, spec: str):
+    (cwd / "syntax.py").write_text("def score(:\n")
+    (cwd / "fine.py").write_text("def score(data_source, response, ground_truth, extra):\n  pass\n")
+    argv = [*command, "--port", "0", "--num-workers", "1", "--custom-function", spec]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # run from `cwd`, where the files are
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
+
+
+@pytest.mark.parametrize("case", BAD_FUNCTIONS)
+def test_a_custom_function_that_cannot_be_loaded_is_one_line_and_exit_2(tmp_path, case):
+    """Before: two stacked tracebacks (the worker's RemoteTraceback, then the main one) ending
+    in the message, exit 1."""
+    spec, message = BAD_FUNCTIONS[case]
+    done = start_with_custom_function([*MESHRL, "reward", "serve"], tmp_path, spec)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    [error] = [line for line in done.stderr.splitlines() if line.startswith("meshrl: ")]
+    assert message in error
+
+
+def test_the_server_module_ends_the_same_way(tmp_path):
+    spec, message = BAD_FUNCTIONS["a missing file"]
+    done = start_with_custom_function(SERVER_MODULE, tmp_path, spec)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"ERROR __main__: {message}" in done.stderr
