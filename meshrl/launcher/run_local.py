@@ -13,11 +13,18 @@ import signal
 import threading
 from pathlib import Path
 
+import torch
+
 from meshrl.config import RunConfig
 from meshrl.launcher.factory import make_launcher
 from meshrl.rpc.security import SecuritySettings
 from services.coordinator.metrics_sinks import close_sinks
-from services.coordinator.preflight import check_run_config, start_run_folder
+from services.coordinator.preflight import (
+    check_run_config,
+    check_training_data_given,
+    start_run_folder,
+    unused_gpu_warning,
+)
 from services.coordinator.run import PPORun, run_sinks
 from services.coordinator.run_types import ended_exit_code
 
@@ -71,6 +78,10 @@ def run_local(cfg: RunConfig) -> RunResult:
     os.environ.update(SecuritySettings.from_config(cfg.security).to_env())
     SecuritySettings.from_env().verify()
     check_run_config(cfg)  # before any role server starts
+    check_training_data_given(cfg)
+    if cfg.launcher.kind == "local":  # its servers run on this machine
+        if warning := unused_gpu_warning(cfg, torch.cuda.device_count()):
+            log.warning("%s", warning)
     run_dir = Path(cfg.trainer.default_local_dir)
     start_run_folder(run_dir, cfg)
     # Before any role server starts: a logger that cannot start (wandb online without an

@@ -54,6 +54,28 @@ def start_run_folder(run_dir: Path, cfg: RunConfig) -> None:
         ) from None
 
 
+def unused_gpu_warning(cfg: RunConfig, gpus: int) -> str | None:
+    """A line when the roles will run on the CPU of a machine with ``gpus`` CUDA GPUs
+    (``trainer.device=cpu``, the default here; verl's is cuda), or None."""
+    if cfg.trainer.device != "cpu" or gpus == 0:
+        return None
+    return (
+        f"trainer.device=cpu (the default here; verl's is cuda), but this machine has {gpus} "
+        "CUDA GPU(s): every role runs on the CPU; set trainer.device=cuda to use them"
+    )
+
+
+def check_training_data_given(cfg: RunConfig) -> None:
+    """A run reads its prompts only once its servers are up: no training files at all is
+    refused before any of them starts, naming the key (the reader's own "no data files
+    given" names none)."""
+    if not cfg.data.train_files:
+        raise ConfigError(
+            "data.train_files is empty: name the training parquet files "
+            "(data.train_files=train.parquet, or [a.parquet,b.parquet])"
+        )
+
+
 def check_run_config(cfg: RunConfig) -> None:
     """Raises ConfigError naming the keys of a combination no PPO run can use.
 

@@ -24,7 +24,11 @@ from meshrl.config import ConfigError, RunConfig, build_config
 from meshrl.data.errors import DataError
 from meshrl.rpc.security import SecuritySettings
 from services.coordinator.metrics_sinks import ConsoleSink, MetricsSink, close_sinks, file_sinks
-from services.coordinator.preflight import check_run_config, start_run_folder
+from services.coordinator.preflight import (
+    check_run_config,
+    check_training_data_given,
+    start_run_folder,
+)
 from services.coordinator.run_types import RunEvent, RunState, RunStatus, ended_exit_code
 
 log = logging.getLogger(__name__)
@@ -243,6 +247,7 @@ def parse_run_config(config_yaml: str, overrides: list[str]) -> RunConfig:
         raise ConfigError("config must hold a mapping at the top level")
     cfg = build_config(tree, overrides)
     check_run_config(cfg)
+    check_training_data_given(cfg)
     _check_security(cfg)
     return cfg
 

@@ -11,6 +11,7 @@ from meshrl import cli
 from meshrl.launcher.run_local import RunResult
 from services.coordinator.checkpointing import CheckpointError
 from services.coordinator.clients import RoleCallError
+from services.coordinator.ppo_step import RewardFailedEverySample
 from services.coordinator.run_types import ended_exit_code
 
 
@@ -25,7 +26,8 @@ class Unavailable(grpc.RpcError):
 @pytest.fixture
 def config(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text("{}\n")
+    # a training file is named, as every run must (these runs end before reading it)
+    path.write_text("data: {train_files: [unread.parquet]}\n")
     return str(path)
 
 
@@ -53,6 +55,7 @@ def test_a_stopped_run_exits_3_as_through_the_coordinator(monkeypatch, config):
     [
         RoleCallError("actor", "127.0.0.1:2", "Update", Unavailable()),
         CheckpointError("could not write the checkpoint of step 4: No space left on device"),
+        RewardFailedEverySample("reward: 8 of 8 samples could not be scored and count as 0"),
     ],
 )
 def test_a_failed_run_exits_1_not_as_a_bad_config(monkeypatch, config, capsys, error):
@@ -184,3 +187,15 @@ def test_a_run_folder_that_cannot_be_made_is_a_bad_request(tmp_path, config, cap
     err = capsys.readouterr().err
     why = "a file of that name exists" if where == "a_file" else "No such file or directory"
     assert f"meshrl: trainer.default_local_dir: cannot use {path} as the run folder: {why}" in err
+
+
+def test_a_run_without_training_files_is_refused_before_any_server_starts(tmp_path, capsys):
+    """Before, the role servers started and loaded their models first, and the run then
+    failed with `no data files given`, which names no key."""
+    empty = tmp_path / "run.yaml"
+    empty.write_text("{}\n")
+    assert cli.main(["run", str(empty), f"trainer.default_local_dir={tmp_path / 'run'}"]) == 2
+    assert "meshrl: data.train_files is empty: name the training parquet files" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "run").exists()

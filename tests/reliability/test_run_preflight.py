@@ -181,3 +181,17 @@ def test_lengths_past_the_models_context_are_warned_about(tmp_path):
     assert context_length_warning(fits) is None
     elsewhere = build_config({}, ["actor_rollout_ref.model.path=/on/another/machine"])
     assert context_length_warning(elsewhere) is None  # not readable here: not checked
+
+
+def test_a_machine_with_gpus_left_unused_by_the_default_device_is_warned_about():
+    """trainer.device defaults to cpu here (verl's default is cuda): before, a run on a GPU
+    machine trained on the CPU without a word."""
+    from services.coordinator.preflight import unused_gpu_warning
+
+    default = build_config({})
+    assert unused_gpu_warning(default, 2) == (
+        "trainer.device=cpu (the default here; verl's is cuda), but this machine has 2 CUDA "
+        "GPU(s): every role runs on the CPU; set trainer.device=cuda to use them"
+    )
+    assert unused_gpu_warning(default, 0) is None
+    assert unused_gpu_warning(build_config({}, ["trainer.device=cuda"]), 2) is None
