@@ -17,6 +17,7 @@ Prompts longer than ``max_prompt_length`` tokens are dropped at load when
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,9 @@ class PromptRecord:
     ground_truth: str
     extra_info: dict[str, Any] = field(default_factory=dict)
     ability: str = ""
+    chat: str = ""
+    """The prompt as the row has it, for a reward model to render with its own chat
+    template: the message list as JSON, or the plain string ("": unknown)."""
 
 
 class PromptDataset:
@@ -157,4 +161,5 @@ def _record(row: RawRow, text: str, ids: list[int]) -> PromptRecord:
         ground_truth=row.ground_truth,
         extra_info=row.extra_info,
         ability=row.ability,
+        chat=row.prompt if isinstance(row.prompt, str) else json.dumps(row.prompt),
     )

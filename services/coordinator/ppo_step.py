@@ -208,6 +208,7 @@ class PPOStep:
             ground_truths=[records[i].ground_truth for i in repeat],
             extra_infos=[records[i].extra_info for i in repeat],
             weight_version=out.weight_version,
+            chats=[records[i].chat for i in repeat],
         )
 
     # --- step 2: score, reference, values, old log-probs (in parallel) ---------------
@@ -337,7 +338,7 @@ class PPOStep:
             f.result()
 
     def write_generations(self, batch: RolloutBatch, step: int) -> None:
-        items = batch.reward_items(self.tokenizer)
+        items = batch.reward_items(self.tokenizer, prompt_as_text=True)
         extras = [dict(e) for e in batch.reward_extra] or [{} for _ in items]
         penalty = self.overlong_penalty(batch.responses.lengths)
         if penalty is not None:  # in the score; shown apart, as verl's DAPO manager does

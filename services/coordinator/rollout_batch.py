@@ -30,6 +30,9 @@ class RolloutBatch:
     reward_failed: int = 0  # samples the reward service could not score (they score 0)
     # why it could not score each sample ("" when it did), for the generation dumps
     reward_failures: list[str] = field(default_factory=list)
+    # each row's prompt as its dataset row has it (PromptRecord.chat), for a reward model;
+    # empty (or any row's ""): the decoded prompt text stands in
+    chats: list[str] = field(default_factory=list)
     old_logprobs: Ragged | None = None
     ref_logprobs: Ragged | None = None
     values: Ragged | None = None
@@ -61,6 +64,7 @@ class RolloutBatch:
             reward_extra=pick(self.reward_extra) if self.reward_extra else [],
             reward_failed=self.reward_failed,
             reward_failures=pick(self.reward_failures) if self.reward_failures else [],
+            chats=pick(self.chats) if self.chats else [],
         )
 
     @staticmethod
@@ -86,6 +90,7 @@ class RolloutBatch:
             reward_extra=[x for p in parts for x in p.reward_extra],
             reward_failed=sum(p.reward_failed for p in parts),
             reward_failures=[x for p in parts for x in p.reward_failures],
+            chats=[x for p in parts for x in p.chats] if all(p.chats for p in parts) else [],
         )
 
     def response_mask(self) -> torch.Tensor:
@@ -93,12 +98,22 @@ class RolloutBatch:
         _, mask = self.responses.to_padded()
         return mask.float()
 
-    def reward_items(self, tokenizer, responses: Ragged | None = None) -> list[dict]:
-        """Decoded responses with their ground truth, as the reward service takes them."""
+    def reward_items(
+        self, tokenizer, responses: Ragged | None = None, *, prompt_as_text: bool = False
+    ) -> list[dict]:
+        """Decoded responses with their ground truth, as the reward service takes them.
+
+        The prompt (rule scorers ignore it; a reward model reads it) is the row's chat
+        (``chats``), which a reward model renders with its own chat template, as verl's
+        ``return_raw_chat`` has it; the policy's rendered prompt, decoded, would reach it as
+        one user turn holding the policy's template. ``prompt_as_text``: the decoded prompt
+        instead, as the policy read it (the generation files and tables show that)."""
         responses = responses if responses is not None else self.responses
         texts = tokenizer.batch_decode(responses.tolist(), skip_special_tokens=True)
-        # a reward model reads the prompt too; rule scorers ignore it
-        prompts = tokenizer.batch_decode(self.prompts.tolist(), skip_special_tokens=True)
+        if self.chats and all(self.chats) and not prompt_as_text:
+            prompts = self.chats
+        else:
+            prompts = tokenizer.batch_decode(self.prompts.tolist(), skip_special_tokens=True)
         return [
             {
                 "data_source": ds,

@@ -69,9 +69,10 @@ def validate(
             ground_truths=[chunk[i].ground_truth for i in repeat],
             extra_infos=[chunk[i].extra_info for i in repeat],
             weight_version=out.weight_version,
+            chats=[chunk[i].chat for i in repeat],
         )
-        items = batch.reward_items(tokenizer)
-        results = reward.score(items)
+        results = reward.score(batch.reward_items(tokenizer))
+        items = batch.reward_items(tokenizer, prompt_as_text=True)  # as the policy read it
         if generations is not None:
             written += zip(items, results, strict=True)
         if shown is not None:

@@ -138,7 +138,7 @@ class Replica:
 
 def test_a_validation_dump_says_why_a_sample_was_not_scored(tmp_path):
     records = [
-        SimpleNamespace(prompt_ids=[p], data_source="x", ground_truth="0", extra_info={})
+        SimpleNamespace(prompt_ids=[p], data_source="x", ground_truth="0", extra_info={}, chat="")
         for p in (10, 13)
     ]
     with ThreadPoolExecutor(1) as pool:
@@ -149,7 +149,7 @@ def test_a_validation_dump_says_why_a_sample_was_not_scored(tmp_path):
 
 def test_validation_hands_its_samples_to_the_loggers_tables(tmp_path):
     records = [
-        SimpleNamespace(prompt_ids=[p], data_source="x", ground_truth="0", extra_info={})
+        SimpleNamespace(prompt_ids=[p], data_source="x", ground_truth="0", extra_info={}, chat="")
         for p in (10, 13, 12)
     ]
     shown = []

@@ -210,3 +210,19 @@ def test_rule_row_without_ground_truth_is_a_warning_naming_row(tmp_path, tok, ca
     (record,) = caplog.records
     assert "1 rows of style 'rule' have no reward_model.ground_truth" in record.getMessage()
     assert "gt.parquet row 1 (reward_model keys: style, answer)" in record.getMessage()
+
+
+def test_a_record_keeps_the_rows_prompt_for_a_reward_model(tmp_path, tok):
+    """A reward model renders the prompt with its own chat template, so it needs the row's
+    messages, not the policy's rendered text."""
+    import json
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    chat = PromptDataset(
+        [write(tmp_path / "c.parquet", [verl_row("x") | {"prompt": messages}])], tok
+    )
+    assert json.loads(chat[0].chat) == messages
+    text = PromptDataset(
+        [write(tmp_path / "t.parquet", [verl_row("x") | {"prompt": "Q: 5="}])], tok
+    )
+    assert text[0].chat == "Q: 5="
