@@ -34,7 +34,7 @@ VERL_KEYS: dict[str, VerlKey] = {
     "data.tokenizer": VerlKey(use="actor_rollout_ref.model.tokenizer_path"),
     "data.return_raw_chat": VerlKey(
         why="rollout gets the prompts as data.apply_chat_template renders them, and a reward "
-        "model reads the decoded prompt text as its user turn"
+        "model always gets each row's chat messages, rendered with its own chat template"
     ),
     "data.reward_fn_key": VerlKey(why="scorers are picked by each row's data_source column"),
     # actor, rollout, reference
