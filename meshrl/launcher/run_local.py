@@ -79,7 +79,7 @@ def run_local(cfg: RunConfig) -> RunResult:
     SecuritySettings.from_env().verify()
     check_run_config(cfg)  # before any role server starts
     check_training_data_given(cfg)
-    if cfg.launcher.kind == "local":  # its servers run on this machine
+    if cfg.launcher.kind == "local" and cfg.trainer.device == "cpu":  # servers run here
         if warning := unused_gpu_warning(cfg, torch.cuda.device_count()):
             log.warning("%s", warning)
     run_dir = Path(cfg.trainer.default_local_dir)

@@ -61,7 +61,8 @@ def unused_gpu_warning(cfg: RunConfig, gpus: int) -> str | None:
         return None
     return (
         f"trainer.device=cpu (the default here; verl's is cuda), but this machine has {gpus} "
-        "CUDA GPU(s): every role runs on the CPU; set trainer.device=cuda to use them"
+        "CUDA GPU(s): the rollout and trainer roles run on the CPU; set trainer.device=cuda "
+        "to use them"
     )
 
 
@@ -252,9 +253,12 @@ def context_length_warning(cfg: RunConfig) -> str | None:
     if not config_file.is_file():
         return None
     try:
-        limit = json.loads(config_file.read_text()).get("max_position_embeddings")
+        model_config = json.loads(config_file.read_text())
     except (OSError, ValueError):
         return None
+    if not isinstance(model_config, dict):  # not a model config: the servers will say so
+        return None
+    limit = model_config.get("max_position_embeddings")
     longest = cfg.data.max_prompt_length + cfg.data.max_response_length
     if not isinstance(limit, int) or longest <= limit:
         return None

@@ -31,7 +31,7 @@ class RolloutBatch:
     # why it could not score each sample ("" when it did), for the generation dumps
     reward_failures: list[str] = field(default_factory=list)
     # each row's prompt as its dataset row has it (PromptRecord.chat), for a reward model;
-    # empty (or any row's ""): the decoded prompt text stands in
+    # empty (or a row's ""): the decoded prompt text stands in
     chats: list[str] = field(default_factory=list)
     old_logprobs: Ragged | None = None
     ref_logprobs: Ragged | None = None
@@ -90,7 +90,7 @@ class RolloutBatch:
             reward_extra=[x for p in parts for x in p.reward_extra],
             reward_failed=sum(p.reward_failed for p in parts),
             reward_failures=[x for p in parts for x in p.reward_failures],
-            chats=[x for p in parts for x in p.chats] if all(p.chats for p in parts) else [],
+            chats=[x for p in parts for x in (p.chats or [""] * len(p))],
         )
 
     def response_mask(self) -> torch.Tensor:
@@ -110,10 +110,11 @@ class RolloutBatch:
         instead, as the policy read it (the generation files and tables show that)."""
         responses = responses if responses is not None else self.responses
         texts = tokenizer.batch_decode(responses.tolist(), skip_special_tokens=True)
-        if self.chats and all(self.chats) and not prompt_as_text:
-            prompts = self.chats
-        else:
-            prompts = tokenizer.batch_decode(self.prompts.tolist(), skip_special_tokens=True)
+        prompts = [] if prompt_as_text else [c for c in self.chats if c]
+        if len(prompts) != len(self):  # a row without its chat: the decoded text stands in
+            decoded = tokenizer.batch_decode(self.prompts.tolist(), skip_special_tokens=True)
+            chats = self.chats if self.chats and not prompt_as_text else [""] * len(self)
+            prompts = [chat or text for chat, text in zip(chats, decoded, strict=True)]
         return [
             {
                 "data_source": ds,

@@ -278,11 +278,12 @@ class PPORun:
             raise err
         if self.step_failures[step] > limit:
             folder = self.rewind_folder()
-            resume = (
-                f"its last checkpoint, {folder}, resumes it: run it again (trainer.resume_mode=auto)"
-                if folder is not None
-                else "it has no checkpoint yet (trainer.save_freq)"
-            )
+            if folder is None:
+                resume = "it has no checkpoint yet (trainer.save_freq)"
+            else:  # auto looks in this run's folder only, not where resume_mode=<path> took it
+                mode = "auto" if folder.parent == self.checkpoints.root else str(folder)
+                resume = f"its last checkpoint, {folder}, resumes it: run it again with "
+                resume += f"trainer.resume_mode={mode}"
             log.error(
                 "%s (%s); launcher.max_restarts=%d recoveries of this step are spent, so the "
                 "run ends; %s", what, err, limit, resume,

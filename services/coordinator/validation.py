@@ -71,8 +71,10 @@ def validate(
             weight_version=out.weight_version,
             chats=[chunk[i].chat for i in repeat],
         )
-        results = reward.score(batch.reward_items(tokenizer))
-        items = batch.reward_items(tokenizer, prompt_as_text=True)  # as the policy read it
+        items = batch.reward_items(tokenizer)
+        results = reward.score(items)
+        if generations is not None or shown is not None:  # the prompt as the policy read it
+            items = batch.reward_items(tokenizer, prompt_as_text=True)
         if generations is not None:
             written += zip(items, results, strict=True)
         if shown is not None:

@@ -55,6 +55,13 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def port_number(text: str) -> int:
+    value = _number(int, text)
+    if not 0 <= value <= 65535:  # gRPC would wrap 99999 round to 34463 without a word
+        raise argparse.ArgumentTypeError(f"must be 0 to 65535, got {text}")
+    return value
+
+
 def existing_folder(text: str) -> str:
     if not Path(text).is_dir():
         raise argparse.ArgumentTypeError(f"no folder {text}")
@@ -66,7 +73,7 @@ def add_serve_arguments(p: argparse.ArgumentParser, default_port: int) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument(
         "--port",
-        type=int,
+        type=port_number,
         default=default_port,
         help="default %(default)s; 0 = any free port (printed at start)",
     )

@@ -99,6 +99,8 @@ class RewardModel:
         ``cancelled``: read before each micro-batch; once set, raises ScoringCancelled (a
         forward under way finishes first: a large batch of a large model stops within one
         micro-batch instead of holding the model for the rest of the batch)."""
+        if cancelled is not None and cancelled.is_set():  # before rendering the whole batch
+            raise ScoringCancelled(f"after 0 of {len(prompts)} samples")
         texts = [self.render(p, r) for p, r in zip(prompts, responses, strict=True)]
         out: list[float] = []
         for i in range(0, len(texts), self.micro_batch_size):

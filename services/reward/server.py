@@ -16,6 +16,7 @@ at once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import logging
 import sys
@@ -149,14 +150,16 @@ def serve(
 ) -> None:
     """Runs the reward server until SIGTERM/SIGINT. `memory_limit_mb` caps each scorer
     worker's address space (None = 4096); `max_calls`: Score calls served at once."""
-    cfg = build_config(custom_function, timeout_s, num_workers, reward_model_path)
-    server = GrpcServer(SERVICE_NAME, host, port)
-    servicer = RewardServicer(memory_limit_mb, max_calls)
-    server.add(reward_pb2_grpc.add_RewardServiceServicer_to_server, servicer)
-    stop = StopSignal()  # a Ctrl-C while the workers start is kept, and acted on after
-    server.start()  # listening (overall health SERVING) while the workers start
+    with start_up_errors():
+        cfg = build_config(custom_function, timeout_s, num_workers, reward_model_path)
+        server = GrpcServer(SERVICE_NAME, host, port)
+        servicer = RewardServicer(memory_limit_mb, max_calls)
+        server.add(reward_pb2_grpc.add_RewardServiceServicer_to_server, servicer)
+        stop = StopSignal()  # a Ctrl-C while the workers start is kept, and acted on after
+        server.start()  # listening (overall health SERVING) while the workers start
     try:
-        scorer = start_scorer(cfg, memory_limit_mb, stop)
+        with start_up_errors():
+            scorer = start_scorer(cfg, memory_limit_mb, stop)
         if scorer is None:  # stopped while starting
             stop.wait()  # returns at once; a second signal now ends the process at once
             return
@@ -167,6 +170,18 @@ def serve(
         log.info("stopping (a second Ctrl-C / SIGTERM exits at once)")
     finally:
         shut_down(server, servicer)
+
+
+@contextlib.contextmanager
+def start_up_errors():
+    """ValueError / OSError of the start-up (the scorer's checks of its config, a custom
+    function file that does not exist, a port in use, a reward model folder that cannot be
+    read) as a ConfigError: one line, exit 2, instead of a traceback (two, with the scorer
+    worker's). Errors of a server already serving are not turned into it."""
+    try:
+        yield
+    except (ValueError, OSError) as e:
+        raise ConfigError(str(e)) from None
 
 
 def start_scorer(
@@ -226,25 +241,17 @@ def shut_down(server: GrpcServer, servicer: RewardServicer) -> None:
 
 def serve_from_args(args: argparse.Namespace) -> None:
     """`serve` with the arguments of `add_serve_arguments`; ConfigError (exit 2 for both
-    commands) when it cannot start as asked: a custom function file that does not exist,
-    a port in use. The message says it all; a traceback would bury it under two (the
-    scorer worker's, then ours)."""
-    try:
-        serve(
-            args.host,
-            args.port,
-            custom_function=args.custom_function,
-            timeout_s=args.timeout_s,
-            num_workers=args.num_workers,
-            reward_model_path=args.reward_model,
-            memory_limit_mb=args.memory_limit_mb,
-            max_calls=args.max_calls,
-        )
-    # Only the start-up raises these: ValueError from the scorer's checks of its config
-    # (CustomFunctionError, the reward model's), OSError from binding the port or reading the
-    # reward model. A running server answers errors per call.
-    except (ValueError, OSError) as e:
-        raise ConfigError(str(e)) from None
+    commands) when it cannot start as asked (see `start_up_errors`)."""
+    serve(
+        args.host,
+        args.port,
+        custom_function=args.custom_function,
+        timeout_s=args.timeout_s,
+        num_workers=args.num_workers,
+        reward_model_path=args.reward_model,
+        memory_limit_mb=args.memory_limit_mb,
+        max_calls=args.max_calls,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

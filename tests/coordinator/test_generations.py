@@ -169,3 +169,47 @@ def test_the_shown_samples_are_the_same_prompts_at_every_validation():
     assert len(picked) == 4 and [r.input for r in picked] == [r.input for r in again]
     assert [r.input for r in pick_shown(first, 4, seed=2)] != [r.input for r in picked]
     assert pick_shown(first[:2], 4, seed=1) != [] and len(pick_shown(first[:2], 4, seed=1)) == 2
+
+
+class RecordingReward(Reward):
+    """Reward, keeping the prompt of every item it is sent."""
+
+    def __init__(self):
+        self.prompts: list[str] = []
+
+    def score(self, items):
+        self.prompts += [it["prompt"] for it in items]
+        return super().score(items)
+
+
+def test_the_reward_service_gets_each_rows_chat_and_the_files_the_decoded_prompt(tmp_path):
+    """A reward model renders the row's messages with its own chat template; the generation
+    files and tables show the prompt as the policy read it."""
+    records = [
+        SimpleNamespace(
+            prompt_ids=[p], data_source="x", ground_truth="0", extra_info={},
+            chat=json.dumps([{"role": "user", "content": f"q{p}"}]),
+        )
+        for p in (10, 12)
+    ]  # fmt: skip
+    chats = [r.chat for r in records]
+    reward = RecordingReward()
+    cfg = build_config({}, ["actor_rollout_ref.rollout.n=1"])
+    roles = Roles(rollouts=[Replica()], actor=None, reward=reward)
+    step = PPOStep(cfg, roles, Tokenizer(), None, None, tmp_path / "rollouts")
+    try:
+        batch = step.generate(records, step=1)
+        step.score(batch)
+        step.write_generations(batch, 1)
+    finally:
+        step.close()
+    assert reward.prompts == chats
+    lines = [json.loads(x) for x in (tmp_path / "rollouts" / "1.jsonl").read_text().splitlines()]
+    assert [x["input"] for x in lines] == ["10", "12"]
+
+    reward.prompts.clear()
+    shown = []
+    with ThreadPoolExecutor(1) as pool:
+        validate(cfg, records, [Replica()], reward, Tokenizer(), pool, tmp_path / "val", 2, shown)
+    assert reward.prompts == chats
+    assert [row.input for row in shown] == ["10", "12"]

@@ -51,5 +51,9 @@ def test_without_the_rows_prompt_the_decoded_text_stands_in():
     (item,) = batch.reward_items(tok)
     assert item["prompt"] == tok.decode(batch.prompts.tolist()[0], skip_special_tokens=True)
     assert item["prompt"].endswith("Q: 1+2=")
-    both = RolloutBatch.concat([_batch(tok, [json.dumps(MESSAGES)]), _batch(tok, [])])
-    assert both.chats == []  # one part without: all fall back alike
+    chat = json.dumps(MESSAGES)
+    empty = _batch(tok, [chat]).select_groups([])  # dynamic sampling: no group kept
+    both = RolloutBatch.concat([_batch(tok, [chat]), empty, _batch(tok, [])])
+    assert both.chats == [chat, ""]  # row by row: the row without its own falls back alone
+    with_chat, without = both.reward_items(tok)
+    assert with_chat["prompt"] == chat and without["prompt"] == item["prompt"]

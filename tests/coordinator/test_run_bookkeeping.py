@@ -203,20 +203,25 @@ def test_a_crash_that_recurs_after_each_rewind_ends_the_run(tmp_path):
     assert attempts == [1, 2, 1, 2, 1, 2]  # the first try and 2 restarts
 
 
-@pytest.mark.parametrize("with_checkpoint", [False, True])
-def test_a_run_out_of_restarts_says_so_and_where_it_resumes_from(tmp_path, caplog, with_checkpoint):
+@pytest.mark.parametrize("checkpoint", ["none", "own", "elsewhere"])
+def test_a_run_out_of_restarts_says_so_and_where_it_resumes_from(tmp_path, caplog, checkpoint):
     """Before, a run with launcher.max_restarts=0 whose actor died ended on the call's
     error alone: `actor at ... failed during UpdatePolicy: UNAVAILABLE: Socket closed`."""
-    run = make_run(tmp_path, ["launcher.max_restarts=0"], restarter=object())
-    if with_checkpoint:
-        run.resumed_from = write_checkpoint(tmp_path, 2)
+    run = make_run(tmp_path / "run", ["launcher.max_restarts=0"], restarter=object())
+    if checkpoint == "own":
+        run.last_saved = write_checkpoint(tmp_path / "run", 2)
+    if checkpoint == "elsewhere":  # resumed by resume_mode=<path> from another run's folder
+        run.resumed_from = write_checkpoint(tmp_path / "earlier", 2)
     err = RoleCallError("actor", "127.0.0.1:2", "UpdatePolicy", Unavailable())
     with caplog.at_level("ERROR"), pytest.raises(RoleCallError):
         run.count_failure(3, err, "step 3 failed")
     said = caplog.text
     assert "launcher.max_restarts=0 recoveries of this step are spent, so the run ends" in said
-    if with_checkpoint:
-        assert f"its last checkpoint, {run.resumed_from}, resumes it" in said
+    if checkpoint == "own":
+        assert f"its last checkpoint, {run.last_saved}, resumes it: run it again with " in said
+        assert "trainer.resume_mode=auto" in said
+    elif checkpoint == "elsewhere":  # auto would find nothing in this run's folder
+        assert f"run it again with trainer.resume_mode={run.resumed_from}" in said
     else:
         assert "it has no checkpoint yet (trainer.save_freq)" in said
 

@@ -122,3 +122,39 @@ def test_the_server_module_ends_the_same_way(tmp_path):
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert f"ERROR __main__: {message}" in done.stderr
+
+
+def test_a_port_out_of_range_is_refused(capsys):
+    from meshrl import cli
+
+    with pytest.raises(SystemExit) as done:
+        cli.main(["reward", "serve", "--port", "99999"])
+    assert done.value.code == 2
+    assert "argument --port: must be 0 to 65535, got 99999" in capsys.readouterr().err
+
+
+def test_an_error_after_the_start_up_is_not_called_a_start_up_error(monkeypatch):
+    """Only the start-up's ValueError / OSError become the one-line exit 2; before, an error
+    of a server already serving (a closed stdout at its ready line) was one too."""
+    from meshrl.config import ConfigError
+    from services.reward import server as server_module
+
+    with pytest.raises(ConfigError, match="no such file"), server_module.start_up_errors():
+        raise FileNotFoundError("no such file")
+    monkeypatch.setattr(server_module, "start_scorer", lambda *a: _raise(BrokenPipeError()))
+    with pytest.raises(ConfigError):  # still the start-up: building the scorer
+        server_module.serve(port=0, num_workers=1)
+
+    class ServingFails:
+        def wait(self, *a):
+            raise BrokenPipeError("stdout closed")  # after the start-up
+
+    monkeypatch.setattr(server_module, "start_scorer", lambda *a: "a scorer")
+    monkeypatch.setattr(server_module.RewardServicer, "swap", lambda self, s: None)
+    monkeypatch.setattr(server_module, "StopSignal", ServingFails)
+    with pytest.raises(BrokenPipeError):
+        server_module.serve(port=0, num_workers=1)
+
+
+def _raise(error: BaseException):
+    raise error

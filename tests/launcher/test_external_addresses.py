@@ -64,10 +64,16 @@ def test_a_reward_server_given_as_the_actor_is_refused_naming_the_key(reward_add
     )
 
 
-def test_the_reward_address_itself_passes(reward_address):
+def test_the_actor_role_is_checked_for_the_trainer_service(reward_address):
     from meshrl.launcher.external import _check_serves
 
-    _check_serves("reward", reward_address)  # no error
+    with pytest.raises(ConfigError) as e:
+        _check_serves("actor", reward_address)
+    assert str(e.value) == (
+        f"launcher.addresses.actor: {reward_address} is a reward server, not the actor role's "
+        "(meshrl.api.v1.TrainerService); are two addresses swapped?"
+    )
+    _check_serves("reward", reward_address)  # its own role: no error
 
 
 def test_recovery_says_the_external_launcher_waits_rather_than_restarts():

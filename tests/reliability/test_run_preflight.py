@@ -181,6 +181,8 @@ def test_lengths_past_the_models_context_are_warned_about(tmp_path):
     assert context_length_warning(fits) is None
     elsewhere = build_config({}, ["actor_rollout_ref.model.path=/on/another/machine"])
     assert context_length_warning(elsewhere) is None  # not readable here: not checked
+    (tmp_path / "config.json").write_text("[1, 2]")  # JSON, but no model config
+    assert context_length_warning(long) is None
 
 
 def test_a_machine_with_gpus_left_unused_by_the_default_device_is_warned_about():
@@ -191,7 +193,8 @@ def test_a_machine_with_gpus_left_unused_by_the_default_device_is_warned_about()
     default = build_config({})
     assert unused_gpu_warning(default, 2) == (
         "trainer.device=cpu (the default here; verl's is cuda), but this machine has 2 CUDA "
-        "GPU(s): every role runs on the CPU; set trainer.device=cuda to use them"
+        "GPU(s): the rollout and trainer roles run on the CPU; set trainer.device=cuda to use "
+        "them"
     )
     assert unused_gpu_warning(default, 0) is None
     assert unused_gpu_warning(build_config({}, ["trainer.device=cuda"]), 2) is None
