@@ -17,7 +17,10 @@ from services.coordinator.remote import CoordinatorClient, CoordinatorError, sub
 from services.coordinator.run_manager import RunManager
 from services.coordinator.server import SERVICE_NAME, CoordinatorServicer, shut_down
 
-RUN_YAML = "algorithm: {adv_estimator: grpo}\ntrainer: {logger: [], plot: false}\n"
+RUN_YAML = (
+    "algorithm: {adv_estimator: grpo}\ntrainer: {logger: [], plot: false}\n"
+    "data: {train_files: [never_read.parquet]}\n"  # every run names its training files
+)
 
 
 class FakeLauncher:
@@ -137,4 +140,4 @@ def test_a_run_whose_resume_checkpoint_does_not_verify_is_rejected_exit_2(tmp_pa
         server.stop(0)
     assert rc == 2, lines[-3:]  # the request is wrong, as a local run says
     assert "REJECTED" in lines[-1] and "trainer.resume_mode" in lines[-1]
-    assert "no MANIFEST.json" in lines[-1]
+    assert f"{missing}: no such folder" in lines[-1]
