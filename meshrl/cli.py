@@ -126,6 +126,14 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # light: argument definitions only (no grpc, pyarrow or pydantic)
+    from services.reward.arguments import (
+        EVAL_EXIT_CODES,
+        add_eval_arguments,
+        add_serve_arguments,
+        port_number,
+    )
+
     p = argparse.ArgumentParser(
         prog="meshrl", description="PPO post-training as a mesh of gRPC role servers"
     )
@@ -184,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument(
         "--port",
-        type=int,
+        type=port_number,
         default=None,
         help="default: 50050 for the coordinator, else any free port",
     )
@@ -201,12 +209,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     reward = sub.add_parser("reward", help="the reward service on its own")
     rsub = reward.add_subparsers(dest="reward_command", required=True)
-    from services.reward.arguments import (
-        EVAL_EXIT_CODES,
-        add_eval_arguments,
-        add_serve_arguments,
-    )
-
     rserve = rsub.add_parser("serve", help="start the reward server")
     add_serve_arguments(rserve, default_port=50051)
     rserve.set_defaults(fn=_cmd_reward)

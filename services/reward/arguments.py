@@ -34,32 +34,24 @@ def _number(kind: type[int] | type[float], text: str) -> int | float:
         raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
 
 
-def positive_int(text: str) -> int:
-    value = _number(int, text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
+def _checked(kind: type[int] | type[float], ok, says: str):
+    """An argparse type: a number of `kind` for which `ok(value)` holds, else "must be
+    <says>, got <text>" (a comparison refuses nan too)."""
+
+    def parse(text: str) -> int | float:
+        value = _number(kind, text)
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {says}, got {text}")
+        return value
+
+    return parse
 
 
-def positive_float(text: str) -> float:
-    value = _number(float, text)
-    if not value > 0:  # "not >" refuses nan too
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    value = _number(int, text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    return value
-
-
-def port_number(text: str) -> int:
-    value = _number(int, text)
-    if not 0 <= value <= 65535:  # gRPC would wrap 99999 round to 34463 without a word
-        raise argparse.ArgumentTypeError(f"must be 0 to 65535, got {text}")
-    return value
+positive_int = _checked(int, lambda v: v >= 1, "at least 1")
+positive_float = _checked(float, lambda v: v > 0, "more than 0")
+non_negative_int = _checked(int, lambda v: v >= 0, "0 or more")
+# gRPC would wrap 99999 round to 34463 without a word
+port_number = _checked(int, lambda v: 0 <= v <= 65535, "0 to 65535")
 
 
 def existing_folder(text: str) -> str:

@@ -124,11 +124,12 @@ def test_the_server_module_ends_the_same_way(tmp_path):
     assert f"ERROR __main__: {message}" in done.stderr
 
 
-def test_a_port_out_of_range_is_refused(capsys):
+@pytest.mark.parametrize("command", [["reward", "serve"], ["serve", "reward"]])
+def test_a_port_out_of_range_is_refused(capsys, command):
     from meshrl import cli
 
     with pytest.raises(SystemExit) as done:
-        cli.main(["reward", "serve", "--port", "99999"])
+        cli.main([*command, "--port", "99999"])
     assert done.value.code == 2
     assert "argument --port: must be 0 to 65535, got 99999" in capsys.readouterr().err
 
