@@ -421,6 +421,20 @@ class TrainerConfig(Section):
     """Keep the newest N checkpoints; None or 0 = all."""
     resume_mode: str = "auto"
     """auto (latest complete checkpoint of the run folder), disable, or a checkpoint path."""
+
+    @field_validator("resume_mode")
+    @classmethod
+    def _resume_mode_is_a_path_not_verls_word(cls, value: str) -> str:
+        # verl writes resume_mode=resume_path + resume_from_path=<path>; read here as a
+        # path, "resume_path" would only fail later as a folder that does not exist.
+        if value == "resume_path":
+            raise ValueError(
+                "trainer.resume_mode=resume_path is verl's spelling: here resume_mode takes "
+                "the checkpoint path itself (trainer.resume_mode=runs/p/e/checkpoints/"
+                "global_step_40)"
+            )
+        return value
+
     default_local_dir: str = "runs/${trainer.project_name}/${trainer.experiment_name}"
     """Run folder: metrics, checkpoints, logs."""
     logger: OneOrList[Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]] = Field(

@@ -256,3 +256,13 @@ def test_a_verl_grpo_command_line_exits_2_with_every_hint(tmp_path, capsys, monk
     assert "trainer.n_gpus_per_node: unknown config key (verl's)" in err
     assert "did you mean actor_rollout_ref.actor.clip_ratio?" in err
     assert "train_files" not in err and "logger" not in err and "+trainer" not in err
+
+
+def test_verls_resume_path_word_says_where_the_path_goes():
+    """Before, `resume_path` was read as a checkpoint folder and failed, once the servers
+    were up, as a folder that does not exist."""
+    with pytest.raises(ConfigError) as e:
+        build_config({}, ["trainer.resume_mode=resume_path"])
+    assert "trainer.resume_mode=resume_path is verl's spelling: here resume_mode takes the " in (
+        str(e.value)
+    )
