@@ -57,9 +57,13 @@ def external_endpoints(cfg: RunConfig) -> Endpoints:
     )
 
 
-# The role service each launcher name serves (health is SERVING once its model is loaded).
-_SERVICES = {"rollout": "meshrl.api.v1.RolloutService", "reward": "meshrl.api.v1.RewardService"}
-_TRAINER_SERVICE = "meshrl.api.v1.TrainerService"
+# The service of each kind of role server (health is SERVING once its model is loaded);
+# actor, critic and ref are trainer servers.
+_SERVICES = {
+    "rollout": "meshrl.api.v1.RolloutService",
+    "trainer": "meshrl.api.v1.TrainerService",
+    "reward": "meshrl.api.v1.RewardService",
+}
 
 
 def _role(name: str) -> str:
@@ -68,7 +72,17 @@ def _role(name: str) -> str:
 
 
 def _service_of(name: str) -> str:
-    return _SERVICES.get(_role(name), _TRAINER_SERVICE)
+    return _SERVICES.get(_role(name), _SERVICES["trainer"])
+
+
+def _knows(channel: grpc.Channel, service: str, timeout_s: float) -> bool:
+    """Whether the server's health service knows `service` (NOT_FOUND: it does not; any
+    other error is not this check's business, the run's calls report it)."""
+    try:
+        health_status(channel, service, timeout_s)
+        return True
+    except grpc.RpcError as e:
+        return e.code() != grpc.StatusCode.NOT_FOUND
 
 
 def _check_serves(name: str, address: str, timeout_s: float = 10.0) -> None:
@@ -77,27 +91,18 @@ def _check_serves(name: str, address: str, timeout_s: float = 10.0) -> None:
     the service name. Otherwise the run's first call would fail as UNIMPLEMENTED."""
     channel = open_channel(address)
     try:
-        try:
-            health_status(channel, _service_of(name), timeout_s)
+        if _knows(channel, _service_of(name), timeout_s):
             return
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.NOT_FOUND:
-                return  # not this check's business: the run's calls report it
-        served = []
-        for kind, service in (("rollout", _SERVICES["rollout"]), ("trainer", _TRAINER_SERVICE),
-                              ("reward", _SERVICES["reward"])):  # fmt: skip
-            try:
-                health_status(channel, service, timeout_s)
-                served.append(kind)
-            except grpc.RpcError:
-                pass
-        what = f"a {' and '.join(served)} server" if served else "no meshrl role service"
-        raise ConfigError(
-            f"launcher.addresses.{_role(name)}: {address} is {what}, not the {_role(name)} "
-            f"role's ({_service_of(name)}); are two addresses swapped?"
-        )
+        served = [
+            kind for kind, service in _SERVICES.items() if _knows(channel, service, timeout_s)
+        ]
     finally:
         channel.close()
+    what = f"a {' and '.join(served)} server" if served else "no meshrl role service"
+    raise ConfigError(
+        f"launcher.addresses.{_role(name)}: {address} is {what}, not the {_role(name)} "
+        f"role's ({_service_of(name)}); are two addresses swapped?"
+    )
 
 
 def _serving(name: str, address: str, timeout_s: float = 3.0) -> bool:

@@ -110,11 +110,10 @@ class RolloutBatch:
         instead, as the policy read it (the generation files and tables show that)."""
         responses = responses if responses is not None else self.responses
         texts = tokenizer.batch_decode(responses.tolist(), skip_special_tokens=True)
-        prompts = [] if prompt_as_text else [c for c in self.chats if c]
-        if len(prompts) != len(self):  # a row without its chat: the decoded text stands in
+        prompts = self.chats if self.chats and not prompt_as_text else [""] * len(self)
+        if not all(prompts):  # a row without its chat: the decoded text stands in
             decoded = tokenizer.batch_decode(self.prompts.tolist(), skip_special_tokens=True)
-            chats = self.chats if self.chats and not prompt_as_text else [""] * len(self)
-            prompts = [chat or text for chat, text in zip(chats, decoded, strict=True)]
+            prompts = [chat or text for chat, text in zip(prompts, decoded, strict=True)]
         return [
             {
                 "data_source": ds,

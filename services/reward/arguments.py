@@ -14,8 +14,8 @@ from pathlib import Path
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_NUM_WORKERS = 2
 DEFAULT_MAX_CALLS = 8
-"""services.reward.scorer_slot.DEFAULT_MAX_CALLS, written out here as importing it would load
-the scorer (tests/launcher/test_cli_reward_serve.py keeps the two equal)."""
+"""Score calls served at once (ScorerSlot's default too). Below the gRPC server's 16 threads,
+so health checks, GetInfo and Initialize always find a thread while Score calls wait."""
 
 EVAL_EXIT_CODES = (
     "Exit code: 0 when the responses were scored, even if some samples could not be (each "

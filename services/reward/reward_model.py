@@ -99,14 +99,13 @@ class RewardModel:
         ``cancelled``: read before each micro-batch; once set, raises ScoringCancelled (a
         forward under way finishes first: a large batch of a large model stops within one
         micro-batch instead of holding the model for the rest of the batch)."""
-        if cancelled is not None and cancelled.is_set():  # before rendering the whole batch
-            raise ScoringCancelled(f"after 0 of {len(prompts)} samples")
-        texts = [self.render(p, r) for p, r in zip(prompts, responses, strict=True)]
+        pairs = list(zip(prompts, responses, strict=True))
         out: list[float] = []
-        for i in range(0, len(texts), self.micro_batch_size):
+        for i in range(0, len(pairs), self.micro_batch_size):
             if cancelled is not None and cancelled.is_set():
-                raise ScoringCancelled(f"after {i} of {len(texts)} samples")
-            out.extend(self._score_batch(texts[i : i + self.micro_batch_size]))
+                raise ScoringCancelled(f"after {i} of {len(pairs)} samples")
+            chunk = pairs[i : i + self.micro_batch_size]  # rendered as it is scored
+            out.extend(self._score_batch([self.render(p, r) for p, r in chunk]))
         return out
 
     def _score_batch(self, texts: list[str]) -> list[float]:

@@ -13,11 +13,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from services.reward.arguments import DEFAULT_MAX_CALLS
 from services.reward.scoring import RewardScorer
-
-DEFAULT_MAX_CALLS = 8
-"""Score calls served at once. Below the gRPC server's 16 threads, so health checks, GetInfo
-and Initialize always find a thread while Score calls wait for a place."""
 
 
 class NotReady(Exception):

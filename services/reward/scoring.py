@@ -112,8 +112,7 @@ class RewardScorer:
             try:
                 # in this process, while the workers score the rules
                 rm = self._model_scores(items, cancelled)
-            except ScoringCancelled:
-                ScorerPool.cancel(pending)
+            except ScoringCancelled:  # `cancel` or `abandon` took its rule samples too
                 return [failed(CANCELLED_REASON) for _ in items]
             rule = dict(zip(ruled, self.pool.collect(pending, timeout), strict=True))
         finally:
