@@ -19,11 +19,18 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(VENV)/bin/meshrl demo --out demo_out
 
+# Two workers (pytest-xdist): most of the suite waits on server start-ups and RPCs, so
+# two at a time fill both cores. The Docker tests run after, alone: their image builds
+# and container starts copy gigabytes and would slow everything beside them.
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider
+WORKERS ?= 2
+
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PYTEST) -n $(WORKERS) -m "not docker"
+	$(PYTEST) -m docker
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow"
+	$(PYTEST) -n $(WORKERS) -m "not slow"
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

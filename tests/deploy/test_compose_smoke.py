@@ -115,7 +115,12 @@ def test_compose_cpu_profile_runs_the_demo_and_takes_runs_from_the_host(
         timeout=60,
     )
     assert status.stdout.count("SUCCEEDED") == 2, status.stdout
-    ps = run("ps").stdout
+    # each container's own health, by id: `ps`'s table wraps long names over two lines
     for service in ("coordinator", "reward", "rollout-cpu", "actor-cpu", "critic-cpu", "ref-cpu"):
-        assert any(service in line and "healthy" in line for line in ps.splitlines()), ps
+        container = run("ps", "-q", service).stdout.strip()
+        assert container, run("ps").stdout
+        health = docker_engine.docker(
+            "inspect", "--format", "{{.State.Health.Status}}", container
+        ).stdout.strip()
+        assert health == "healthy", (service, health, run("ps").stdout)
     print("\n" + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
