@@ -20,17 +20,20 @@ demo: setup
 	$(VENV)/bin/meshrl demo --out demo_out
 
 # Two workers (pytest-xdist): most of the suite waits on server start-ups and RPCs, so
-# two at a time fill both cores. The Docker tests run after, alone: their image builds
-# and container starts copy gigabytes and would slow everything beside them.
-PYTEST := $(PY) -m pytest -q -p no:cacheprovider
+# two at a time fill both cores. A test file's tests stay on one worker (loadscope): their
+# module fixtures (servers, interpreter runs) are built once. One thread per process, as
+# the launcher gives its servers: two workers are already one per core. The Docker tests
+# run after, alone: their image builds and container starts copy gigabytes.
+PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider
 WORKERS ?= 2
+PARALLEL := -n $(WORKERS) --dist loadscope
 
 test: setup
-	$(PYTEST) -n $(WORKERS) -m "not docker"
+	$(PYTEST) $(PARALLEL) -m "not docker"
 	$(PYTEST) -m docker
 
 test-fast: setup
-	$(PYTEST) -n $(WORKERS) -m "not slow"
+	$(PYTEST) $(PARALLEL) -m "not slow"
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -137,4 +137,6 @@ def test_every_deploy_path_the_docs_name_exists():
     named = set(re.findall(r"`(deploy/[\w./-]+?)`", docs))
     named |= set(re.findall(r"(?<![\w/.])(deploy/(?:scripts/)?[\w-]+\.(?:sh|py|yaml))", docs))
     assert named, "docs/deploy.md names deploy files"
-    assert [p for p in sorted(named) if not (REPO / p).exists()] == []
+    # deploy/.build/ is what the image build writes (its wheelhouse, dist): not in a clone
+    sources = [p for p in sorted(named) if not p.startswith("deploy/.build")]
+    assert [p for p in sources if not (REPO / p).exists()] == []

@@ -93,7 +93,7 @@ def test_cuda_ipc_is_sent_to_its_own_group():
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_receiver_death_fails_the_send_but_drains_the_params():
-    store, spec = WeightGroup.open("127.0.0.1", timeout_s=10.0, world_size=2)
+    store, spec = WeightGroup.open("127.0.0.1", timeout_s=30.0, world_size=2)
     peer_spec = GroupSpec(**{**spec.__dict__, "rank": 1})
     peer = mp.get_context("spawn").Process(
         target=join_then_exit, args=(peer_spec.to_proto().SerializeToString(),)

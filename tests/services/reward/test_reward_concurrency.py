@@ -104,7 +104,7 @@ def test_fast_call_finishes_while_a_slow_one_runs(server):
         slow_done = time.monotonic() - started
         pool.shutdown()
     assert [(o.score, o.ok) for o in fast_out] == [(1.0, True), (0.0, True)]
-    assert fast_done < 3.0 < slow_done  # one worker was free: no wait behind the slow samples
+    assert fast_done < 5.0 <= slow_done  # one worker was free: no wait behind the slow samples
     # the hung sample is cut at its own 5 s limit, counted from when a worker took it
     assert (slow_out[0].score, slow_out[0].ok) == (1.0, True)
     timed_out = slow_out[1]

@@ -374,7 +374,7 @@ def test_ctrl_c_does_not_wait_for_an_initialize_building_its_scorer(tmp_path):
     init.close()
     log = (tmp_path / "own.log").read_text()
     s.stop()
-    assert took < 12, f"stopping took {took:.1f} s:\n{log}"
+    assert took < 15, f"stopping took {took:.1f} s:\n{log}"  # the import had 18 s left
     assert "initialized:" not in log, log
     assert "exiting without waiting for 1 call(s) still running" in log, log
     assert len(errors) == 1

@@ -27,7 +27,7 @@ from services.trainer.sequences import SequenceBatch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-STOP_BOUND_S = 10.0
+STOP_BOUND_S = 20.0
 # Rows of a call far longer than the bound on any machine (on one core here: about 2 minutes
 # to score them, over 20 to update on them), and cheap to build and send (13 MB).
 LONG_ROWS = 200_000
