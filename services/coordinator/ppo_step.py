@@ -23,6 +23,7 @@ from meshrl.algorithms.metrics import explained_variance, masked_stats
 from meshrl.algorithms.overlong import overlong_penalty
 from meshrl.api.v1 import rollout_pb2
 from meshrl.config.schema import RunConfig
+from meshrl.gpus import per_gpu_throughput
 from meshrl.ragged import Ragged
 from services.coordinator.advantage import AdvantageInputs, compute_advantages
 from services.coordinator.clients import (
@@ -164,9 +165,12 @@ class PPOStep:
         syncer: WeightSyncer,
         kl_ctrl,
         generations: Path | None = None,
+        num_gpus: int = 0,
     ):
-        """generations: where each step's samples are written (trainer.rollout_data_dir)."""
+        """generations: where each step's samples are written (trainer.rollout_data_dir);
+        num_gpus: the run's distinct GPUs (0 on CPU), which perf/throughput divides by."""
         self.cfg = cfg
+        self.num_gpus = num_gpus
         self.generations = generations
         self.roles = roles
         self.tokenizer = tokenizer
@@ -498,7 +502,7 @@ class PPOStep:
             ),
             "perf/total_num_tokens": total_tokens,
             "perf/time_per_step": step_seconds,
-            "perf/throughput": total_tokens / max(step_seconds, 1e-9),
+            "perf/throughput": per_gpu_throughput(total_tokens, step_seconds, self.num_gpus),
             "rollout/weight_version": float(batch.weight_version),
             "reward/failed_samples": float(batch.reward_failed),
             **self.overlong_metrics(batch),

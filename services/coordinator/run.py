@@ -22,6 +22,7 @@ from meshrl.data.dataset import PromptDataset
 from meshrl.data.errors import DataError
 from meshrl.data.loader import PromptLoader
 from meshrl.export import copy_model_files
+from meshrl.gpus import count_gpus
 from services.coordinator.checkpointing import (
     CheckpointError,
     CheckpointManager,
@@ -163,6 +164,9 @@ class PPORun:
         # that is retried after a restart generates from the same prompts again.
         self.further_records: list[list] = []
         self.validated_only = False  # trainer.val_only: whether its one validation was done
+        # Launcher name -> the GPUs its server computes on (ServerInfo.gpus at Initialize):
+        # perf/throughput is per distinct GPU of the run, as verl's is.
+        self.role_gpus: dict[str, list[str]] = {}
         self.on_step = on_step
         self._stop = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="run")
@@ -212,6 +216,7 @@ class PPORun:
             self.syncer,
             self.kl_ctrl,
             generations_dir(self.cfg.trainer.rollout_data_dir, self.run_dir),
+            num_gpus=count_gpus(self.role_gpus.values()),
         )
 
     def named_clients(self) -> dict[str, object]:
@@ -226,11 +231,13 @@ class PPORun:
     def initialize_roles(self, names: list[str] | None = None) -> None:
         """Initialize the named roles (default: all) concurrently with the resolved config."""
         text = config_to_yaml(self.cfg)
-        clients = [c for n, c in self.named_clients().items() if names is None or n in names]
-        futures = [self.pool.submit(c.initialize, text, str(self.run_dir)) for c in clients]
-        for f in futures:
+        clients = {n: c for n, c in self.named_clients().items() if names is None or n in names}
+        futures = {
+            n: self.pool.submit(c.initialize, text, str(self.run_dir)) for n, c in clients.items()
+        }
+        for name, f in futures.items():
             try:
-                f.result()
+                self.role_gpus[name] = list(f.result().gpus)
             except RoleCallError as err:
                 if names is not None or err.code != grpc.StatusCode.INVALID_ARGUMENT:
                     raise

@@ -25,6 +25,7 @@ from transformers import (
     AutoTokenizer,
 )
 
+from meshrl.gpus import gpu_names
 from services.reward.types import ScoringCancelled
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class RewardModel:
             else AutoModelForSequenceClassification
         )
         self.model = auto.from_pretrained(path, num_labels=1, dtype=dtype).to(self.device).eval()
+        self.gpus = gpu_names(self.device)  # for the server's info: the run counts its GPUs
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.tokenizer.padding_side = "left"
         self.tokenizer.truncation_side = "left"

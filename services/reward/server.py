@@ -78,6 +78,7 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
             num_parameters=rm.num_parameters if rm else 0,
             ready=scorer is not None,
             meshrl_version=_package_version(),
+            gpus=rm.gpus if rm else [],
         )
 
     @rpc_method

@@ -30,6 +30,7 @@ import grpc
 
 from meshrl.api.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from meshrl.config import config_from_yaml
+from meshrl.gpus import gpu_names
 from meshrl.rpc.call_markers import CallMarkers
 from meshrl.rpc.server import GrpcServer, ServiceError, StopSignal, exit_at_once, rpc_method
 from meshrl.weight_sync.group import WeightGroupError
@@ -131,6 +132,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             num_parameters=engine.num_parameters if engine else 0,
             ready=ready,
             meshrl_version=_package_version(),
+            gpus=gpu_names(engine.device) if engine else [],
         )
 
     @_rollout_rpc

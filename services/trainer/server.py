@@ -32,6 +32,7 @@ import torch.distributed as dist
 from meshrl.api.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
 from meshrl.config import RunConfig, config_from_yaml
 from meshrl.config.placement import hands_gpu_memory_over
+from meshrl.gpus import gathered_gpu_names
 from meshrl.ragged import Ragged
 from meshrl.rpc.call_count import CallCount
 from meshrl.rpc.call_markers import CallMarkers
@@ -99,6 +100,7 @@ class RankHandlers:
         self.model_path = ""
         self.vocab_size = 0  # of the loaded model: token ids of a request are checked against it
         self.gives_memory_back = False  # set by Initialize (launcher placement, config)
+        self.gpus: list[str] = []  # every rank's GPU, by UUID (set by Initialize)
 
     def dispatch(self, method_id: int, payload: bytes):
         name = list(COMMANDS)[method_id]
@@ -122,6 +124,7 @@ class RankHandlers:
             num_parameters=role.num_parameters if role is not None else 0,
             ready=role is not None,
             meshrl_version=_package_version(),
+            gpus=self.gpus,
         )
 
     def Initialize(self, req: common_pb2.InitializeRequest) -> common_pb2.InitializeResponse:
@@ -130,6 +133,7 @@ class RankHandlers:
             self.publisher.close()
         self.role, self.publisher = None, None
         world = World.current(cfg.trainer.device)
+        self.gpus = gathered_gpu_names(world.device)
         self.gives_memory_back = hands_gpu_memory_over(cfg)
         configured = _configured_world_size(cfg, self.role_name)
         if configured != world.world_size:

@@ -9,8 +9,10 @@ import grpc
 import pytest
 
 from meshrl.algorithms.kl import make_kl_controller
+from meshrl.api.v1 import common_pb2
 from meshrl.config import build_config
 from meshrl.data.loader import PromptLoader
+from meshrl.gpus import count_gpus
 from services.coordinator.checkpointing import CheckpointManager, CoordinatorState
 from services.coordinator.clients import RoleCallError
 from services.coordinator.run import Endpoints, PPORun
@@ -26,8 +28,9 @@ class FakeActor:
     def load_checkpoint(self, path: str) -> None:
         self.loaded.append(path)
 
-    def initialize(self, config_yaml: str, run_dir: str) -> None:
+    def initialize(self, config_yaml: str, run_dir: str) -> common_pb2.ServerInfo:
         self.loaded.append("initialized from the model")
+        return common_pb2.ServerInfo(service="trainer", role="actor")
 
     def save_checkpoint(self, path: str, with_optimizer: bool = True) -> None:
         Path(path).mkdir(parents=True)
@@ -347,3 +350,28 @@ def test_val_only_validates_again_after_a_recovery_and_not_at_all_when_stopped(t
     stopped.validate = lambda: pytest.fail("a stopped run must not validate")
     stopped.stop()
     assert stopped.train() == {} and not stopped.finished  # exit 3, as a stopped run
+
+
+class ServerOn:
+    """A role server's Initialize, answering with the GPUs it computes on."""
+
+    def __init__(self, *gpus: str):
+        self.gpus = list(gpus)
+
+    def initialize(self, config_yaml: str, run_dir: str) -> common_pb2.ServerInfo:
+        return common_pb2.ServerInfo(gpus=self.gpus)
+
+
+def test_the_run_counts_each_gpu_once_and_a_restarted_server_by_its_new_gpus(tmp_path):
+    run = make_run(tmp_path / "run")
+    # a 2-rank actor, rollout on the actor's first GPU, the reward service on the CPU
+    run.roles.actor = ServerOn("GPU-a", "GPU-b")
+    run.roles.rollouts = [ServerOn("GPU-a")]
+    run.roles.reward = ServerOn()
+    run.initialize_roles()
+    assert run.role_gpus == {"rollout0": ["GPU-a"], "actor": ["GPU-a", "GPU-b"], "reward": []}
+    assert count_gpus(run.role_gpus.values()) == 2
+
+    run.roles.actor = ServerOn("GPU-c")  # restarted on one other GPU
+    run.initialize_roles(["actor"])
+    assert count_gpus(run.role_gpus.values()) == 2  # GPU-a (rollout) and GPU-c

@@ -88,6 +88,10 @@ def test_ppo_run_end_to_end(tiny_model, arithmetic_data, tmp_path, monkeypatch):
     ]:
         assert key in steps[-1], key
     assert 0.0 <= last["critic/score/mean"] <= 1.0
+    # no GPU in this run: the per-GPU throughput is the whole run's
+    assert last["perf/throughput"] == pytest.approx(
+        last["perf/total_num_tokens"] / last["perf/time_per_step"]
+    )
     assert last["rollout/weight_version"] == 2  # step 3 was generated with the weights of step 2
     val_keys = [k for r in rows for k in r if k.startswith("val-core/openai/gsm8k/acc/mean@1")]
     assert val_keys, "validation ran every test_freq steps"

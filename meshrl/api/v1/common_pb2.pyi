@@ -25,7 +25,7 @@ class TokenBatch(_message.Message):
     def __init__(self, ids: _Optional[_Union[Tensor, _Mapping]] = ..., offsets: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("api_version", "service", "role", "model_path", "weight_version", "world_size", "num_parameters", "ready", "meshrl_version")
+    __slots__ = ("api_version", "service", "role", "model_path", "weight_version", "world_size", "num_parameters", "ready", "meshrl_version", "gpus")
     API_VERSION_FIELD_NUMBER: _ClassVar[int]
     SERVICE_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class ServerInfo(_message.Message):
     NUM_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     MESHRL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
     api_version: str
     service: str
     role: str
@@ -44,7 +45,8 @@ class ServerInfo(_message.Message):
     num_parameters: int
     ready: bool
     meshrl_version: str
-    def __init__(self, api_version: _Optional[str] = ..., service: _Optional[str] = ..., role: _Optional[str] = ..., model_path: _Optional[str] = ..., weight_version: _Optional[int] = ..., world_size: _Optional[int] = ..., num_parameters: _Optional[int] = ..., ready: _Optional[bool] = ..., meshrl_version: _Optional[str] = ...) -> None: ...
+    gpus: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, api_version: _Optional[str] = ..., service: _Optional[str] = ..., role: _Optional[str] = ..., model_path: _Optional[str] = ..., weight_version: _Optional[int] = ..., world_size: _Optional[int] = ..., num_parameters: _Optional[int] = ..., ready: _Optional[bool] = ..., meshrl_version: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetInfoRequest(_message.Message):
     __slots__ = ()
