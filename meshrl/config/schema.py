@@ -183,7 +183,8 @@ class ActorConfig(Section):
     ppo_epochs: int = Field(1, gt=0)
     """Passes over the rollout batch per PPO step."""
     shuffle: bool = True
-    """Shuffle the mini-batches every epoch."""
+    """Shuffle the batch's rows before each epoch splits them into mini-batches (seeded by
+    trainer.seed and the step; verl's default is false)."""
     clip_ratio: float = Field(0.2, gt=0)
     """PPO clip ε; the default of clip_ratio_low / clip_ratio_high."""
     clip_ratio_low: float | None = None
@@ -235,7 +236,9 @@ class ValKwargs(Section):
     temperature: float = Field(0.0, ge=0)
     """Validation sampling temperature (0 = greedy)."""
     top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling of validation generations (1 = off); used only with `do_sample`."""
     top_k: int = -1
+    """Top-k of validation sampling (-1 or 0 = off); used only with `do_sample`."""
     n: int = Field(1, ge=1)
     """Samples per validation prompt."""
     do_sample: bool = False
@@ -250,7 +253,10 @@ class RolloutConfig(Section):
     n: int = Field(1, ge=1)
     """Responses sampled per prompt."""
     temperature: float = Field(1.0, ge=0)
+    """Sampling temperature of training rollouts (0 = greedy). The trainers' log-probs (old,
+    reference, update) are taken at the same temperature (at 1 when it is 0)."""
     top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling: draw among the most likely tokens whose mass reaches top_p (1 = off)."""
     top_k: int = -1
     """-1 = off."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -270,7 +276,9 @@ class RolloutConfig(Section):
     log_prob_max_token_len_per_gpu: int | None = Field(None, gt=0)
     """Token budget of an old log-prob forward; None = actor.ppo_max_token_len_per_gpu."""
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
+    """How the actor's weights reach the rollout servers, at the end of every PPO step."""
     val_kwargs: ValKwargs = Field(default_factory=ValKwargs)
+    """Sampling of validation generations (verl's val_kwargs): greedy unless `do_sample`."""
 
 
 class RefConfig(Section):
@@ -286,9 +294,15 @@ class RefConfig(Section):
 
 class ActorRolloutRefConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
+    """The policy's model: the actor trains it, the rollout generates with it, the reference
+    scores with its frozen weights."""
     actor: ActorConfig = Field(default_factory=ActorConfig)
+    """Training of the policy: PPO batch layout, clipping, losses, optimizer."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """Generation: engine, sampling, old log-prob forwards, weight sync, validation sampling."""
     ref: RefConfig = Field(default_factory=RefConfig)
+    """The frozen reference policy, run only when a KL penalty or KL loss needs it (a LoRA
+    actor computes it itself, with its adapters off)."""
 
 
 class CriticConfig(Section):
@@ -297,9 +311,12 @@ class CriticConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     """Empty path = start from the actor's model with a fresh value head."""
     world_size: int = Field(1, ge=1)
+    """Trainer ranks (processes) behind the critic endpoint."""
     ppo_mini_batch_size: int | None = Field(None, gt=0)
     """Prompts per critic optimizer step; None = the actor's (as verl's interpolation)."""
     ppo_micro_batch_size_per_gpu: int = Field(8, gt=0)
+    """Responses per forward/backward of a critic update, and per value forward (without
+    `use_dynamic_bsz`)."""
     use_dynamic_bsz: bool | None = None
     """Critic micro-batches by token budget; None = actor_rollout_ref.actor.use_dynamic_bsz."""
     ppo_max_token_len_per_gpu: int = Field(32768, gt=0)
@@ -307,16 +324,23 @@ class CriticConfig(Section):
     forward_max_token_len_per_gpu: int | None = Field(None, gt=0)
     """Token budget of a value forward; None = ppo_max_token_len_per_gpu."""
     ppo_epochs: int = Field(1, gt=0)
+    """Passes of the critic over the rollout batch per PPO step."""
     shuffle: bool = True
+    """Shuffle the batch's rows before each epoch splits them into mini-batches (seeded by
+    trainer.seed and the step; verl's default is false)."""
     cliprange_value: float = Field(0.5, gt=0)
     """Value clip around the old values."""
     loss_agg_mode: Literal[
         "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
     ] = "token-mean"
+    """How per-token value losses become one number, as the actor's (counts over the whole
+    mini-batch; T of seq-mean-token-sum-norm is data.max_response_length)."""
     grad_clip: float = Field(1.0, gt=0)
+    """Max global gradient norm of the critic; a step whose norm is not finite is skipped."""
     critic_warmup: int = Field(0, ge=0)
     """PPO steps that train only the critic before the actor starts."""
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5))
+    """Optimizer of the critic; its lr defaults to 1e-5 (the actor's to 1e-6)."""
 
 
 class RewardModelConfig(Section):
@@ -325,7 +349,10 @@ class RewardModelConfig(Section):
     path: str = ""
     """Hugging Face sequence- or token-classification model folder."""
     micro_batch_size: int = Field(16, gt=0)
+    """(prompt, response) pairs per reward-model forward."""
     max_length: int = Field(2048, gt=0)
+    """Tokens of a rendered (prompt, response) pair at most, in the reward model's tokenizer;
+    longer pairs are cut from the left (the head reads the end)."""
     weight: float = 1.0
     """Weight of the model score when combined with a rule score."""
 
@@ -335,6 +362,7 @@ class OverlongBufferConfig(Section):
     over the last ``len`` tokens of ``data.max_response_length``, added to the score."""
 
     enable: bool = False
+    """Add the penalty to the training scores."""
     len: int = Field(4096, gt=0)
     """Tokens before the response limit over which the penalty grows (verl's default);
     at most data.max_response_length."""
@@ -352,12 +380,15 @@ class RewardConfig(Section):
     num_workers: int = Field(2, ge=1)
     """Scorer worker processes."""
     reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
+    """A Hugging Face reward model, run in the reward server (docs/reward.md)."""
     overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
     """Applied by the coordinator to training scores (validation reports them unshaped)."""
 
 
 class KLCtrlConfig(Section):
     type: Literal["fixed", "adaptive"] = "fixed"
+    """fixed: β stays kl_coef; adaptive: β is updated after each step from the batch's KL
+    (Ziegler et al. 2019) and saved with checkpoints."""
     kl_coef: float = Field(0.001, ge=0)
     """β (initial β when adaptive)."""
     target_kl: float = Field(0.1, gt=0)
@@ -372,6 +403,8 @@ class FilterGroupsConfig(Section):
     from further batches of prompts until ``data.train_batch_size`` prompts remain."""
 
     enable: bool = False
+    """Turn dynamic sampling on; needs rollout.n ≥ 2 and an estimator other than remax
+    (both refused at start)."""
     metric: Literal["acc", "score", "seq_reward", "seq_final_reward"] = "acc"
     """The per-sample value whose spread within a group decides, as in verl: the reward's
     ``acc``; ``score``, the reward service's score; ``seq_reward``, that score with the
@@ -388,8 +421,12 @@ class AlgorithmConfig(Section):
     adv_estimator: Literal[
         "gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"
     ] = "gae"
+    """Advantage estimator: gae (needs the critic), grpo, rloo, reinforce_plus_plus,
+    reinforce_plus_plus_baseline, or remax (a greedy baseline: one more generation a step)."""
     gamma: float = Field(1.0, ge=0, le=1)
+    """Discount per response token, of gae and reinforce_plus_plus."""
     lam: float = Field(1.0, ge=0, le=1)
+    """GAE's λ (gae only): 1 = Monte Carlo returns minus the value, 0 = one-step TD."""
     norm_adv_by_std_in_grpo: bool = True
     """False = Dr. GRPO (mean-only baseline)."""
     use_kl_in_reward: bool = False
@@ -397,20 +434,32 @@ class AlgorithmConfig(Section):
     kl_penalty: KLEstimator = "kl"
     """KL estimator in the reward: kl, abs, mse, low_var_kl."""
     kl_ctrl: KLCtrlConfig = Field(default_factory=KLCtrlConfig)
+    """β of the KL penalty in the reward (`use_kl_in_reward`); the KL loss has its own
+    (actor.kl_loss_coef)."""
     whiten_advantages: bool = True
     """Whiten GAE advantages over the batch."""
     filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig)
+    """DAPO's dynamic sampling (docs/algorithms.md §25)."""
 
 
 class TrainerConfig(Section):
     project_name: str = "meshrl"
+    """The run's project: in the default run folder, the wandb project, the MLflow experiment,
+    the TensorBoard folder under `$TENSORBOARD_DIR`."""
     experiment_name: str = "run"
+    """The run's name: in the default run folder, the wandb and MLflow run name, the
+    TensorBoard folder under `$TENSORBOARD_DIR`."""
     total_epochs: int = Field(1, gt=0)
+    """Passes over the training prompts when total_training_steps is None: the run's steps are
+    total_epochs × the whole batches of train_batch_size (gen_batch_size with dynamic sampling)
+    in the data. verl's default is 30."""
     total_training_steps: int | None = Field(None, gt=0)
     """Stop after this many PPO steps (None = total_epochs over the data)."""
     test_freq: int = -1
     """Validate every this many steps (and at the end); -1 = never."""
     val_before_train: bool = False
+    """Validate before training starts (or resumes) when data.val_files is set (verl's
+    default is true)."""
     val_only: bool = False
     """Validate once, with the weights the run starts from (the checkpoint `resume_mode`
     finds or names, else the model), log it, and end without training (needs
@@ -449,6 +498,8 @@ class TrainerConfig(Section):
     run `<experiment_name>` in experiment `<project_name>` at `$MLFLOW_TRACKING_URI`, else
     in `<run folder>/mlflow.db` (`pip install 'meshrl[mlflow]'`)."""
     device: Literal["cpu", "cuda"] = "cpu"
+    """Where the rollout and trainer roles compute: cpu (the default here; verl's is cuda) or
+    cuda. cpu on a machine with GPUs warns at start (local launcher)."""
     seed: int = 1
     """Seed of sampling and of model init where a fresh head is made."""
     rpc_timeout_s: float = Field(600.0, gt=0)
@@ -489,6 +540,8 @@ class LauncherConfig(Section):
     host: str = "127.0.0.1"
     """Interface the role servers bind to (ray: each node's own address is used)."""
     startup_timeout_s: float = Field(120.0, gt=0)
+    """Seconds a role server has to answer its health check once started or restarted
+    (external: to answer again; ray: also to place each resource pool)."""
     max_restarts: int = Field(2, ge=0)
     """Restarts of a dead role server before the run stops."""
     addresses: dict[str, OneOrList[str]] = Field(default_factory=dict)
@@ -575,13 +628,22 @@ class SecurityConfig(Section):
 
 class RunConfig(Section):
     data: DataConfig = Field(default_factory=DataConfig)
+    """Prompts: files, lengths, batch sizes and order."""
     actor_rollout_ref: ActorRolloutRefConfig = Field(default_factory=ActorRolloutRefConfig)
+    """The policy: its model, its training (actor), generation (rollout) and reference (ref)."""
     critic: CriticConfig = Field(default_factory=CriticConfig)
+    """The value model (PPO's critic); on for gae unless critic.enable says otherwise."""
     reward: RewardConfig = Field(default_factory=RewardConfig)
+    """Scoring of responses: rule scorers or a custom function, a reward model, DAPO's
+    overlong penalty."""
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    """Advantage estimator, KL penalty in the reward, dynamic sampling."""
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """Run length, validation, checkpoints, loggers, device and seeds."""
     launcher: LauncherConfig = Field(default_factory=LauncherConfig)
+    """How and where the role servers start."""
     security: SecurityConfig = Field(default_factory=SecurityConfig)
+    """TLS and the shared token of the run's gRPC servers and clients."""
 
     @model_validator(mode="after")
     def _critic_mini_batch_defaults_to_the_actors(self) -> RunConfig:
