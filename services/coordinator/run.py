@@ -247,6 +247,8 @@ class PPORun:
                 # restarted server (``names``) that refuses what its first start took
                 # points at the server, not the request: that stays a failure.
                 raise ConfigError(f"{err} (the role server refused this run's config)") from err
+        if names is None and (gpus := count_gpus(self.role_gpus.values())):
+            log.info("the role servers compute on %d GPU(s); perf/throughput is per GPU", gpus)
 
     # --- recovery from a dead role server ----------------------------------------------
     def run_step(self, records: list) -> dict[str, float] | None:

@@ -3,6 +3,7 @@ servers replaced by stand-ins: no process starts here."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import grpc
@@ -362,15 +363,17 @@ class ServerOn:
         return common_pb2.ServerInfo(gpus=self.gpus)
 
 
-def test_the_run_counts_each_gpu_once_and_a_restarted_server_by_its_new_gpus(tmp_path):
+def test_the_run_counts_each_gpu_once_and_a_restarted_server_by_its_new_gpus(tmp_path, caplog):
     run = make_run(tmp_path / "run")
     # a 2-rank actor, rollout on the actor's first GPU, the reward service on the CPU
     run.roles.actor = ServerOn("GPU-a", "GPU-b")
     run.roles.rollouts = [ServerOn("GPU-a")]
     run.roles.reward = ServerOn()
-    run.initialize_roles()
+    with caplog.at_level(logging.INFO):
+        run.initialize_roles()
     assert run.role_gpus == {"rollout0": ["GPU-a"], "actor": ["GPU-a", "GPU-b"], "reward": []}
     assert count_gpus(run.role_gpus.values()) == 2
+    assert "the role servers compute on 2 GPU(s); perf/throughput is per GPU" in caplog.text
 
     run.roles.actor = ServerOn("GPU-c")  # restarted on one other GPU
     run.initialize_roles(["actor"])
