@@ -11,6 +11,7 @@ from __future__ import annotations
 import grpc
 from grpc_health.v1 import health_pb2
 
+from meshrl.api.v1 import common_pb2, trainer_pb2_grpc
 from meshrl.config import ConfigError, RunConfig
 from meshrl.rpc.client import health_status, open_channel, wait_for_health
 from services.coordinator.run import Endpoints
@@ -88,11 +89,20 @@ def _knows(channel: grpc.Channel, service: str, timeout_s: float) -> bool:
 def _check_serves(name: str, address: str, timeout_s: float = 10.0) -> None:
     """Raises ConfigError when the server at `address` does not serve the service of its
     role (two addresses swapped in launcher.addresses): its health service does not know
-    the service name. Otherwise the run's first call would fail as UNIMPLEMENTED."""
+    the service name, or it is a trainer server of another role (actor and critic
+    swapped). Otherwise the run's first call would fail as UNIMPLEMENTED, or the critic's
+    calls would go to the actor."""
     channel = open_channel(address)
     try:
         if _knows(channel, _service_of(name), timeout_s):
-            return
+            trainer_role = _trainer_role(channel, timeout_s) if _role(name) in TRAINER_ROLES else ""
+            if trainer_role in ("", _role(name)):
+                return
+            raise ConfigError(
+                f"launcher.addresses.{_role(name)}: {address} is the {trainer_role} role's "
+                f"trainer server (started with --role {trainer_role}), not the {_role(name)} "
+                "role's; are two addresses swapped?"
+            )
         served = [
             kind for kind, service in _SERVICES.items() if _knows(channel, service, timeout_s)
         ]
@@ -103,6 +113,21 @@ def _check_serves(name: str, address: str, timeout_s: float = 10.0) -> None:
         f"launcher.addresses.{_role(name)}: {address} is {what}, not the {_role(name)} "
         f"role's ({_service_of(name)}); are two addresses swapped?"
     )
+
+
+TRAINER_ROLES = ("actor", "critic", "ref")
+
+
+def _trainer_role(channel: grpc.Channel, timeout_s: float) -> str:
+    """The role a trainer server was started with (its GetInfo, answered before any
+    Initialize); "" when it does not say (a failed call is the run's calls' business)."""
+    try:
+        info = trainer_pb2_grpc.TrainerServiceStub(channel).GetInfo(
+            common_pb2.GetInfoRequest(), timeout=timeout_s
+        )
+    except grpc.RpcError:
+        return ""
+    return info.role
 
 
 def _serving(name: str, address: str, timeout_s: float = 3.0) -> bool:

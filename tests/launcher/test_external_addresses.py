@@ -3,6 +3,7 @@ reward server process."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,41 @@ def test_the_actor_role_is_checked_for_the_trainer_service(reward_address):
         "(meshrl.api.v1.TrainerService); are two addresses swapped?"
     )
     _check_serves("reward", reward_address)  # its own role: no error
+
+
+@pytest.fixture(scope="module")
+def critic_address(tmp_path_factory):
+    """A trainer server started with --role critic (no model: GetInfo answers before any
+    Initialize)."""
+    address = f"127.0.0.1:{free_port()}"
+    log = tmp_path_factory.mktemp("critic") / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.trainer.server", "--role", "critic",
+             "--port", address.split(":")[1]],
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )  # fmt: skip
+    try:
+        wait_for_health(address, "", 90, alive=lambda: proc.poll() is None)
+        yield address
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_the_critic_given_as_the_actor_is_refused_naming_the_key(critic_address):
+    """Both serve the trainer service, so the service check passed them: the run loaded
+    both models, then failed at its first call only the actor serves."""
+    from meshrl.launcher.external import _check_serves
+
+    with pytest.raises(ConfigError) as e:
+        _check_serves("actor", critic_address)
+    assert str(e.value) == (
+        f"launcher.addresses.actor: {critic_address} is the critic role's trainer server "
+        "(started with --role critic), not the actor role's; are two addresses swapped?"
+    )
+    _check_serves("critic", critic_address)  # its own role: no error
 
 
 def test_recovery_says_the_external_launcher_waits_rather_than_restarts():
