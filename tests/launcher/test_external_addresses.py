@@ -21,22 +21,30 @@ pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def reward_address(tmp_path_factory):
+def _serving(log_dir: Path, module: str, *args: str, service: str = ""):
+    """A role server process (``python -m module --port P *args``) on a free port; yields
+    its address once its health service answers for ``service``."""
     address = f"127.0.0.1:{free_port()}"
-    log = tmp_path_factory.mktemp("reward") / "server.log"
-    with open(log, "w") as out:
+    with open(log_dir / "server.log", "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "services.reward.server", "--port", address.split(":")[1],
-             "--num-workers", "1"],
+            [sys.executable, "-m", module, "--port", address.split(":")[1], *args],
             cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
         )  # fmt: skip
     try:
-        wait_for_health(address, SERVICE_NAME, 90, alive=lambda: proc.poll() is None)
+        wait_for_health(address, service, 90, alive=lambda: proc.poll() is None)
         yield address
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def reward_address(tmp_path_factory):
+    yield from _serving(
+        tmp_path_factory.mktemp("reward"), "services.reward.server", "--num-workers", "1",
+        service=SERVICE_NAME,
+    )  # fmt: skip
 
 
 def _launcher(rollout: str, actor: str, reward: str) -> ExternalLauncher:
@@ -65,51 +73,40 @@ def test_a_reward_server_given_as_the_actor_is_refused_naming_the_key(reward_add
     )
 
 
-def test_the_actor_role_is_checked_for_the_trainer_service(reward_address):
-    from meshrl.launcher.external import _check_serves
-
-    with pytest.raises(ConfigError) as e:
-        _check_serves("actor", reward_address)
-    assert str(e.value) == (
-        f"launcher.addresses.actor: {reward_address} is a reward server, not the actor role's "
-        "(meshrl.api.v1.TrainerService); are two addresses swapped?"
-    )
-    _check_serves("reward", reward_address)  # its own role: no error
-
-
 @pytest.fixture(scope="module")
 def critic_address(tmp_path_factory):
     """A trainer server started with --role critic (no model: GetInfo answers before any
     Initialize)."""
-    address = f"127.0.0.1:{free_port()}"
-    log = tmp_path_factory.mktemp("critic") / "server.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.trainer.server", "--role", "critic",
-             "--port", address.split(":")[1]],
-            cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-        )  # fmt: skip
-    try:
-        wait_for_health(address, "", 90, alive=lambda: proc.poll() is None)
-        yield address
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    yield from _serving(
+        tmp_path_factory.mktemp("critic"), "services.trainer.server", "--role", "critic"
+    )
 
 
-def test_the_critic_given_as_the_actor_is_refused_naming_the_key(critic_address):
-    """Both serve the trainer service, so the service check passed them: the run loaded
-    both models, then failed at its first call only the actor serves."""
+@pytest.mark.parametrize(
+    ("server", "own_role", "is_what"),
+    [
+        # another service at the actor's address
+        ("reward_address", "reward", "a reward server, not the actor role's "
+         "(meshrl.api.v1.TrainerService)"),
+        # the same service, another role: before, the run loaded both models, then failed at
+        # its first call only the actor serves
+        ("critic_address", "critic", "the critic role's trainer server (started with --role "
+         "critic), not the actor role's"),
+    ],
+    ids=["reward", "critic"],
+)  # fmt: skip
+def test_the_actor_address_is_checked_for_the_actors_service_and_role(
+    request, server, own_role, is_what
+):
     from meshrl.launcher.external import _check_serves
 
+    address = request.getfixturevalue(server)
     with pytest.raises(ConfigError) as e:
-        _check_serves("actor", critic_address)
+        _check_serves("actor", address)
     assert str(e.value) == (
-        f"launcher.addresses.actor: {critic_address} is the critic role's trainer server "
-        "(started with --role critic), not the actor role's; are two addresses swapped?"
+        f"launcher.addresses.actor: {address} is {is_what}; are two addresses swapped?"
     )
-    _check_serves("critic", critic_address)  # its own role: no error
+    _check_serves(own_role, address)  # its own role: no error
 
 
 def test_recovery_says_the_external_launcher_waits_rather_than_restarts():
