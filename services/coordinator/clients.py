@@ -246,8 +246,10 @@ class ScoredSample:
     pred: str | None = None  # the answer the scorer read; None when it does not say
 
     @property
-    def acc(self) -> float:
-        return sample_acc(self.score, self.extra)
+    def reported_acc(self) -> float | None:
+        """The scorer's own ``acc`` (every rule scorer gives one); None where it gives none:
+        a reward model's score is no verdict, and validation then reports the reward alone."""
+        return self.extra.get("acc")
 
     @property
     def failure(self) -> str:

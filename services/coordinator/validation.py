@@ -1,8 +1,10 @@
 """Validation: greedy (or `val_kwargs`) generation over the validation set, scored per
 data_source, reported with verl's names: `val-core/<data_source>/acc/mean@n` (the core
-variable is the accuracy, which every scorer here reports) and
-`val-aux/<data_source>/reward/mean@n`; with `val_kwargs.n` > 1 also best@k, worst@k and
-maj@k (:mod:`services.coordinator.validation_metrics`)."""
+variable is the accuracy where the scorer reports one, as every rule scorer does) and
+`val-aux/<data_source>/reward/mean@n`; a reward model alone reports no accuracy, and its
+reward is the core variable (`val-core/<data_source>/reward/mean@n`). With
+`val_kwargs.n` > 1 also best@k, worst@k and maj@k
+(:mod:`services.coordinator.validation_metrics`)."""
 
 from __future__ import annotations
 
@@ -85,7 +87,9 @@ def validate(
         if summary := reward_failure_summary(results, batch.data_sources):
             log.warning("validation reward: %s", summary)
         for i, ds, result in zip(repeat, batch.data_sources, results, strict=True):
-            values = {"acc": result.acc, "reward": result.score}
+            values = {"reward": result.score}
+            if (acc := result.reported_acc) is not None:
+                values["acc"] = acc
             samples.append(SampleResult(ds, start + i, values, result.pred))
     if generations is not None:
         items, results = [w[0] for w in written], [w[1] for w in written]

@@ -6,8 +6,10 @@ estimates of ``best@k`` and ``worst@k`` (the max and min of k samples drawn with
 replacement) and, when the scorer reads answers (``pred``), ``maj@k`` (the value of the
 answer most of k samples give). Each metric is the mean of its per-prompt values.
 
-Sections, as verl files them: ``val-core/<ds>/acc/<metric>`` for the accuracy's
-``mean@n``, ``maj@n/*`` and ``best@n/*``; everything else under ``val-aux``.
+Sections, as verl files them: ``val-core/<ds>/<core>/<metric>`` for the core variable's
+``mean@n``, ``maj@n/*`` and ``best@n/*``; everything else under ``val-aux``. The core
+variable is ``acc`` where the scorer reports one (every rule scorer does), else ``reward``
+(a reward model alone, whose score is no verdict).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-CORE_VARIABLE = "acc"
+ACCURACY = "acc"
+REWARD = "reward"
 BOOTSTRAPS = 1000
 
 
@@ -29,7 +32,8 @@ class SampleResult:
     prompt: int
     """Index of its prompt in the validation set: the n samples of a prompt share it."""
     values: dict[str, float]
-    """Variable -> value, e.g. {"acc": 1.0, "reward": 0.9}."""
+    """Variable -> value, e.g. {"acc": 1.0, "reward": 0.9}; no "acc" where the scorer gives
+    none (a reward model alone)."""
     pred: str | None = None
     """The answer the scorer read (None: it does not say)."""
 
@@ -97,13 +101,14 @@ def prompt_metrics(
     return out
 
 
-def section(variable: str, metric: str, n: int) -> str:
+def core_variable(variables: set[str]) -> str:
+    """verl's choice: the accuracy where a data_source's scorer reports one, else the reward."""
+    return ACCURACY if ACCURACY in variables else REWARD
+
+
+def section(variable: str, metric: str, n: int, core_var: str = ACCURACY) -> str:
     """verl's split: the core variable's mean, majority and best at the full n are core."""
-    core = (
-        variable == CORE_VARIABLE
-        and metric.startswith(("mean", "maj", "best"))
-        and f"@{n}" in metric
-    )
+    core = variable == core_var and metric.startswith(("mean", "maj", "best")) and f"@{n}" in metric
     return "val-core" if core else "val-aux"
 
 
@@ -124,13 +129,16 @@ def validation_metrics(samples: list[SampleResult], seed: int = 42) -> dict[str,
         votes = any(s.pred is not None for group in prompts.values() for s in group)
         per_metric: dict[tuple[str, str], list[float]] = defaultdict(list)
         n_max = max(len(group) for group in prompts.values())
+        # A sample the scorer could not score has no accuracy of its own: it counts 0.
+        variables = sorted({v for group in prompts.values() for s in group for v in s.values})
+        core_var = core_variable(set(variables))
         for group in prompts.values():
             preds = [s.pred or "" for s in group] if votes else None
-            for variable in group[0].values:
-                values = np.array([s.values[variable] for s in group], dtype=np.float64)
+            for variable in variables:
+                values = np.array([s.values.get(variable, 0.0) for s in group], dtype=np.float64)
                 for metric, value in prompt_metrics(values, preds, rng).items():
                     per_metric[(variable, metric)].append(value)
         for (variable, metric), per_prompt in sorted(per_metric.items()):
-            name = f"{section(variable, metric, n_max)}/{ds}/{variable}/{metric}"
+            name = f"{section(variable, metric, n_max, core_var)}/{ds}/{variable}/{metric}"
             metrics[name] = float(np.mean(per_prompt))
     return metrics

@@ -213,3 +213,26 @@ def test_the_reward_service_gets_each_rows_chat_and_the_files_the_decoded_prompt
         validate(cfg, records, [Replica()], reward, Tokenizer(), pool, tmp_path / "val", 2, shown)
     assert reward.prompts == chats
     assert [row.input for row in shown] == ["10", "12"]
+
+
+def test_validation_of_a_reward_model_alone_reports_its_reward_as_the_core_metric():
+    """A reward model's score carries no acc: verl then files the reward under val-core.
+    Before, an accuracy of score >= 1 was made up (0.0 for every reward-model logit here)."""
+
+    class RewardModelOnly:
+        def score(self, items):
+            return [
+                ScoredSample(0.25 * int(it["response"]), True, "", {"rm_score": 0.0})
+                for it in items
+            ]
+
+    records = [
+        SimpleNamespace(prompt_ids=[p], data_source="hh", ground_truth="", extra_info={}, chat="")
+        for p in (1, 3)
+    ]
+    with ThreadPoolExecutor(1) as pool:
+        m = validate(
+            build_config({}), records, [Replica()], RewardModelOnly(), Tokenizer(), pool, None, 2
+        )
+    assert m["val-core/hh/reward/mean@1"] == pytest.approx(0.5)
+    assert not [k for k in m if "/acc/" in k]

@@ -113,3 +113,25 @@ def test_data_sources_apart_and_the_same_outcomes_give_the_same_metrics():
     m = validation_metrics(both, seed=5)
     assert m["val-core/a/acc/mean@2"] == 0.75 and m["val-core/b/acc/mean@2"] == 0.0
     assert validation_metrics(both, seed=5) == m
+
+
+def test_a_data_source_without_an_accuracy_has_the_reward_as_its_core_variable():
+    """verl's choice: a reward model alone reports no acc, so the core metric is the reward
+    (before, an accuracy of "score >= 1" was made up for it: 0 for a reward model's logits)."""
+    rm_only = [SampleResult("hh", p, {"reward": r}) for p, r in enumerate([0.3, -0.1])]
+    m = validation_metrics([*rm_only, *samples("gsm8k", [[1.0], [0.0]])])
+    assert m["val-core/hh/reward/mean@1"] == pytest.approx(0.1)
+    assert not any(k.startswith("val-core/hh/acc") or "/hh/acc/" in k for k in m)
+    assert m["val-core/gsm8k/acc/mean@1"] == 0.5  # a rule scorer's data_source: as before
+    assert m["val-aux/gsm8k/reward/mean@1"] == 1.0
+
+
+def test_a_sample_the_scorer_failed_counts_as_inaccurate():
+    """A failed sample carries no acc extra; the data_source's other samples do."""
+    m = validation_metrics(
+        [
+            SampleResult("gsm8k", 0, {"acc": 1.0, "reward": 1.0}),
+            SampleResult("gsm8k", 1, {"reward": 0.0}),
+        ]
+    )
+    assert m["val-core/gsm8k/acc/mean@1"] == 0.5
