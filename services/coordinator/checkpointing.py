@@ -83,7 +83,8 @@ def verify(folder: Path) -> None:
         )
     manifest = folder / MANIFEST
     if not manifest.is_file():
-        raise CheckpointError(f"{folder}: no {MANIFEST} (partial checkpoint)")
+        # written last: without it, a save that did not finish (or no checkpoint at all)
+        raise CheckpointError(f"{folder}: no {MANIFEST} (an unfinished save, or no checkpoint)")
     try:
         entries = json.loads(manifest.read_text())["files"]
     except (json.JSONDecodeError, KeyError) as e:

@@ -360,14 +360,15 @@ class PPORun:
         try:
             verify(folder)  # an explicit path must be whole; no silent fallback
         except CheckpointError as e:  # the config names it: a wrong request (exit 2)
-            hint = ""
+            what = str(e)
             if (folder / "checkpoints").is_dir() or folder.name == "checkpoints":
-                hint = (
-                    "; name one of its checkpoints/global_step_<k> folders, or resume the "
-                    "run in that folder with trainer.default_local_dir=<it> "
-                    "trainer.resume_mode=auto"
+                kind = "a run folder" if folder.name != "checkpoints" else "a run's checkpoints"
+                what = (
+                    f"{folder}: {kind}, not one checkpoint; name one of its "
+                    "checkpoints/global_step_<k> folders, or resume the run in that folder "
+                    "with trainer.default_local_dir=<it> trainer.resume_mode=auto"
                 )
-            raise ConfigError(f"trainer.resume_mode: {e}{hint}") from None
+            raise ConfigError(f"trainer.resume_mode: {what}") from None
         return folder
 
     def resume(self) -> None:
@@ -582,8 +583,9 @@ def plan_warnings(cfg: RunConfig, start_step: int, total_steps: int) -> list[str
         )
     elif trainer.save_freq <= 0:
         out.append(
-            f"trainer.save_freq={trainer.save_freq}: this run saves no checkpoint, so its "
-            "trained model is not kept (verl's default too); set trainer.save_freq=N for "
-            "one every N steps and at the last step"
+            f"trainer.save_freq={trainer.save_freq}: this run saves no checkpoint of its steps "
+            "(only a stop saves one, to resume from), so its trained model is not kept "
+            "(verl's default too); set trainer.save_freq=N for one every N steps and at the "
+            "last step"
         )
     return out

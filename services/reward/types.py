@@ -50,3 +50,24 @@ class ScoringCancelled(Exception):
 
 def failed(reason: str) -> ScoreOutcome:
     return ScoreOutcome(score=0.0, ok=False, reason=reason)
+
+
+REWARD_MODEL_KEY = "reward.reward_model.path"
+"""The config key of the reward model's path (`meshrl reward serve` says --reward-model)."""
+
+
+class RewardModelError(ValueError):
+    """A reward model that cannot be loaded, or a model that is no reward model. The message
+    starts with the setting that gave its path (a bad request: INVALID_ARGUMENT, exit 2)."""
+
+    def __init__(self, problem: str, key: str = REWARD_MODEL_KEY):
+        super().__init__(f"{key}: {problem}")
+        self.problem = problem
+        self.key = key
+
+    def naming(self, key: str) -> RewardModelError:
+        """The same problem, said of another setting (e.g. ``--reward-model``)."""
+        return RewardModelError(self.problem, key)
+
+    def __reduce__(self):
+        return (RewardModelError, (self.problem, self.key))

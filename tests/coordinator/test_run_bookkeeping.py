@@ -245,7 +245,7 @@ def test_a_resume_path_that_does_not_verify_is_a_config_error_naming_the_key(tmp
     [
         ("no_such", "no such folder$"),
         ("a_file", "not a folder$"),
-        ("run", "no MANIFEST.json .*; name one of its checkpoints/global_step_<k> folders"),
+        ("run", "a run folder, not one checkpoint; name one of its checkpoints/global_step_<k>"),
     ],
 )
 def test_a_resume_path_that_is_no_checkpoint_says_what_it_is(tmp_path, name, says):
@@ -283,7 +283,7 @@ def test_a_run_that_keeps_no_checkpoint_says_so_at_its_start(tmp_path):
 
     keeps_none = build_config({}, [*GRPO])  # save_freq -1, as verl's default
     (warning,) = plan_warnings(keeps_none, 0, 10)
-    assert warning.startswith("trainer.save_freq=-1: this run saves no checkpoint")
+    assert warning.startswith("trainer.save_freq=-1: this run saves no checkpoint of its steps")
     assert plan_warnings(build_config({}, [*GRPO, "trainer.save_freq=5"]), 0, 10) == []
 
 

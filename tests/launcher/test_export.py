@@ -240,7 +240,10 @@ def test_partial_and_corrupt_checkpoints_are_named_by_the_cli(llama_checkpoint, 
     shutil.copytree(ck, partial)
     (partial / "MANIFEST.json").unlink()
     assert main(["export", str(partial), "--to", str(tmp_path / "a")]) == 2
-    assert "global_step_2: no MANIFEST.json (partial checkpoint)" in capsys.readouterr().err
+    assert (
+        "global_step_2: no MANIFEST.json (an unfinished save, or no checkpoint)"
+        in capsys.readouterr().err
+    )
 
     corrupt = tmp_path / "global_step_3"
     shutil.copytree(ck, corrupt)

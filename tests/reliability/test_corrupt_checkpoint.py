@@ -56,7 +56,8 @@ def test_partial_and_truncated_checkpoints_are_skipped(tmp_path):
     (truncated / "actor" / "__0_0.distcp").write_bytes(b"")
     assert mgr.latest_valid() == first
     with pytest.raises(
-        CheckpointError, match=r"global_step_2: no MANIFEST.json \(partial checkpoint\)"
+        CheckpointError,
+        match=r"global_step_2: no MANIFEST.json \(an unfinished save, or no checkpoint\)",
     ):
         verify(partial)
     with pytest.raises(
