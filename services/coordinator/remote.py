@@ -197,9 +197,14 @@ def status(address: str, run_id: str | None = None, write: Callable[[str], None]
 
 
 def stop(address: str, run_id: str, write: Callable[[str], None] = print) -> int:
+    """Asks the run to stop after its current step; says so, or that it had ended."""
     client = CoordinatorClient(address)
     try:
-        write(client.stop_run(run_id).describe())
+        status = client.stop_run(run_id)
+        if status.state.terminal:
+            write(f"nothing to stop: {status.describe()}")
+        else:  # the status from before the stop takes effect
+            write(f"stop requested; it ends after its current step: {status.describe()}")
         return 0
     finally:
         client.close()

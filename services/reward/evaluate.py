@@ -10,9 +10,11 @@ across them in order). Rows without responses are counted as ``missing_rows``, n
 
 Per data_source: ``mean_score`` is the mean reward over responses; ``acc`` the fraction of
 responses counted correct (the scorer's ``acc`` extra, which rule scorers set to
-``score >= 1 - 1e-6``; else that same threshold); ``pass@n`` the fraction of prompts with at
-least one correct response; ``maj@n`` the fraction of prompts whose majority answer (the
-scorers' ``pred``) is correct; ``failed`` the responses whose scorer failed (scored 0).
+``score >= 1 - 1e-6``); ``pass@n`` the fraction of prompts with at least one correct
+response; ``maj@n`` the fraction of prompts whose majority answer (the scorers' ``pred``) is
+correct; ``failed`` the responses whose scorer failed (scored 0). A data_source whose scored
+samples carry no ``acc`` (a reward model alone: its score is a logit, no verdict) has no
+``acc``, ``pass@n`` or ``maj@n`` (``-``); the ``all`` line's are over the other data_sources.
 After the table, each data_source with failed samples is named on stderr with the first
 sample's reason; when every sample failed the exit code is 1 (arguments.EVAL_EXIT_CODES).
 """
@@ -31,11 +33,17 @@ from meshrl.data.rows import RawRow, read_rows
 from services.reward.arguments import EVAL_EXIT_CODES, add_eval_arguments
 from services.reward.types import ScoreItem, ScoreOutcome
 
-ACC_TOLERANCE = 1e-6
 EXIT_SCORED, EXIT_FAILED, EXIT_BAD_ARGUMENTS = 0, 1, 2
 """See arguments.EVAL_EXIT_CODES."""
 CHUNK = 512
 """Items per Score call when scoring through a server."""
+NEEDS_A_REWARD_MODEL = (
+    'Rows of a data_source with no rule scorer (reward_model.style "model") are scored by a '
+    "reward model, which this process does not load: start `meshrl reward serve "
+    "--reward-model DIR` and pass `--server HOST:PORT` (or score every row with "
+    "`--custom-function FILE.py:NAME`)"
+)
+"""The hint of an unknown data_source when scoring in this process."""
 WORKER_RESPAWN_S = 5.0
 """Room per sample for the server's pool to replace a worker killed at its timeout (a spawned
 worker takes 1-3 s to import the scorers)."""
@@ -47,10 +55,13 @@ class SourceStats:
     prompts: int = 0
     responses: int = 0
     mean_score: float = 0.0
-    acc: float = 0.0
-    pass_at_n: float = 0.0
+    acc: float | None = 0.0
+    """None when the scorer judges no response (a reward model alone)."""
+    pass_at_n: float | None = 0.0
+    """None as ``acc``."""
     maj_at_n: float | None = None
-    """None when the scorer reads no answers (a custom function without ``pred``)."""
+    """None when the scorer reads no answers (a custom function without ``pred``) or judges
+    none."""
     failed: int = 0
 
 
@@ -61,7 +72,9 @@ class SampleResult:
     """Which response of the prompt (0 for n=1)."""
     data_source: str
     score: float
-    acc: float
+    acc: float | None
+    """1.0 correct, 0.0 wrong or failed; None when the scorer gives no verdict (a reward
+    model alone)."""
     ok: bool
     reason: str = ""
     pred: str | None = None
@@ -157,10 +170,14 @@ def _score(
     items: list[ScoreItem], server: str | None, cfg: RewardConfig, sample_timeout_s: float | None
 ) -> list[ScoreOutcome]:
     if server is None:
+        from services.reward.scorers.registry import UnknownDataSource
         from services.reward.scoring import RewardScorer
 
         with RewardScorer(cfg) as scorer:
-            return scorer.score(items)
+            try:
+                return scorer.score(items)
+            except UnknownDataSource as e:
+                raise ValueError(f"{e}. {NEEDS_A_REWARD_MODEL}") from None
     import grpc
 
     from services.reward.client import RewardClient
@@ -187,10 +204,13 @@ def score_deadline_s(num_items: int, per_sample_timeout_s: float) -> float:
     return 60.0 + num_items * (per_sample_timeout_s + WORKER_RESPAWN_S)
 
 
-def _acc(o: ScoreOutcome) -> float:
+def _acc(o: ScoreOutcome) -> float | None:
+    """The scorer's verdict: its ``acc`` extra (every rule scorer and custom function gives
+    one: the scorer sets it to ``score >= 1 - 1e-6`` when the function does not), 0 for a
+    failed sample, None without one (a reward model alone: a logit is no verdict)."""
     if not o.ok:
         return 0.0
-    return o.extra.get("acc", float(o.score >= 1.0 - ACC_TOLERANCE))
+    return o.extra.get("acc")
 
 
 def summarize(samples: list[SampleResult], missing_rows: int = 0) -> EvalReport:
@@ -198,26 +218,43 @@ def summarize(samples: list[SampleResult], missing_rows: int = 0) -> EvalReport:
     for s in samples:
         by_source[s.data_source].append(s)
     sources = [_stats(name, group) for name, group in sorted(by_source.items())]
-    return EvalReport(sources, _stats("all", samples), missing_rows, samples)
+    judged = [s for s in samples if _judged(by_source[s.data_source])]
+    return EvalReport(sources, _stats("all", samples, judged), missing_rows, samples)
 
 
-def _stats(name: str, samples: list[SampleResult]) -> SourceStats:
+def _judged(samples: list[SampleResult]) -> bool:
+    """Whether the scorer of these samples (one data_source's) gives verdicts: not when its
+    scored samples carry no ``acc`` (a reward model alone)."""
+    return not any(s.ok and s.acc is None for s in samples)
+
+
+def _stats(
+    name: str, samples: list[SampleResult], judged: list[SampleResult] | None = None
+) -> SourceStats:
+    """`judged`: the samples that acc, pass@n and maj@n are over (default: `samples`, if
+    their scorer gives verdicts)."""
     if not samples:
         return SourceStats(name)
-    best: dict[int, float] = defaultdict(float)
-    for s in samples:
-        best[s.index] = max(best[s.index], s.acc)
+    if judged is None:
+        judged = samples if _judged(samples) else []
     n = len(samples)
-    return SourceStats(
+    stats = SourceStats(
         data_source=name,
-        prompts=len(best),
+        prompts=len({s.index for s in samples}),
         responses=n,
         mean_score=sum(s.score for s in samples) / n,
-        acc=sum(s.acc for s in samples) / n,
-        pass_at_n=sum(best.values()) / len(best),
-        maj_at_n=_majority_accuracy(samples),
+        acc=None,
+        pass_at_n=None,
         failed=sum(not s.ok for s in samples),
     )
+    if judged:
+        best: dict[int, float] = defaultdict(float)
+        for s in judged:
+            best[s.index] = max(best[s.index], s.acc or 0.0)
+        stats.acc = sum(s.acc or 0.0 for s in judged) / len(judged)
+        stats.pass_at_n = sum(best.values()) / len(best)
+        stats.maj_at_n = _majority_accuracy(judged)
+    return stats
 
 
 def _majority_accuracy(samples: list[SampleResult]) -> float | None:
@@ -235,7 +272,7 @@ def _majority_accuracy(samples: list[SampleResult]) -> float | None:
         votes: dict[str, list[SampleResult]] = {}
         for s in group:  # dict order: first given first, so max() breaks ties by it
             votes.setdefault(s.pred or "", []).append(s)
-        correct += max(votes.values(), key=len)[0].acc
+        correct += max(votes.values(), key=len)[0].acc or 0.0
     return correct / len(by_prompt)
 
 
@@ -248,14 +285,18 @@ def format_table(report: EvalReport) -> str:
     )
     lines = [head, "-" * len(head)]
     for r in rows:
-        maj = "-" if r.maj_at_n is None else f"{r.maj_at_n:.4f}"
+        acc, pass_at_n, maj = (_fraction(v) for v in (r.acc, r.pass_at_n, r.maj_at_n))
         lines.append(
             f"{r.data_source:<{width}}  {r.prompts:>7}  {r.responses:>9}  {r.mean_score:>10.4f}"
-            f"  {r.acc:>6.4f}  {r.pass_at_n:>6.4f}  {maj:>6}  {r.failed:>6}"
+            f"  {acc:>6}  {pass_at_n:>6}  {maj:>6}  {r.failed:>6}"
         )
     if report.missing_rows:
         lines.append(f"({report.missing_rows} rows of the data had no response)")
     return "\n".join(lines)
+
+
+def _fraction(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
 
 
 def write_report(report: EvalReport, path: str | Path) -> None:

@@ -9,15 +9,21 @@ micro-batches.
 Sequences are left-padded and fed as embeddings, so the head reads position -1, which is the
 real last token whatever the pad id is (HF's own pooling looks for the rightmost non-pad id,
 which goes wrong when pad == eos and the template ends with eos).
+
+A path that cannot be loaded, or a model without a classification head of one label (a
+causal LM), raises RewardModelError naming ``reward.reward_model.path`` and saying why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
+from pathlib import Path
 
 import torch
+from huggingface_hub.utils import HFValidationError, validate_repo_id
 from transformers import (
     AutoConfig,
     AutoModelForSequenceClassification,
@@ -26,9 +32,20 @@ from transformers import (
 )
 
 from meshrl.gpus import gpu_names
-from services.reward.types import ScoringCancelled
+from services.reward.types import RewardModelError, ScoringCancelled
 
 log = logging.getLogger(__name__)
+
+NEEDED = "a Hugging Face model folder with a classification head is needed"
+CLASSIFICATION_HEADS = ("ForSequenceClassification", "ForTokenClassification")
+LANGUAGE_MODEL_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+"""Architecture names of language models: their config's num_labels (2, transformers'
+default) says nothing, and a classification head put on them would be random."""
+
+PAD_WARNING = "will not detect padding tokens in `inputs_embeds`"
+"""transformers' warning at each first forward of a sequence-classification model given
+embeddings (see `_QuietPadWarning`)."""
+_in_forward = threading.local()
 
 
 def prompt_messages(prompt: str) -> list[dict[str, str]]:
@@ -59,9 +76,8 @@ class RewardModel:
         max_length: int = 2048,
         device: str | None = None,
     ):
-        config = AutoConfig.from_pretrained(path)
-        if getattr(config, "num_labels", 1) != 1:
-            raise ValueError(f"reward model {path} has {config.num_labels} labels; one is needed")
+        config = _load_config(path)
+        _check_head(path, config)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         archs = getattr(config, "architectures", None) or []
@@ -71,13 +87,28 @@ class RewardModel:
             if self.per_token
             else AutoModelForSequenceClassification
         )
-        self.model = auto.from_pretrained(path, num_labels=1, dtype=dtype).to(self.device).eval()
+        try:  # the tokenizer first: it fails in a moment, the weights take their time
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError) as e:
+            raise RewardModelError(f"{path}: its tokenizer cannot be loaded: {_one_line(e)}") from e
+        try:
+            model = auto.from_pretrained(path, num_labels=1, dtype=dtype)
+        except (OSError, ValueError) as e:
+            raise RewardModelError(f"{path} cannot be loaded: {_one_line(e)}") from e
+        self.model = model.to(self.device).eval()
         self.gpus = gpu_names(self.device)  # for the server's info: the run counts its GPUs
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.tokenizer.padding_side = "left"
         self.tokenizer.truncation_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
+        text_config = self.model.config.get_text_config()
+        if text_config.pad_token_id is None:
+            # transformers' sequence-classification heads refuse a batch of more than one
+            # without a pad id ("Cannot handle batch sizes > 1 if no padding token is
+            # defined") when the config has none. Given embeddings, as here, the id only
+            # passes that check: the head reads position -1 whatever it is.
+            text_config.pad_token_id = self.tokenizer.pad_token_id
+        _QuietPadWarning.install(self.model)
         self.path = path
         self.micro_batch_size = micro_batch_size
         self.max_length = max_length
@@ -123,9 +154,99 @@ class RewardModel:
         mask = enc["attention_mask"]  # (b, t), zeros on the left
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # as if each sequence were unpadded
         embeds = self.model.get_input_embeddings()(enc["input_ids"])  # (b, t, h)
-        logits = self.model(
-            inputs_embeds=embeds, attention_mask=mask, position_ids=positions
-        ).logits
+        with _QuietPadWarning.forward():
+            logits = self.model(
+                inputs_embeds=embeds, attention_mask=mask, position_ids=positions
+            ).logits
         if self.per_token:
             logits = logits[:, -1]  # (b, t, 1) -> (b, 1): left padding puts the last token at -1
         return logits[:, 0].float().tolist()
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
+
+
+def _load_config(path: str):
+    """The model's config, or RewardModelError saying why there is none: a local path that
+    does not exist, a folder without config.json, or a name the Hugging Face Hub does not
+    give (hub ids still load when transformers can load them)."""
+    local = Path(path)
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise RewardModelError(f"{path} has no config.json ({NEEDED})")
+    elif local.exists():
+        raise RewardModelError(f"{path} is a file, not a folder ({NEEDED})")
+    elif not _could_be_hub_id(path):  # transformers would say "Repo id must be in the form"
+        raise RewardModelError(f"{path} does not exist ({NEEDED})")
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        if local.is_dir():
+            raise RewardModelError(f"{path}: config.json cannot be read: {_one_line(e)}") from e
+        raise RewardModelError(
+            f"{path} does not exist, and loading it as a Hugging Face Hub id failed: "
+            f"{_one_line(e)} ({NEEDED})"
+        ) from e
+
+
+def _could_be_hub_id(path: str) -> bool:
+    """Whether `path` has the form of a Hub id ("name" or "namespace/name")."""
+    try:
+        validate_repo_id(path)
+    except HFValidationError:
+        return False
+    return True
+
+
+def _check_head(path: str, config) -> None:
+    """RewardModelError unless `config` is of a model with one label: a language model
+    (its architectures only ...ForCausalLM and the like) is named as one, since its
+    num_labels (2, transformers' default) would only mislead."""
+    archs = list(getattr(config, "architectures", None) or [])
+    with_head = [a for a in archs if a.endswith(CLASSIFICATION_HEADS)]
+    if archs and not with_head and all(a.endswith(LANGUAGE_MODEL_HEADS) for a in archs):
+        raise RewardModelError(
+            f"{path} is a {', '.join(archs)} (a language model); a reward model needs a "
+            "sequence- or token-classification head with one label (num_labels=1)"
+        )
+    labels = getattr(config, "num_labels", 1)
+    if labels != 1:
+        raise RewardModelError(f"{path} has {labels} labels; one is needed (num_labels=1)")
+
+
+class _QuietPadWarning(logging.Filter):
+    """Drops transformers' "... will not detect padding tokens in `inputs_embeds`" warning,
+    and only when our own forward (on this thread) logs it.
+
+    Why it comes: given ``inputs_embeds`` and a config with a pad id, the sequence-
+    classification heads cannot look for the last non-pad token, so they read position -1.
+    Why it is harmless here: we pad on the left, so position -1 is each row's real last
+    token; that is the very reason we pass embeddings. Passing ``input_ids`` instead would
+    silence it, but the head would then take the rightmost token that is not the pad id,
+    which is wrong whenever a sequence ends with that id (pad == eos, a template ending
+    with eos). Leaving the pad id unset would not do either: the head then refuses batches
+    of more than one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (getattr(_in_forward, "active", False) and PAD_WARNING in record.getMessage())
+
+    @classmethod
+    def install(cls, model) -> None:
+        """On the loggers of the modules that define `model`'s class and its bases (the
+        warning is logged by the module of the forward: modeling_layers for Llama and Qwen,
+        modeling_gpt2 for GPT-2); once per logger."""
+        for klass in type(model).__mro__:
+            if klass.__module__.startswith("transformers."):
+                logger = logging.getLogger(klass.__module__)
+                if not any(isinstance(f, cls) for f in logger.filters):
+                    logger.addFilter(cls())
+
+    @staticmethod
+    @contextlib.contextmanager
+    def forward():
+        _in_forward.active = True
+        try:
+            yield
+        finally:
+            _in_forward.active = False

@@ -34,6 +34,7 @@ from services.reward.arguments import add_serve_arguments
 from services.reward.convert import item_from_proto, outcome_to_proto
 from services.reward.scorer_slot import DEFAULT_MAX_CALLS, NotReady, ScorerSlot
 from services.reward.scoring import RewardScorer
+from services.reward.types import RewardModelError
 
 log = logging.getLogger(__name__)
 
@@ -178,9 +179,13 @@ def start_up_errors():
     """ValueError / OSError of the start-up (the scorer's checks of its config, a custom
     function file that does not exist, a port in use, a reward model folder that cannot be
     read) as a ConfigError: one line, exit 2, instead of a traceback (two, with the scorer
-    worker's). Errors of a server already serving are not turned into it."""
+    worker's). Errors of a server already serving are not turned into it. A reward model that
+    cannot be loaded is said of --reward-model, which gave its path here (Initialize names
+    the config key)."""
     try:
         yield
+    except RewardModelError as e:
+        raise ConfigError(str(e.naming("--reward-model"))) from None
     except (ValueError, OSError) as e:
         raise ConfigError(str(e)) from None
 

@@ -15,6 +15,7 @@ from coordinator_helpers import REPO, ServerProcess, tiny_run_yaml
 
 from meshrl.api.v1 import coordinator_pb2, coordinator_pb2_grpc
 from meshrl.rpc.client import open_channel
+from services.coordinator import remote
 from services.coordinator.remote import CoordinatorClient, CoordinatorError
 from services.coordinator.run_types import RunState
 
@@ -187,15 +188,21 @@ def test_external_servers_conflict_stop_and_ctrl_c(
             "external servers are not the coordinator's to stop"
         )
 
-        # the same servers take the next run; StopRun from another client ends it
+        # the same servers take the next run; `meshrl stop` from another client ends it
         status = client.start_run(config.read_text(), [*external, "trainer.experiment_name=again"])
         events = client.watch(status.run_id)
+        said: list[str] = []
         for event in events:
             if event.status.step >= 1:
-                client.stop_run(status.run_id)
+                assert remote.stop(coordinator.address, status.run_id, said.append) == 0
                 break
         final = [e.status for e in events][-1]
         assert final.state is RunState.STOPPED
+        assert said[0].startswith(
+            f"stop requested; it ends after its current step: run {status.run_id}"
+        )
+        remote.stop(coordinator.address, status.run_id, said.append)
+        assert said[1].startswith(f"nothing to stop: run {status.run_id} STOPPED")
     finally:
         for server in servers.values():
             server.stop()
