@@ -53,7 +53,10 @@ def read_table(path: str | Path, columns: list[str]) -> pa.Table:
     """Reads `columns` of one parquet file; every way this can fail becomes a DataError."""
     path = Path(path)
     if not path.exists():
-        raise DataError(f"data file {path} does not exist")
+        # a relative path is read from this process's working directory: through the
+        # coordinator service, the service's own, which the user may not have in mind
+        where = "" if path.is_absolute() else f" (looked for {path.absolute()})"
+        raise DataError(f"data file {path} does not exist{where}")
     if path.is_dir():
         raise DataError(f"data file {path} is a folder; give the parquet files themselves")
     try:

@@ -226,3 +226,14 @@ def test_a_record_keeps_the_rows_prompt_for_a_reward_model(tmp_path, tok):
         [write(tmp_path / "t.parquet", [verl_row("x") | {"prompt": "Q: 5="}])], tok
     )
     assert text[0].chat == "Q: 5="
+
+
+def test_a_missing_relative_file_says_where_it_was_looked_for(tmp_path, tok, monkeypatch):
+    """Through the coordinator service a relative path is read from the service's working
+    directory, not the user's: the message shows where."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError) as e:
+        PromptDataset(["data/train.parquet"], tok)
+    assert str(e.value) == (
+        f"data file data/train.parquet does not exist (looked for {tmp_path}/data/train.parquet)"
+    )

@@ -1,6 +1,7 @@
 """Reward model: a tiny Llama classification model built from a config (no downloads)."""
 
 import json
+import logging
 import threading
 import time
 
@@ -9,11 +10,17 @@ import torch
 from transformers import LlamaForSequenceClassification, LlamaForTokenClassification
 
 from meshrl.config.schema import RewardConfig, RewardModelConfig
-from meshrl.testing.char_tokenizer import save_char_tokenizer
-from meshrl.testing.tiny_model import tiny_llama_config
-from services.reward.reward_model import RewardModel, prompt_messages
+from meshrl.testing.char_tokenizer import build_char_tokenizer, save_char_tokenizer
+from meshrl.testing.tiny_model import make_tiny_model_dir, tiny_llama_config
+from services.reward import reward_model
+from services.reward.reward_model import PAD_WARNING, RewardModel, prompt_messages
 from services.reward.scoring import RewardScorer
-from services.reward.types import CANCELLED_REASON, ScoreItem, ScoringCancelled
+from services.reward.types import (
+    CANCELLED_REASON,
+    RewardModelError,
+    ScoreItem,
+    ScoringCancelled,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -219,3 +226,187 @@ def test_abandon_stops_the_reward_model_calls_under_way(slow_rm_scorer):
     assert [o.reason for o in call.out] == [CANCELLED_REASON] * 40
     late = slow_rm_scorer.score(_items(1))  # a call after the stop starts nothing
     assert late[0].reason == CANCELLED_REASON and slow_rm_scorer.forwards < 10
+
+
+# --- a path that is no reward model: a config error naming the key, and saying why ---------
+
+
+def _rm_error(path, **kwargs) -> str:
+    with pytest.raises(RewardModelError) as e:
+        RewardModel(str(path), device="cpu", **kwargs)
+    assert e.value.key == "reward.reward_model.path"
+    return str(e.value)
+
+
+def test_a_path_that_does_not_exist_names_the_key(tmp_path):
+    """Before: `OSError: Repo id must be in the form 'repo_name' or 'namespace/repo_name':
+    '/tmp/nope'` (INTERNAL at Initialize, exit 1)."""
+    missing = tmp_path / "nope"
+    assert _rm_error(missing) == (
+        f"reward.reward_model.path: {missing} does not exist "
+        "(a Hugging Face model folder with a classification head is needed)"
+    )
+
+
+def test_a_folder_without_config_or_weights_names_the_key(tmp_path, seq_rm):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _rm_error(empty) == (
+        f"reward.reward_model.path: {empty} has no config.json "
+        "(a Hugging Face model folder with a classification head is needed)"
+    )
+    no_weights = tmp_path / "no_weights"
+    no_weights.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (no_weights / name).write_bytes((seq_rm / name).read_bytes())
+    message = _rm_error(no_weights)  # transformers' OSError, with the key in front
+    assert message.startswith(f"reward.reward_model.path: {no_weights} cannot be loaded: ")
+    assert "model.safetensors" in message
+
+
+def test_a_hub_id_that_cannot_be_loaded_says_so(monkeypatch):
+    """A name of the Hub's form goes to transformers (hub ids keep working); its failure is
+    named with the key."""
+
+    def offline(path, **kwargs):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
+
+    monkeypatch.setattr(reward_model.AutoConfig, "from_pretrained", offline)
+    assert _rm_error("someone/some-rm") == (
+        "reward.reward_model.path: someone/some-rm does not exist, and loading it as a Hugging "
+        "Face Hub id failed: We couldn't connect to 'https://huggingface.co' to load the files "
+        "(a Hugging Face model folder with a classification head is needed)"
+    )
+
+
+def test_a_hub_id_that_loads_still_works(monkeypatch, seq_rm):
+    """transformers resolves a Hub id itself (from its cache here): no check of ours stands in
+    the way of one that it can load."""
+    for cls in ("AutoConfig", "AutoModelForSequenceClassification", "AutoTokenizer"):
+        auto = getattr(reward_model, cls)
+        load = auto.from_pretrained.__func__
+
+        def from_hub(klass, path, *args, _load=load, **kwargs):
+            assert path == "someone/tiny-rm"
+            return _load(klass, str(seq_rm), *args, **kwargs)
+
+        monkeypatch.setattr(auto, "from_pretrained", classmethod(from_hub))
+    rm = RewardModel("someone/tiny-rm", device="cpu")
+    assert rm.path == "someone/tiny-rm" and len(rm.score(PROMPTS[:2], RESPONSES[:2])) == 2
+
+
+def test_a_causal_lm_is_named_as_one(tmp_path):
+    """Before: `reward model X has 2 labels; one is needed` (2 is only transformers' default
+    num_labels for a config that sets none)."""
+    lm = make_tiny_model_dir(tmp_path / "lm", hidden=32, intermediate=64)
+    assert _rm_error(lm) == (
+        f"reward.reward_model.path: {lm} is a LlamaForCausalLM (a language model); a reward "
+        "model needs a sequence- or token-classification head with one label (num_labels=1)"
+    )
+
+
+def test_a_classification_model_of_two_labels_is_refused(tmp_path):
+    path = tmp_path / "two"
+    tok = save_char_tokenizer(path)
+    config = tiny_llama_config(len(tok), hidden=32, layers=2, heads=2, intermediate=64)
+    config.num_labels = 2
+    LlamaForSequenceClassification(config).save_pretrained(str(path))
+    assert _rm_error(path) == (
+        f"reward.reward_model.path: {path} has 2 labels; one is needed (num_labels=1)"
+    )
+
+
+def test_initialize_refuses_a_missing_reward_model_as_a_config_error(tmp_path):
+    """What Initialize builds: a ValueError naming the key (INVALID_ARGUMENT, exit 2)."""
+    cfg = RewardConfig(
+        num_workers=1,
+        reward_model=RewardModelConfig(enable=True, path=str(tmp_path / "nope")),
+    )
+    with pytest.raises(ValueError, match=r"^reward.reward_model.path: .*nope does not exist"):
+        RewardScorer(cfg)
+
+
+# --- padding: transformers' inputs_embeds warning, and a config without a pad id --------------
+
+
+@pytest.fixture(scope="module")
+def pad_is_eos_rm(tmp_path_factory):
+    """A reward model whose config has no pad id and whose tokenizer pads with eos."""
+    path = tmp_path_factory.mktemp("pad_is_eos_rm")
+    tok = build_char_tokenizer()
+    tok.pad_token = tok.eos_token
+    tok.save_pretrained(str(path))
+    config = tiny_llama_config(len(tok), hidden=32, layers=2, heads=2, intermediate=64)
+    config.num_labels = 1
+    config.pad_token_id = None
+    torch.manual_seed(1)
+    LlamaForSequenceClassification(config).save_pretrained(str(path))
+    return path
+
+
+def last_token_score(rm: RewardModel, prompt: str, response: str) -> float:
+    """The head on the last token's hidden state: no padding, no pad-id search."""
+    ids = rm.tokenizer(rm.render(prompt, response), add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        hidden = rm.model.model(input_ids=torch.tensor([ids])).last_hidden_state
+        return float(rm.model.score(hidden[:, -1])[0, 0])
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def transformers_warnings():
+    """The messages logged by transformers' sequence-classification head (after any filter
+    on its logger); warning_once's memory of earlier tests is cleared."""
+    logger = logging.getLogger("transformers.modeling_layers")
+    records = _Records()
+    logger.addHandler(records)
+    logging.Logger.warning_once.cache_clear()
+    yield records.messages
+    logger.removeHandler(records)
+    logging.Logger.warning_once.cache_clear()
+
+
+def test_scores_are_the_last_tokens_without_transformers_padding_warning(
+    pad_is_eos_rm, transformers_warnings
+):
+    """Before: "LlamaForSequenceClassification will not detect padding tokens in
+    `inputs_embeds`" at the first batch. The head reads position -1, the real last token
+    under left padding, even where a sequence ends with the pad id (here pad == eos, and a
+    response ends with eos: transformers' own search for the last non-pad token would take
+    the token before it). A config without a pad id scores batches too (before:
+    "Cannot handle batch sizes > 1 if no padding token is defined")."""
+    rm = RewardModel(str(pad_is_eos_rm), micro_batch_size=4, device="cpu")
+    prompts = [*PROMPTS, "Q: 2+2="]
+    responses = [*RESPONSES, "4</s>"]  # ends with the pad id
+    assert rm.tokenizer(rm.render(prompts[-1], responses[-1]))["input_ids"][-1] == (
+        rm.tokenizer.pad_token_id
+    )
+    got = rm.score(prompts, responses)
+    want = [last_token_score(rm, p, r) for p, r in zip(prompts, responses, strict=True)]
+    assert got == pytest.approx(want, abs=1e-5)
+    assert not [m for m in transformers_warnings if PAD_WARNING in m]
+    # the warning is only ours to drop: the same forward outside RewardModel still logs it
+    ids = rm.tokenizer(["Q: 1=", "Q: 12="], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        rm.model(
+            inputs_embeds=rm.model.get_input_embeddings()(ids["input_ids"]),
+            attention_mask=ids["attention_mask"],
+        )
+    assert [m for m in transformers_warnings if PAD_WARNING in m]
+
+
+def test_padding_warning_is_dropped_for_the_default_rm_too(seq_rm, transformers_warnings):
+    """The walkthrough's case: a config with a pad id (the usual one)."""
+    rm = RewardModel(str(seq_rm), micro_batch_size=4, device="cpu")
+    got = rm.score(PROMPTS, RESPONSES)
+    want = [last_token_score(rm, p, r) for p, r in zip(PROMPTS, RESPONSES, strict=True)]
+    assert got == pytest.approx(want, abs=1e-5)
+    assert not [m for m in transformers_warnings if PAD_WARNING in m]
