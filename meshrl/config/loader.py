@@ -165,18 +165,27 @@ def build_config(tree: dict | None = None, overrides: list[str] | None = None) -
     return cfg
 
 
+def config_tree(text: str, name: str) -> dict:
+    """The YAML mapping of a config's text; ``name`` says where it came from in errors
+    (``config file run.yaml``)."""
+    try:
+        tree = yaml.safe_load(text) if text.strip() else {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{name} is not valid YAML: {e}") from None
+    if tree is None:
+        return {}
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{name} must hold a mapping at the top level")
+    return tree
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
     tree: dict = {}
     if path is not None:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
-        try:
-            tree = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
-        if not isinstance(tree, dict):
-            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+        tree = config_tree(path.read_text(), f"config file {path}")
     return build_config(tree, overrides)
 
 

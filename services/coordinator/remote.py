@@ -23,6 +23,7 @@ import grpc
 
 from meshrl.api.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from meshrl.config import ConfigError
+from meshrl.config.loader import config_tree
 from meshrl.rpc.client import open_channel
 from services.coordinator.run_types import RunEvent, RunState, RunStatus
 
@@ -139,11 +140,12 @@ def submit(
     """`meshrl run --coordinator`: exit code 0 succeeded, 1 failed, 3 stopped, 2 bad config
     (refused at submit, or REJECTED once the run found its config or data unusable)."""
     if config_path == "-":
-        text = sys.stdin.read()
+        text, name = sys.stdin.read(), "the config on standard input"
     elif Path(config_path).is_file():
-        text = Path(config_path).read_text()
+        text, name = Path(config_path).read_text(), f"config file {config_path}"
     else:
         raise ConfigError(f"config file {config_path} does not exist")
+    config_tree(text, name)  # a YAML error names the file here, as a local run's does
     client = CoordinatorClient(address)
     try:
         try:

@@ -18,9 +18,8 @@ from collections.abc import Callable, Iterator
 from itertools import islice
 from pathlib import Path
 
-import yaml
-
 from meshrl.config import ConfigError, RunConfig, build_config
+from meshrl.config.loader import config_tree
 from meshrl.data.errors import DataError
 from meshrl.rpc.security import SecuritySettings
 from services.coordinator.metrics_sinks import ConsoleSink, MetricsSink, close_sinks, file_sinks
@@ -239,13 +238,7 @@ def _default_make_launcher(cfg: RunConfig, run_dir: Path):
 
 def parse_run_config(config_yaml: str, overrides: list[str]) -> RunConfig:
     """The submitted YAML + overrides, validated; errors name the key (ConfigError)."""
-    try:
-        tree = yaml.safe_load(config_yaml) if config_yaml.strip() else {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config is not valid YAML: {e}") from None
-    if not isinstance(tree, dict):
-        raise ConfigError("config must hold a mapping at the top level")
-    cfg = build_config(tree, overrides)
+    cfg = build_config(config_tree(config_yaml, "the submitted config"), overrides)
     check_run_config(cfg)
     check_training_data_given(cfg)
     _check_security(cfg)

@@ -1,0 +1,39 @@
+"""A config's YAML text: its errors name where it came from, locally and when submitted to
+a coordinator service."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshrl.config import ConfigError, load_config
+from meshrl.config.loader import config_tree
+from services.coordinator.remote import submit
+from services.coordinator.run_manager import parse_run_config
+
+
+def test_a_mapping_is_read_and_empty_text_is_an_empty_config():
+    assert config_tree("trainer:\n  total_training_steps: 3\n", "x") == {
+        "trainer": {"total_training_steps": 3}
+    }
+    assert config_tree("", "x") == {} and config_tree("# only a comment\n", "x") == {}
+
+
+def test_bad_yaml_and_a_list_at_the_top_name_the_source():
+    with pytest.raises(ConfigError, match=r"^config file run.yaml is not valid YAML: "):
+        config_tree("trainer: [1, 2\n", "config file run.yaml")
+    with pytest.raises(ConfigError, match=r"^the submitted config must hold a mapping"):
+        parse_run_config("- a\n- b\n", [])
+
+
+def test_a_config_submitted_to_a_coordinator_with_bad_yaml_names_the_file(tmp_path):
+    """Before, the coordinator parsed it and said `config is not valid YAML: ... in
+    "<unicode string>"`; a local run names the file. Now both do, before any connection
+    (no coordinator listens at this address)."""
+    bad = tmp_path / "inv.yaml"
+    bad.write_text("trainer:\n  total_training_steps: [3\n")
+    with pytest.raises(ConfigError) as local:
+        load_config(bad)
+    with pytest.raises(ConfigError) as submitted:
+        submit("127.0.0.1:1", str(bad), [])
+    assert str(submitted.value) == str(local.value)
+    assert str(local.value).startswith(f"config file {bad} is not valid YAML: ")
