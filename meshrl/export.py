@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -46,6 +47,14 @@ ROLES = ("actor", "critic")
 
 class ExportError(ValueError):
     pass
+
+
+def _read_shards(state: dict, reader) -> None:
+    """``dcp.load`` in this one process. torch warns "torch.distributed is disabled ..."
+    on every call, even when told ``no_dist=True``: the warning says nothing to a user."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=reader, no_dist=True)
 
 
 def copy_side_files(model_dir: Path, dest: Path, names: tuple[str, ...] = HF_SIDE_FILES) -> None:
@@ -283,7 +292,7 @@ def _merge_adapters(
             )
             for k in factors
         }
-        dcp.load({"model": loaded}, storage_reader=reader, no_dist=True)
+        _read_shards({"model": loaded}, reader)
         a, b = loaded.values()
         state[key] = merged_weight(base, a, b, scaling)
 
@@ -315,7 +324,7 @@ def _write_weights(
                 k[len("model.") :]: torch.empty(m.size, dtype=m.properties.dtype) for k, m in group
             }
         }
-        dcp.load(state, storage_reader=reader, no_dist=True)
+        _read_shards(state, reader)
         _merge_adapters(state["model"], reader, metadata, scaling)
         name = (
             "model.safetensors"

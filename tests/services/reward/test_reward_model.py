@@ -398,6 +398,7 @@ def test_scores_are_the_last_tokens_without_transformers_padding_warning(
     assert got == pytest.approx(want, abs=1e-5)
     assert not [m for m in transformers_warnings if PAD_WARNING in m]
     # the warning is only ours to drop: the same forward outside RewardModel still logs it
+    logging.Logger.warning_once.cache_clear()  # it remembers the (dropped) call of ours
     ids = rm.tokenizer(["Q: 1=", "Q: 12="], padding=True, return_tensors="pt")
     with torch.no_grad():
         rm.model(

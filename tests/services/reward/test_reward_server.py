@@ -16,13 +16,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from meshrl.api.v1 import reward_pb2, reward_pb2_grpc
-from meshrl.config import build_config, config_to_yaml
+from meshrl.config import ConfigError, build_config, config_to_yaml
 from meshrl.launcher.ports import free_port
 from meshrl.rpc.client import open_channel, wait_for_health
+from meshrl.testing.tiny_model import make_tiny_model_dir
 from services.reward.client import RewardClient
 from services.reward.evaluate import CHUNK, evaluate, score_deadline_s
 from services.reward.scorers.registry import known_data_sources
-from services.reward.server import SERVICE_NAME
+from services.reward.reward_model import RewardModel
+from services.reward.server import SERVICE_NAME, start_up_errors
 from services.reward.types import ScoreItem
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -243,6 +245,52 @@ def test_initialize_with_custom_function_then_bad_config(server, tmp_path):
         )
         c.initialize(config_to_yaml(build_config({})))  # back to the rule scorers
         assert c.list_scorers() == known_data_sources()
+
+
+def test_initialize_with_a_reward_model_path_that_does_not_exist(server, tmp_path):
+    """Before: INTERNAL, `OSError: Repo id must be in the form 'repo_name' or
+    'namespace/repo_name'`, so the run failed with exit 1 instead of a config error (the
+    coordinator makes INVALID_ARGUMENT at start exit 2)."""
+    missing = tmp_path / "nope"
+    cfg = build_config(
+        {"reward": {"num_workers": 1, "reward_model": {"enable": True, "path": str(missing)}}}
+    )
+    with RewardClient(server.address, timeout_s=90) as c:
+        with pytest.raises(grpc.RpcError) as e:
+            c.initialize(config_to_yaml(cfg))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"reward.reward_model.path: {missing} does not exist (a Hugging Face model " in (
+            e.value.details()
+        )
+        assert c.list_scorers() == known_data_sources()  # the scorer in place serves on
+
+
+def test_serve_with_a_causal_lm_as_reward_model_is_one_line_and_exit_2(tmp_path):
+    """Before: `reward model X has 2 labels; one is needed` (transformers' default num_labels
+    of a config that sets none)."""
+    lm = make_tiny_model_dir(tmp_path / "lm", hidden=32, intermediate=64)
+    argv = [sys.executable, "-m", "meshrl.cli", "reward", "serve", "--port", "0"]
+    argv += ["--num-workers", "1", "--reward-model", str(lm)]
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    [error] = [line for line in done.stderr.splitlines() if line.startswith("meshrl: ")]
+    assert error == (
+        f"meshrl: --reward-model: {lm} is a LlamaForCausalLM (a language model); a reward "
+        "model needs a sequence- or token-classification head with one label (num_labels=1)"
+    )
+
+
+def test_a_reward_model_error_at_start_up_names_the_flag(tmp_path):
+    """`serve` took the path from --reward-model, so its error names the flag, not the key."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError) as e, start_up_errors():
+        RewardModel(str(empty), device="cpu")
+    assert str(e.value) == (
+        f"--reward-model: {empty} has no config.json "
+        "(a Hugging Face model folder with a classification head is needed)"
+    )
 
 
 def test_sigterm_stops_server_and_workers(tmp_path):
