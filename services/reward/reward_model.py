@@ -76,8 +76,7 @@ class RewardModel:
         max_length: int = 2048,
         device: str | None = None,
     ):
-        config = _load_config(path)
-        _check_head(path, config)
+        config = checked_config(path)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         archs = getattr(config, "architectures", None) or []
@@ -165,6 +164,14 @@ class RewardModel:
 
 def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())
+
+
+def checked_config(path: str):
+    """The config of the reward model at `path`, once it is known to be one: RewardModelError
+    otherwise (see `_load_config` and `_check_head`). Quick: no weights are read."""
+    config = _load_config(path)
+    _check_head(path, config)
+    return config
 
 
 def _load_config(path: str):

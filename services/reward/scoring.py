@@ -165,8 +165,16 @@ class RewardScorer:
 
 
 def _check_reward_model(cfg: RewardConfig) -> None:
-    if cfg.reward_model.enable and not cfg.reward_model.path:
+    """ValueError for a reward model that cannot be one (no path, a path that does not exist,
+    a language model, ...), before the workers start and any weights are read."""
+    rm = cfg.reward_model
+    if not rm.enable:
+        return
+    if not rm.path:
         raise ValueError("reward.reward_model.enable is true but reward.reward_model.path is empty")
+    from services.reward.reward_model import checked_config  # torch + transformers: only when used
+
+    checked_config(rm.path)
 
 
 def _load_reward_model(cfg: RewardConfig):

@@ -5,9 +5,13 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
+from transformers import LlamaForSequenceClassification
 
 from meshrl.cli import main as cli_main
-from meshrl.config.schema import RewardConfig
+from meshrl.config.schema import RewardConfig, RewardModelConfig
+from meshrl.testing.char_tokenizer import save_char_tokenizer
+from meshrl.testing.tiny_model import tiny_llama_config
 from services.reward.evaluate import (
     SampleResult,
     evaluate,
@@ -261,3 +265,86 @@ def test_limits_that_are_not_positive_are_one_line(files, capsys, flag, value, m
         cli_main(eval_argv(files, flag, value))
     assert e.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == f"meshrl reward eval: error: {message}"
+
+
+def model_row(source, prompt):
+    """A row scored by a reward model alone (verl's style "model", no ground truth)."""
+    return {
+        "data_source": source,
+        "prompt": [{"role": "user", "content": prompt}],
+        "ability": "chat",
+        "reward_model": {"style": "model", "ground_truth": ""},
+        "extra_info": {"split": "test", "index": 0},
+    }
+
+
+def test_a_data_source_for_a_reward_model_in_process_says_how_to_score_it(tmp_path, capsys):
+    """Before: `unknown data_source 'Dahoas/full-hh-rlhf'; known: ...` and no hint."""
+    data = tmp_path / "hh.parquet"
+    pq.write_table(pa.Table.from_pylist([model_row("Dahoas/full-hh-rlhf", "Q: hi")]), data)
+    responses = tmp_path / "r.jsonl"
+    responses.write_text('{"index": 0, "response": "hello"}\n')
+    argv = ["reward", "eval", "--data", str(data), "--responses", str(responses)]
+    assert cli_main([*argv, "--num-workers", "1"]) == 1
+    [error] = capsys.readouterr().err.splitlines()
+    assert error.startswith("error: unknown data_source 'Dahoas/full-hh-rlhf'; known: ")
+    assert error.endswith(
+        'Rows of a data_source with no rule scorer (reward_model.style "model") are scored by '
+        "a reward model, which this process does not load: start `meshrl reward serve "
+        "--reward-model DIR` and pass `--server HOST:PORT` (or score every row with "
+        "`--custom-function FILE.py:NAME`)"
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_rm(tmp_path_factory):
+    path = tmp_path_factory.mktemp("rm")
+    tok = save_char_tokenizer(path)
+    config = tiny_llama_config(len(tok), hidden=32, layers=2, heads=2, intermediate=64)
+    config.num_labels = 1
+    torch.manual_seed(0)
+    LlamaForSequenceClassification(config).save_pretrained(str(path))
+    return path
+
+
+def test_a_reward_model_alone_has_no_accuracy(tmp_path, tiny_rm):
+    """Before: `acc` and `pass@n` of "score >= 1" for a reward model's logits (0.0000 here,
+    whose logits are small), as if every response were wrong. Now `-`, with the mean score;
+    the `all` line's acc is over the data_sources that are judged."""
+    rows = [row("openai/gsm8k", "72"), model_row("Dahoas/full-hh-rlhf", "Q: 1+2=")]
+    data = tmp_path / "mixed.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    lines = [
+        {"index": 0, "responses": ["#### 72", "#### 71"]},
+        {"index": 1, "responses": ["3", "33"]},
+    ]
+    responses = tmp_path / "r.jsonl"
+    responses.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    cfg = RewardConfig(
+        num_workers=1, reward_model=RewardModelConfig(enable=True, path=str(tiny_rm))
+    )
+    out = tmp_path / "report.json"
+    report = evaluate(data, responses, output=out, cfg=cfg)
+    by = {s.data_source: s for s in report.sources}
+    hh, gsm = by["Dahoas/full-hh-rlhf"], by["openai/gsm8k"]
+    assert (hh.acc, hh.pass_at_n, hh.maj_at_n) == (None, None, None)
+    rm_scores = [s.score for s in report.samples if s.data_source == "Dahoas/full-hh-rlhf"]
+    assert hh.mean_score == pytest.approx(sum(rm_scores) / 2) and hh.mean_score != 0.0
+    assert (gsm.acc, gsm.pass_at_n, gsm.maj_at_n) == (0.5, 1.0, 1.0)  # the rule's verdicts
+    assert (report.overall.acc, report.overall.pass_at_n) == (0.5, 1.0)  # gsm8k's only
+    assert report.overall.responses == 4
+    table = format_table(report).splitlines()
+    assert table[0].split()[3] == "mean_score"
+    hh_line = next(line.split() for line in table if line.startswith("Dahoas/full-hh-rlhf"))
+    assert hh_line[1:] == ["1", "2", f"{hh.mean_score:.4f}", "-", "-", "-", "0"]
+    all_line = next(line.split() for line in table if line.startswith("all"))
+    assert all_line[4:7] == ["0.5000", "1.0000", "1.0000"]
+    saved = json.loads(out.read_text())
+    assert [s["acc"] for s in saved["samples"]] == [1.0, 0.0, None, None]
+    assert saved["sources"][0]["acc"] is None and saved["sources"][0]["pass_at_n"] is None
+
+
+def test_a_data_source_whose_samples_all_failed_still_counts_them_wrong():
+    """No verdict and no score: `acc` 0 as before (not `-`), since the scorer judges."""
+    report = summarize([SampleResult(0, 0, "gsm8k", 0.0, 0.0, False, "TypeError: x")])
+    assert (report.overall.acc, report.overall.pass_at_n) == (0.0, 0.0)

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from meshrl import cli
 from meshrl.api.v1 import reward_pb2, reward_pb2_grpc
 from meshrl.config import ConfigError, build_config, config_to_yaml
 from meshrl.launcher.ports import free_port
@@ -22,8 +23,8 @@ from meshrl.rpc.client import open_channel, wait_for_health
 from meshrl.testing.tiny_model import make_tiny_model_dir
 from services.reward.client import RewardClient
 from services.reward.evaluate import CHUNK, evaluate, score_deadline_s
-from services.reward.scorers.registry import known_data_sources
 from services.reward.reward_model import RewardModel
+from services.reward.scorers.registry import known_data_sources
 from services.reward.server import SERVICE_NAME, start_up_errors
 from services.reward.types import ScoreItem
 
@@ -265,17 +266,20 @@ def test_initialize_with_a_reward_model_path_that_does_not_exist(server, tmp_pat
         assert c.list_scorers() == known_data_sources()  # the scorer in place serves on
 
 
-def test_serve_with_a_causal_lm_as_reward_model_is_one_line_and_exit_2(tmp_path):
+def test_serve_with_a_causal_lm_as_reward_model_is_one_line_and_exit_2(tmp_path, capsys):
     """Before: `reward model X has 2 labels; one is needed` (transformers' default num_labels
-    of a config that sets none)."""
+    of a config that sets none). `meshrl reward serve` in this process (the same path as the
+    command's; tests/launcher/test_cli_reward_serve.py runs it as a process): refused before
+    any worker starts."""
     lm = make_tiny_model_dir(tmp_path / "lm", hidden=32, intermediate=64)
-    argv = [sys.executable, "-m", "meshrl.cli", "reward", "serve", "--port", "0"]
-    argv += ["--num-workers", "1", "--reward-model", str(lm)]
-    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stderr
-    assert "Traceback" not in done.stderr
-    [error] = [line for line in done.stderr.splitlines() if line.startswith("meshrl: ")]
-    assert error == (
+    argv = ["reward", "serve", "--port", "0", "--num-workers", "1", "--reward-model", str(lm)]
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert cli.main(argv) == 2
+    finally:  # the server's StopSignal took them
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert capsys.readouterr().err.splitlines()[-1] == (
         f"meshrl: --reward-model: {lm} is a LlamaForCausalLM (a language model); a reward "
         "model needs a sequence- or token-classification head with one label (num_labels=1)"
     )
