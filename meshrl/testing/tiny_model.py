@@ -15,6 +15,7 @@ from transformers import (
     GenerationConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    LlamaForSequenceClassification,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
@@ -56,6 +57,18 @@ def make_tiny_model_dir(path: str | Path, seed: int = 0, **config_kwargs) -> Pat
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
     )
     model.save_pretrained(str(path))
+    return path
+
+
+def make_tiny_reward_model_dir(path: str | Path, seed: int = 0) -> Path:
+    """Writes a random-init tiny Llama reward model (a sequence-classification head of one
+    label) with the char tokenizer to ``path``; returns the path."""
+    path = Path(path)
+    tok = save_char_tokenizer(path)
+    config = tiny_llama_config(len(tok), hidden=32, layers=2, heads=2, intermediate=64)
+    config.num_labels = 1
+    torch.manual_seed(seed)
+    LlamaForSequenceClassification(config).save_pretrained(str(path))
     return path
 
 

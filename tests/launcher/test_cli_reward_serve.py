@@ -10,15 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from transformers import LlamaForSequenceClassification
 
 from meshrl import cli
 from meshrl.config.schema import RewardConfig
 from meshrl.launcher.ports import free_port
 from meshrl.rpc.client import wait_for_health
-from meshrl.testing.char_tokenizer import save_char_tokenizer
-from meshrl.testing.tiny_model import tiny_llama_config
+from meshrl.testing.tiny_model import make_tiny_reward_model_dir
 from services.reward import arguments
 from services.reward.client import RewardClient
 from services.reward.scorer_slot import DEFAULT_MAX_CALLS
@@ -41,15 +38,6 @@ def score(data_source, response, ground_truth, extra_info):
 """
 
 
-def tiny_reward_model(path: Path) -> Path:
-    tok = save_char_tokenizer(path)
-    config = tiny_llama_config(len(tok), hidden=32, layers=2, heads=2, intermediate=64)
-    config.num_labels = 1
-    torch.manual_seed(0)
-    LlamaForSequenceClassification(config).save_pretrained(str(path))
-    return path
-
-
 def test_the_defaults_written_out_for_the_parser_are_the_servers():
     # arguments.py does not import the scorer (0.25 s on every meshrl command), so it
     # writes these out
@@ -61,7 +49,7 @@ def test_the_defaults_written_out_for_the_parser_are_the_servers():
 def test_meshrl_reward_serve_applies_the_server_modules_flags(tmp_path):
     """Before: --reward-model, --memory-limit-mb and --max-calls were refused by `meshrl
     reward serve`, though `python -m services.reward.server` takes them."""
-    rm = tiny_reward_model(tmp_path / "rm")
+    rm = make_tiny_reward_model_dir(tmp_path / "rm")
     fn = tmp_path / "rlimit.py"
     fn.write_text(RLIMIT_SCORER)
     port = free_port()

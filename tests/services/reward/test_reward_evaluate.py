@@ -5,13 +5,10 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import torch
-from transformers import LlamaForSequenceClassification
 
 from meshrl.cli import main as cli_main
 from meshrl.config.schema import RewardConfig, RewardModelConfig
-from meshrl.testing.char_tokenizer import save_char_tokenizer
-from meshrl.testing.tiny_model import tiny_llama_config
+from meshrl.testing.tiny_model import make_tiny_reward_model_dir
 from services.reward.evaluate import (
     SampleResult,
     evaluate,
@@ -298,13 +295,7 @@ def test_a_data_source_for_a_reward_model_in_process_says_how_to_score_it(tmp_pa
 
 @pytest.fixture(scope="module")
 def tiny_rm(tmp_path_factory):
-    path = tmp_path_factory.mktemp("rm")
-    tok = save_char_tokenizer(path)
-    config = tiny_llama_config(len(tok), hidden=32, layers=2, heads=2, intermediate=64)
-    config.num_labels = 1
-    torch.manual_seed(0)
-    LlamaForSequenceClassification(config).save_pretrained(str(path))
-    return path
+    return make_tiny_reward_model_dir(tmp_path_factory.mktemp("rm"))
 
 
 def test_a_reward_model_alone_has_no_accuracy(tmp_path, tiny_rm):
