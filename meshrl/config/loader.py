@@ -169,10 +169,10 @@ def config_tree(text: str, name: str) -> dict:
     """The YAML mapping of a config's text; ``name`` says where it came from in errors
     (``config file run.yaml``)."""
     try:
-        tree = yaml.safe_load(text) if text.strip() else {}
+        tree = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{name} is not valid YAML: {e}") from None
-    if tree is None:
+    if tree is None:  # empty, or comments only
         return {}
     if not isinstance(tree, dict):
         raise ConfigError(f"{name} must hold a mapping at the top level")

@@ -65,6 +65,7 @@ _SERVICES = {
     "trainer": "meshrl.api.v1.TrainerService",
     "reward": "meshrl.api.v1.RewardService",
 }
+TRAINER_ROLES = ("actor", "critic", "ref")
 
 
 def _role(name: str) -> str:
@@ -113,9 +114,6 @@ def _check_serves(name: str, address: str, timeout_s: float = 10.0) -> None:
         f"launcher.addresses.{_role(name)}: {address} is {what}, not the {_role(name)} "
         f"role's ({_service_of(name)}); are two addresses swapped?"
     )
-
-
-TRAINER_ROLES = ("actor", "critic", "ref")
 
 
 def _trainer_role(channel: grpc.Channel, timeout_s: float) -> str:
