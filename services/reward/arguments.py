@@ -9,10 +9,15 @@ pyarrow and pydantic (0.25 s on every command).
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_NUM_WORKERS = 2
+DEFAULT_RM_MAX_LENGTH = 2048
+DEFAULT_RM_MICRO_BATCH_SIZE = 16
+DEFAULT_RM_WEIGHT = 1.0
+"""RewardModelConfig's defaults, written out for the help (tests check they agree)."""
 DEFAULT_MAX_CALLS = 8
 """Score calls served at once (ScorerSlot's default too). Below the gRPC server's 16 threads,
 so health checks, GetInfo and Initialize always find a thread while Score calls wait."""
@@ -47,6 +52,7 @@ def _checked(kind: type[int] | type[float], ok, says: str):
     return parse
 
 
+_finite_float = _checked(float, math.isfinite, "a finite number")
 positive_int = _checked(int, lambda v: v >= 1, "at least 1")
 positive_float = _checked(float, lambda v: v > 0, "more than 0")
 non_negative_int = _checked(int, lambda v: v >= 0, "0 or more")
@@ -95,6 +101,32 @@ def add_serve_arguments(p: argparse.ArgumentParser, default_port: int) -> None:
         type=existing_folder,
         default=None,
         help="score with this reward model: a local Hugging Face classification model folder",
+    )
+    # The reward model's other settings (a run sends them by Initialize); defaults None, to
+    # tell them given: they are refused without --reward-model.
+    p.add_argument(
+        "--reward-model-max-length",
+        metavar="TOKENS",
+        type=positive_int,
+        default=None,
+        help="tokens of a (prompt, response) pair at most, cut from the left "
+        f"(reward.reward_model.max_length; default {DEFAULT_RM_MAX_LENGTH})",
+    )
+    p.add_argument(
+        "--reward-model-micro-batch-size",
+        metavar="N",
+        type=positive_int,
+        default=None,
+        help="pairs per reward-model forward "
+        f"(reward.reward_model.micro_batch_size; default {DEFAULT_RM_MICRO_BATCH_SIZE})",
+    )
+    p.add_argument(
+        "--reward-model-weight",
+        metavar="W",
+        type=_finite_float,
+        default=None,
+        help="score = rule + W * model score, or W * model score for a data_source "
+        f"without a rule scorer (reward.reward_model.weight; default {DEFAULT_RM_WEIGHT:g})",
     )
     p.add_argument(
         "--memory-limit-mb",

@@ -123,18 +123,34 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         return self.slot.abandon(timeout_s) + self.initializing.running
 
 
+RM_FLAGS = {
+    "--reward-model-max-length": "max_length",
+    "--reward-model-micro-batch-size": "micro_batch_size",
+    "--reward-model-weight": "weight",
+}
+"""The serve flags that set `reward.reward_model` fields besides its path."""
+
+
 def build_config(
     custom_function: str | None = None,
     timeout_s: float = 10.0,
     num_workers: int = 2,
     reward_model_path: str | None = None,
+    reward_model_settings: dict[str, object] | None = None,
 ) -> RewardConfig:
+    """`reward_model_settings`: other `reward.reward_model` fields (max_length,
+    micro_batch_size, weight), which need `reward_model_path`."""
+    settings = reward_model_settings or {}
+    if settings and not reward_model_path:
+        flags = [f for f, field in RM_FLAGS.items() if field in settings]
+        verb = "needs" if len(flags) == 1 else "need"
+        raise ValueError(f"{', '.join(flags) or 'reward-model settings'} {verb} --reward-model DIR")
     return RewardConfig(
         custom_function=custom_function,
         timeout_s=timeout_s,
         num_workers=num_workers,
         reward_model=RewardModelConfig(
-            enable=bool(reward_model_path), path=reward_model_path or ""
+            enable=bool(reward_model_path), path=reward_model_path or "", **settings
         ),
     )
 
@@ -147,13 +163,17 @@ def serve(
     timeout_s: float = 10.0,
     num_workers: int = 2,
     reward_model_path: str | None = None,
+    reward_model_settings: dict[str, object] | None = None,
     memory_limit_mb: int | None = None,
     max_calls: int = DEFAULT_MAX_CALLS,
 ) -> None:
-    """Runs the reward server until SIGTERM/SIGINT. `memory_limit_mb` caps each scorer
-    worker's address space (None = 4096); `max_calls`: Score calls served at once."""
+    """Runs the reward server until SIGTERM/SIGINT. `reward_model_settings`: see
+    `build_config`; `memory_limit_mb` caps each scorer worker's address space (None = 4096);
+    `max_calls`: Score calls served at once."""
     with start_up_errors():
-        cfg = build_config(custom_function, timeout_s, num_workers, reward_model_path)
+        cfg = build_config(
+            custom_function, timeout_s, num_workers, reward_model_path, reward_model_settings
+        )
         server = GrpcServer(SERVICE_NAME, host, port)
         servicer = RewardServicer(memory_limit_mb, max_calls)
         server.add(reward_pb2_grpc.add_RewardServiceServicer_to_server, servicer)
@@ -255,9 +275,17 @@ def serve_from_args(args: argparse.Namespace) -> None:
         timeout_s=args.timeout_s,
         num_workers=args.num_workers,
         reward_model_path=args.reward_model,
+        reward_model_settings=reward_model_settings(args),
         memory_limit_mb=args.memory_limit_mb,
         max_calls=args.max_calls,
     )
+
+
+def reward_model_settings(args: argparse.Namespace) -> dict[str, object]:
+    """The `reward.reward_model` fields given by `RM_FLAGS` (the others keep the config's
+    defaults)."""
+    given = {field: getattr(args, flag[2:].replace("-", "_")) for flag, field in RM_FLAGS.items()}
+    return {field: value for field, value in given.items() if value is not None}
 
 
 def main(argv: list[str] | None = None) -> int:

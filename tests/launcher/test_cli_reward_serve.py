@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from meshrl import cli
-from meshrl.config.schema import RewardConfig
+from meshrl.config.schema import RewardConfig, RewardModelConfig
 from meshrl.launcher.ports import free_port
 from meshrl.rpc.client import wait_for_health
 from meshrl.testing.tiny_model import make_tiny_reward_model_dir
@@ -44,6 +44,10 @@ def test_the_defaults_written_out_for_the_parser_are_the_servers():
     assert arguments.DEFAULT_MAX_CALLS == DEFAULT_MAX_CALLS
     assert arguments.DEFAULT_TIMEOUT_S == RewardConfig().timeout_s
     assert arguments.DEFAULT_NUM_WORKERS == RewardConfig().num_workers
+    rm = RewardModelConfig()
+    assert arguments.DEFAULT_RM_MAX_LENGTH == rm.max_length
+    assert arguments.DEFAULT_RM_MICRO_BATCH_SIZE == rm.micro_batch_size
+    assert arguments.DEFAULT_RM_WEIGHT == rm.weight
 
 
 def test_meshrl_reward_serve_applies_the_server_modules_flags(tmp_path):
@@ -55,7 +59,8 @@ def test_meshrl_reward_serve_applies_the_server_modules_flags(tmp_path):
     port = free_port()
     argv = ["reward", "serve", "--port", str(port), "--num-workers", "1", "--timeout-s", "30"]
     argv += ["--custom-function", f"{fn}:score", "--reward-model", str(rm)]
-    argv += ["--memory-limit-mb", "3000", "--max-calls", "1"]
+    argv += ["--memory-limit-mb", "3000", "--max-calls", "1", "--reward-model-weight", "0.5"]
+    argv += ["--reward-model-max-length", "64", "--reward-model-micro-batch-size", "2"]
     assert cli.build_parser().parse_args(argv).max_calls == 1
     log = tmp_path / "server.log"
     with log.open("w") as out:
@@ -74,6 +79,8 @@ def test_meshrl_reward_serve_applies_the_server_modules_flags(tmp_path):
         exit_code = proc.wait(30)
     assert info.model_path == str(rm) and info.num_parameters > 0, log.read_text()
     assert outcome.ok and outcome.extra["limit_mb"] == 3000 and "rm_score" in outcome.extra
+    # the custom function scores 0: the score is the model's, weighed by --reward-model-weight
+    assert outcome.score == pytest.approx(0.5 * outcome.extra["rm_score"])
     assert exit_code == 0, log.read_text()
 
 
@@ -110,6 +117,48 @@ def test_the_server_module_ends_the_same_way(tmp_path):
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert f"ERROR __main__: {message}" in done.stderr
+
+
+def test_the_reward_model_flags_set_its_config_and_are_refused_without_one(tmp_path):
+    """Before, `meshrl reward serve` could not set the reward model's max_length,
+    micro_batch_size or weight: a run sends them by Initialize, a server alone kept the
+    defaults."""
+    from services.reward.server import build_config, reward_model_settings
+
+    argv = ["reward", "serve", "--reward-model", str(tmp_path), "--reward-model-weight", "-2"]
+    args = cli.build_parser().parse_args([*argv, "--reward-model-max-length", "512"])
+    settings = reward_model_settings(args)
+    assert settings == {"max_length": 512, "weight": -2.0}  # micro_batch_size: not given
+    rm = build_config(reward_model_path=str(tmp_path), reward_model_settings=settings).reward_model
+    assert (rm.enable, rm.max_length, rm.micro_batch_size, rm.weight) == (True, 512, 16, -2.0)
+    with pytest.raises(
+        ValueError, match="--reward-model-max-length, --reward-model-weight need --reward-model"
+    ):
+        build_config(reward_model_settings=settings)
+
+
+def test_a_reward_model_flag_without_a_reward_model_is_one_line_and_exit_2(tmp_path):
+    argv = [*MESHRL, "reward", "serve", "--port", "0", "--reward-model-micro-batch-size", "4"]
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    [error] = [line for line in done.stderr.splitlines() if line.startswith("meshrl: ")]
+    assert "--reward-model-micro-batch-size needs --reward-model DIR" in error
+
+
+@pytest.mark.parametrize(
+    "flag, value, says",
+    [
+        ("--reward-model-max-length", "0", "must be at least 1, got 0"),
+        ("--reward-model-micro-batch-size", "two", "must be a whole number, got 'two'"),
+        ("--reward-model-weight", "nan", "must be a finite number, got nan"),
+    ],
+)
+def test_a_bad_reward_model_setting_is_refused_by_the_parser(capsys, flag, value, says):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["reward", "serve", flag, value])
+    assert done.value.code == 2
+    assert f"argument {flag}: {says}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", [["reward", "serve"], ["serve", "reward"]])
