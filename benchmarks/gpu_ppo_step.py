@@ -59,6 +59,9 @@ VARIANTS: dict[str, list[str]] = {
     "colocated_compiled": [],
     # Both of the above (compiled via VARIANT_ENV).
     "colocated_fast": PADDING_FREE,
+    # As colocated_compiled, one step off policy: the next batch generated while the step
+    # trains (rollout keeps its KV cache meanwhile).
+    "colocated_compiled_one_step_off": ["trainer.one_step_off_policy=true"],
     # LoRA actor and critic, eager and compiled: rollout receives the merged weights.
     "colocated_lora": LORA,
     "colocated_compiled_lora": LORA,
@@ -69,6 +72,7 @@ VARIANTS: dict[str, list[str]] = {
 # Environment of the role servers per variant (the launcher passes its own on).
 VARIANT_ENV: dict[str, dict[str, str]] = {
     "colocated_compiled": {"MESHRL_COMPILE_LAYERS": "1"},
+    "colocated_compiled_one_step_off": {"MESHRL_COMPILE_LAYERS": "1"},
     "colocated_fast": {"MESHRL_COMPILE_LAYERS": "1"},
     "colocated_compiled_lora": {"MESHRL_COMPILE_LAYERS": "1"},
 }

@@ -464,6 +464,13 @@ class TrainerConfig(Section):
     """Validate once, with the weights the run starts from (the checkpoint `resume_mode`
     finds or names, else the model), log it, and end without training (needs
     data.val_files). Evaluates a checkpoint with the run's own validation settings."""
+    one_step_off_policy: bool = False
+    """Generate step k+1's batch while step k scores, infers and updates, with the weights
+    rollout serves meanwhile (step k-1's): rollout works while the trainers do, and each
+    batch is one update behind the actor that trains on it (`rollout/weight_lag` 1), as
+    verl's one-step off-policy recipe. Pays when rollout computes on devices of its own; on
+    a GPU shared with the trainers, rollout keeps its KV cache while they run. Not with
+    algorithm.filter_groups.enable (docs/algorithms.md, one-step off policy)."""
     save_freq: int = -1
     """Checkpoint every this many steps and at the last step; -1 = never (as verl)."""
     max_ckpt_to_keep: int | None = Field(None, ge=0)
@@ -649,6 +656,19 @@ class RunConfig(Section):
     def _critic_mini_batch_defaults_to_the_actors(self) -> RunConfig:
         if self.critic.ppo_mini_batch_size is None:  # verl's ${actor...ppo_mini_batch_size}
             self.critic.ppo_mini_batch_size = self.actor_rollout_ref.actor.ppo_mini_batch_size
+        return self
+
+    @model_validator(mode="after")
+    def _one_step_off_policy_generates_one_batch_a_step(self) -> RunConfig:
+        # Dynamic sampling decides how many batches a step generates from their scores, so
+        # the next step's generation cannot start before this step's is judged.
+        if self.trainer.one_step_off_policy and self.algorithm.filter_groups.enable:
+            raise ValueError(
+                "trainer.one_step_off_policy=true does not go with "
+                "algorithm.filter_groups.enable=true (dynamic sampling generates until enough "
+                "groups differ, so the next step's batch cannot be started ahead): set one "
+                "of them to false"
+            )
         return self
 
     @model_validator(mode="after")

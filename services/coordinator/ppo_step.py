@@ -39,6 +39,7 @@ from services.coordinator.dynamic_sampling import (
     varied_groups,
 )
 from services.coordinator.generations import write_generations
+from services.coordinator.rollout_ahead import RolloutAhead
 from services.coordinator.rollout_batch import RolloutBatch, padded
 from services.coordinator.rollout_memory import RolloutMemory
 from services.coordinator.timing import PhaseTimer
@@ -433,10 +434,18 @@ class PPOStep:
 
     # --- the step -----------------------------------------------------------------------
     def run(
-        self, records: list, step: int, draw_records: Callable[[int], list] | None = None
+        self,
+        records: list,
+        step: int,
+        draw_records: Callable[[int], list] | None = None,
+        ahead: RolloutAhead | None = None,
+        draw_next: Callable[[], tuple[int, list, dict]] | None = None,
     ) -> dict[str, float]:
         """step counts from 1; ``draw_records(i)``: the step's i-th further batch of prompts,
-        for dynamic sampling. Returns the step's metrics (verl names)."""
+        for dynamic sampling. One step off policy (``ahead``): the step trains on the batch
+        generated during the step before, if there is one, and generates the next step's
+        (prompts from ``draw_next()``; None: no next step) while it trains. Returns the
+        step's metrics (verl names)."""
         timer = PhaseTimer()
         sampling_metrics: dict[str, float] = {}
         with timer("step"):
@@ -447,12 +456,18 @@ class PPOStep:
                     raise ValueError("dynamic sampling needs draw_records")
                 batch, sampling_metrics = self.generate_varied(records, step, timer, draw_records)
             else:
-                with timer("gen"):
-                    batch = self.generate(records, step)
+                batch = self.generated_ahead(ahead, step, timer)
+                if batch is None:
+                    with timer("gen"):
+                        batch = self.generate(records, step)
             if self.cfg.algorithm.adv_estimator == "remax":
                 with timer("gen_max"):
                     self.remax_baseline(records, batch, step)
-            self.memory.sleep()  # the KV cache's memory goes to the trainer roles till next gen
+            if ahead is not None and draw_next is not None:
+                # the next batch, with this step's weights; rollout keeps its KV cache for it
+                ahead.start(step + 1, draw_next, self.generate)
+            else:
+                self.memory.sleep()  # the KV cache's memory goes to the trainers till next gen
             self.score_and_infer(batch, timer)
             if self.generations is not None:
                 with timer("dump_rollout_generations"):
@@ -460,6 +475,9 @@ class PPOStep:
             with timer("adv"):
                 advantages, returns, adv_metrics = self.advantages(batch)
             update_metrics = self.updates(batch, advantages, returns, step, timer)
+            if ahead is not None:  # the weights move once the batch ahead is generated
+                with timer("gen_wait"):
+                    ahead.settle()
             sync_error, sync_metrics = None, {}
             try:
                 with timer("sync_weights"):
@@ -473,14 +491,31 @@ class PPOStep:
             **sampling_metrics,
             **timer.metrics(),
         }
-        metrics.update(self.batch_metrics(batch, timer.seconds["step"]))
+        metrics.update(self.batch_metrics(batch, timer.seconds["step"], step))
         for warning in skipped_update_warnings(metrics):
             log.warning("step %d: %s", step, warning)
         if sync_error is not None:
             raise WeightSyncFailed(sync_error, metrics) from sync_error
         return metrics
 
-    def batch_metrics(self, batch: RolloutBatch, step_seconds: float) -> dict[str, float]:
+    def generated_ahead(
+        self, ahead: RolloutAhead | None, step: int, timer: PhaseTimer
+    ) -> RolloutBatch | None:
+        """The batch generated for ``step`` during the step before, or None. Its generation
+        time is ``timing_s/gen`` (spent alongside that step's training); what this step
+        waited for it is ``timing_s/gen_wait``."""
+        if ahead is None:
+            return None
+        with timer("gen_wait"):
+            generated = ahead.take(step)
+        if generated is None:
+            return None
+        timer.add("gen", generated.seconds)
+        return generated.batch
+
+    def batch_metrics(
+        self, batch: RolloutBatch, step_seconds: float, step: int
+    ) -> dict[str, float]:
         scores = batch.scores
         resp_len = batch.responses.lengths.float()
         prompt_len = batch.prompts.lengths.float()
@@ -504,6 +539,9 @@ class PPOStep:
             "perf/time_per_step": step_seconds,
             "perf/throughput": per_gpu_throughput(total_tokens, step_seconds, self.num_gpus),
             "rollout/weight_version": float(batch.weight_version),
+            # steps between the weights that generated the batch and the actor's (step k
+            # trains from step k-1's): 0, or 1 one step off policy
+            "rollout/weight_lag": float(step - 1 - batch.weight_version),
             "reward/failed_samples": float(batch.reward_failed),
             **self.overlong_metrics(batch),
         }

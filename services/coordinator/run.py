@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from meshrl.algorithms.kl import make_kl_controller
 from meshrl.config import ConfigError, RunConfig, config_to_yaml
+from meshrl.config.placement import rollout_shares_gpu
 from meshrl.data.dataset import PromptDataset
 from meshrl.data.errors import DataError
 from meshrl.data.loader import PromptLoader
@@ -51,6 +52,7 @@ from services.coordinator.preflight import (
     load_tokenizer,
 )
 from services.coordinator.recovery import STATEFUL_ROLES, Restarter, find_dead, recovery_plan
+from services.coordinator.rollout_ahead import RolloutAhead
 from services.coordinator.run_types import ended_exit_code
 from services.coordinator.validation import validate
 from services.coordinator.weight_sync import WeightSyncer
@@ -164,6 +166,8 @@ class PPORun:
         # that is retried after a restart generates from the same prompts again.
         self.further_records: list[list] = []
         self.validated_only = False  # trainer.val_only: whether its one validation was done
+        # trainer.one_step_off_policy: the next step's prompts, generated while a step trains
+        self.ahead = RolloutAhead() if cfg.trainer.one_step_off_policy else None
         # Launcher name -> the GPUs its server computes on (ServerInfo.gpus at Initialize):
         # perf/throughput is per distinct GPU of the run, as verl's is.
         self.role_gpus: dict[str, list[str]] = {}
@@ -257,8 +261,15 @@ class PPORun:
         step = self.state.step
         while True:
             try:
-                return self.step_runner.run(records, step, self.draw_records)
+                return self.step_runner.run(
+                    records,
+                    step,
+                    self.draw_records,
+                    ahead=self.ahead,
+                    draw_next=self.next_step_prompts(),
+                )
             except WeightSyncFailed as failed:  # the updates are done: never run them twice
+                self.drop_ahead()
                 self.count_failure(
                     step, failed.error, f"step {step}: updated, but its weight sync failed"
                 )
@@ -266,9 +277,29 @@ class PPORun:
                     return None
                 return failed.metrics  # rollout now serves this step's weights
             except RoleCallError as err:
+                self.drop_ahead()
                 self.count_failure(step, err, f"step {step} failed")
                 if self.recover(err):
                     return None
+
+    def next_step_prompts(self) -> Callable[[], tuple[int, list, dict]] | None:
+        """One step off policy: how the step draws the next step's prompts to generate
+        while it trains; None when there is no next step (the last, or a stop asked for)."""
+        if self.ahead is None or self.state.step >= self.total_steps or self._stop.is_set():
+            return None
+
+        def draw() -> tuple[int, list, dict]:
+            before = self.loader.state_dict()
+            epoch, records = self.loader.next_batch()
+            return epoch, records, before
+
+        return draw
+
+    def drop_ahead(self) -> None:
+        """A failed step: its generation ahead ends before any server is restarted or
+        re-synced, and is made again by the retry (the prompts drawn for it are kept)."""
+        if self.ahead is not None:
+            self.ahead.drop()
 
     def draw_records(self, i: int) -> list:
         """The current step's i-th further batch of prompts (i from 1), for dynamic sampling:
@@ -326,6 +357,8 @@ class PPORun:
     def rewind(self) -> None:
         """Training state was lost: every trainer and the coordinator go back to the last
         checkpoint, or to the very start (re-initialized from the model) without one."""
+        if self.ahead is not None:  # its prompts belong to the history left behind
+            self.ahead.forget()
         folder = self.rewind_folder()
         if folder is None:
             log.warning("no checkpoint yet: restarting the run from step 0")
@@ -394,8 +427,11 @@ class PPORun:
         log.info("resumed from %s (step %d)", folder, saved.step)
 
     def save_checkpoint(self) -> Path:
+        loader = self.loader.state_dict()
+        if self.ahead is not None:  # not past the prompts drawn ahead: their step is not done
+            loader = self.ahead.loader_state(loader, self.state.step)
         state = CoordinatorState.capture(
-            self.state.step, self.loader.state_dict(), self.kl_ctrl.state_dict(), self.state.step
+            self.state.step, loader, self.kl_ctrl.state_dict(), self.state.step
         )
 
         def save_roles(tmp: Path) -> None:
@@ -465,7 +501,8 @@ class PPORun:
         saved_step = None
         try:
             while self.state.step < self.total_steps and not self._stop.is_set():
-                epoch, records = self.loader.next_batch()
+                drawn = self.ahead.prompts_for(self.state.step + 1) if self.ahead else None
+                epoch, records = drawn or self.loader.next_batch()
                 self.further_records = []
                 self.state.step += 1
                 self.state.epoch = epoch
@@ -561,6 +598,8 @@ class PPORun:
         for closer in (getattr(self, "step_runner", None), getattr(self, "syncer", None)):
             if closer is not None:
                 closer.close()
+        if self.ahead is not None:
+            self.ahead.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
@@ -587,5 +626,12 @@ def plan_warnings(cfg: RunConfig, start_step: int, total_steps: int) -> list[str
             "(only a stop saves one, to resume from), so its trained model is not kept "
             "(verl's default too); set trainer.save_freq=N for one every N steps and at the "
             "last step"
+        )
+    if trainer.one_step_off_policy and rollout_shares_gpu(cfg):
+        out.append(
+            "trainer.one_step_off_policy=true with rollout on a GPU of the trainer roles: they "
+            "take turns on it, so little overlaps, and rollout keeps its KV cache while they "
+            "run (rollout.free_cache_engine does not apply); it pays with rollout on GPUs of "
+            "its own (launcher.role_gpus)"
         )
     return out

@@ -21,9 +21,12 @@ class PhaseTimer:
         try:
             yield
         finally:
-            elapsed = time.perf_counter() - start
-            with self._lock:
-                self.seconds[phase] = self.seconds.get(phase, 0.0) + elapsed
+            self.add(phase, time.perf_counter() - start)
+
+    def add(self, phase: str, seconds: float) -> None:
+        """Counts time spent elsewhere (another thread, an earlier step) under ``phase``."""
+        with self._lock:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
 
     def metrics(self) -> dict[str, float]:
         return {f"timing_s/{k}": v for k, v in self.seconds.items()}

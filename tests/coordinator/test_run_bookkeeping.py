@@ -187,7 +187,7 @@ def test_a_crash_that_recurs_after_each_rewind_ends_the_run(tmp_path):
     run.total_steps = 5
     attempts = []
 
-    def step(records, number, draw_records=None):
+    def step(records, number, draw_records=None, **one_step_off):
         attempts.append(number)
         if len(attempts) > 20:
             raise AssertionError("restarted without end")
