@@ -61,8 +61,7 @@ def one_run(model: Path, data: dict, run_dir: Path, steps: int, off_policy: bool
     rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "critic/score/mean" in r]
     later = [r for r in rows if r["step"] > 1]
     figures = {
-        phase: statistics.median(r.get(f"timing_s/{phase}", 0.0) for r in later)
-        for phase in PHASES
+        phase: statistics.median(r.get(f"timing_s/{phase}", 0.0) for r in later) for phase in PHASES
     }
     return {
         "off_policy": off_policy,
