@@ -15,6 +15,7 @@ recovered from that call, and the restarted server's log that the call was serve
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -205,3 +206,53 @@ def test_coordinator_killed_then_resumed_from_cli(tiny_model, arithmetic_data, t
     final = CheckpointManager(run_dir).latest_valid()
     assert final is not None and final.name == f"global_step_{STEPS}"
     verify(final)
+
+
+def test_rollout_killed_while_generating_ahead_one_step_off_policy(
+    tiny_model, arithmetic_data, tmp_path, monkeypatch, caplog
+):
+    """trainer.one_step_off_policy: Generate #4 is step 4's batch, generated during step 3's
+    training. The kill lands there; step 3 trains on, its weight sync finds rollout dead, the
+    launcher restarts it and syncs step 3's weights; step 4 then generates its batch itself
+    from the prompts drawn for it (weight lag 0), and step 5's is generated ahead again."""
+    monkeypatch.setenv(TEST_SLOW_ENV, f"rollout.Generate={HOLD_S}@4")
+    caplog.set_level(logging.INFO, logger="services.coordinator.run")
+    overrides = [*_overrides(tiny_model, arithmetic_data, tmp_path), "trainer.rollout_data_dir=gen"]
+    cfg = build_config({}, [*overrides, "trainer.one_step_off_policy=true"])
+    with LocalLauncher(cfg, tmp_path) as launcher:
+        endpoints = launcher.start()
+        killer = KillInsideCall(launcher, "rollout0", "Generate", 4)
+        killer.start()
+        run = PPORun(cfg, endpoints, tmp_path, restarter=launcher)
+        try:
+            run.setup()
+            last = run.train()
+        finally:
+            run.close()
+            killer.stop.set()
+        new_pid = launcher.processes["rollout0"].popen.pid
+        actor_log = launcher.processes["actor"].log_path.read_text(errors="replace")
+    assert killer.killed.is_set() and new_pid != killer.pid
+    log_text = killer.log_path.read_text(errors="replace")
+    assert not _ended("Generate", 4, killer.pid).search(log_text)
+    recoveries = [r.getMessage() for r in caplog.records if "recovering" in r.getMessage()]
+    assert len(recoveries) == 1 and recoveries[0].startswith(
+        "step 3: updated, but its weight sync failed ("
+    ), recoveries
+    assert last["training/global_step"] == STEPS
+    rows = {
+        r["step"]: r for r in read_jsonl(tmp_path / "metrics.jsonl") if "critic/score/mean" in r
+    }
+    assert sorted(rows) == [1, 2, 3, 4, 5]  # no step run twice, none skipped
+    assert [rows[k]["rollout/weight_version"] for k in rows] == [0, 0, 1, 3, 3]
+    assert [rows[k]["rollout/weight_lag"] for k in rows] == [0, 1, 1, 0, 1]
+    assert len(re.findall(r"rpc UpdatePolicy #\d+ finished", actor_log)) == STEPS
+    prompts = [  # each step trained on prompts of its own (the dumps' decoded prompts)
+        tuple(
+            sorted(json.loads(line)["input"] for line in (tmp_path / "gen" / f"{k}.jsonl").open())
+        )
+        for k in rows
+    ]
+    assert len(set(prompts)) == STEPS
+    final = CheckpointManager(tmp_path).latest_valid()
+    assert final is not None and final.name == f"global_step_{STEPS}"
