@@ -36,6 +36,23 @@ def _one_item_list(value: object) -> object:
 OneOrList = Annotated[list[_Item], BeforeValidator(_one_item_list)]
 
 
+def _fsdp_only(value: object) -> object:
+    """verl's other trainer back end named, with what meshrl does instead; anything else
+    goes on to the Literal check."""
+    if value == "megatron":
+        raise ValueError(
+            "megatron is not a strategy here: each trainer role is sharded with FSDP2 over its "
+            "world_size ranks (strategy fsdp or fsdp2)"
+        )
+    return value
+
+
+# verl's `strategy` of the actor, critic and reference: "fsdp" (FSDP1 there) and "fsdp2" both
+# mean the model is fully sharded over the role's ranks, which FSDP2 does here; verl's command
+# lines pass either. The value changes nothing here; it is accepted so that they run as pasted.
+Strategy = Annotated[Literal["fsdp", "fsdp2"], BeforeValidator(_fsdp_only)]
+
+
 class Section(BaseModel):
     """Base of every section: unknown keys fail, field docstrings are the documentation."""
 
@@ -167,8 +184,9 @@ class PolicyLossConfig(Section):
 
 
 class ActorConfig(Section):
-    strategy: Literal["fsdp2"] = "fsdp2"
-    """Parallelism of the trainer ranks (FSDP2 `fully_shard`)."""
+    strategy: Strategy = "fsdp2"
+    """Parallelism of the trainer ranks: always FSDP2 `fully_shard` (verl's fsdp and fsdp2
+    are both accepted and run so; megatron is refused)."""
     world_size: int = Field(1, ge=1)
     """Trainer ranks (processes) behind the actor endpoint."""
     ppo_mini_batch_size: int = Field(64, gt=0)
@@ -282,6 +300,8 @@ class RolloutConfig(Section):
 
 
 class RefConfig(Section):
+    strategy: Strategy = "fsdp2"
+    """As actor.strategy: the reference role is FSDP2-sharded (fsdp or fsdp2 accepted)."""
     log_prob_micro_batch_size_per_gpu: int = Field(16, gt=0)
     """Responses per forward of the frozen reference."""
     log_prob_use_dynamic_bsz: bool | None = None
@@ -310,6 +330,8 @@ class CriticConfig(Section):
     """None = on exactly when the advantage estimator is gae."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     """Empty path = start from the actor's model with a fresh value head."""
+    strategy: Strategy = "fsdp2"
+    """As actor.strategy: the critic is FSDP2-sharded (fsdp or fsdp2 accepted)."""
     world_size: int = Field(1, ge=1)
     """Trainer ranks (processes) behind the critic endpoint."""
     ppo_mini_batch_size: int | None = Field(None, gt=0)

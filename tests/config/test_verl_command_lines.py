@@ -266,3 +266,26 @@ def test_verls_resume_path_word_says_where_the_path_goes():
     assert "trainer.resume_mode=resume_path is verl's spelling: here resume_mode takes the " in (
         str(e.value)
     )
+
+
+def test_verls_fsdp_and_fsdp2_strategies_run_as_pasted_and_megatron_says_why():
+    """Before, verl's `strategy=fsdp` (its default) failed with "Input should be 'fsdp2'",
+    and `critic.strategy` / `actor_rollout_ref.ref.strategy` were unknown keys. Both words
+    mean the role is fully sharded over its ranks, which FSDP2 does here."""
+    cfg = build_config(
+        {},
+        [
+            "actor_rollout_ref.actor.strategy=fsdp",
+            "actor_rollout_ref.ref.strategy=fsdp",
+            "critic.strategy=fsdp2",
+        ],
+    )
+    assert (cfg.actor_rollout_ref.actor.strategy, cfg.critic.strategy) == ("fsdp", "fsdp2")
+    assert config_from_yaml(config_to_yaml(cfg)) == cfg  # what the role servers get
+    message = error_of(["critic.strategy=megatron"])
+    assert (
+        "critic.strategy: megatron is not a strategy here: each trainer role is sharded" in message
+    )
+    assert "Input should be 'fsdp' or 'fsdp2' (got 'ddp')" in error_of(
+        ["actor_rollout_ref.actor.strategy=ddp"]
+    )
