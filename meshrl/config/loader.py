@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from meshrl.config.schema import RunConfig
 from meshrl.config.unknown_keys import unknown_key_lines
+from meshrl.config.verl_keys import drop_same_meaning
 
 
 class ConfigError(ValueError):
@@ -158,6 +159,7 @@ def build_config(tree: dict | None = None, overrides: list[str] | None = None) -
     # The tree is validated even when some overrides could not be read, so that one message
     # names every problem rather than the first of several rounds.
     problems = _apply_overrides(tree, list(overrides or []))
+    drop_same_meaning(tree)
     cfg, invalid = _validate(tree)
     problems += invalid
     if problems or cfg is None:

@@ -18,12 +18,19 @@ class VerlKey:
     """The meshrl key to set instead (optionally as `key=<what>`); empty when there is none."""
     why: str = ""
     """What meshrl does instead, or why the key is not needed here."""
+    same_here: tuple[int, ...] = ()
+    """Values with which the key asks for what meshrl does anyway (one GPU for a rollout
+    server, one node): accepted and dropped, so verl's quick-start lines run as pasted."""
 
     def hint(self) -> str:
+        accepted = ""
+        if self.same_here:
+            values = " or ".join(str(v) for v in self.same_here)
+            accepted = f"; only {values}, which asks for what meshrl does anyway, is accepted"
         if not self.use:
-            return f"unknown config key (verl's), not used here: {self.why}"
+            return f"unknown config key (verl's), not used here: {self.why}{accepted}"
         note = f" ({self.why})" if self.why else ""
-        return f"unknown config key (verl's): set {self.use} instead{note}"
+        return f"unknown config key (verl's): set {self.use} instead{note}{accepted}"
 
 
 _FSDP = "each trainer role is always FSDP2-sharded over its world_size ranks, with no CPU offload"
@@ -58,7 +65,8 @@ VERL_KEYS: dict[str, VerlKey] = {
     ),
     "actor_rollout_ref.rollout.tensor_model_parallel_size": VerlKey(
         why="each rollout server holds the whole model on one device (vLLM too); more servers: "
-        "actor_rollout_ref.rollout.replicas"
+        "actor_rollout_ref.rollout.replicas",
+        same_here=(1,),
     ),
     "actor_rollout_ref.rollout.mode": VerlKey(
         why="rollout always runs as servers of its own (no sync or async mode, no agent "
@@ -108,11 +116,13 @@ VERL_KEYS: dict[str, VerlKey] = {
         why="with trainer.device=cuda the roles take the GPUs: ranks per trainer role "
         "(actor_rollout_ref.actor.world_size, critic.world_size, "
         "actor_rollout_ref.ref.world_size), actor_rollout_ref.rollout.replicas rollout "
-        "servers, placed by launcher.role_gpus"
+        "servers, placed by launcher.role_gpus",
+        same_here=(1,),
     ),
     "trainer.nnodes": VerlKey(
         why="the local launcher runs every role here; across nodes: --launcher ray with "
-        "launcher.resource_pool (a trainer role's ranks stay on one node)"
+        "launcher.resource_pool (a trainer role's ranks stay on one node)",
+        same_here=(1,),
     ),
     "trainer.max_actor_ckpt_to_keep": VerlKey(
         use="trainer.max_ckpt_to_keep", why="one count: each checkpoint holds every role"
@@ -141,3 +151,22 @@ def verl_key(key: str) -> tuple[str, VerlKey] | None:
         if prefix in VERL_KEYS:
             return prefix, VERL_KEYS[prefix]
     return None
+
+
+def drop_same_meaning(tree: dict) -> list[str]:
+    """Takes out of ``tree`` the verl keys set to a value that asks for what meshrl does
+    anyway (``VerlKey.same_here``: `tensor_model_parallel_size=1`, `trainer.nnodes=1`, ...);
+    returns the dotted keys taken out. Any other value stays, to be refused with its hint."""
+    dropped = []
+    for key, entry in VERL_KEYS.items():
+        *parents, name = key.split(".")
+        node: object = tree
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not (entry.same_here and isinstance(node, dict) and name in node):
+            continue
+        value = node[name]
+        if not isinstance(value, bool) and value in entry.same_here:  # True == 1 in Python
+            del node[name]
+            dropped.append(key)
+    return dropped

@@ -163,7 +163,7 @@ def test_nothing_close_gets_no_suggestion():
             "trainer.n_gpus_per_node: unknown config key (verl's), not used here: with "
             "trainer.device=cuda",
         ),
-        ("trainer.nnodes=1", "trainer.nnodes: unknown config key (verl's), not used here"),
+        ("trainer.nnodes=2", "trainer.nnodes: unknown config key (verl's), not used here"),
         (
             "trainer.max_actor_ckpt_to_keep=2",
             "trainer.max_actor_ckpt_to_keep: unknown config key (verl's): set "
@@ -289,3 +289,39 @@ def test_verls_fsdp_and_fsdp2_strategies_run_as_pasted_and_megatron_says_why():
     assert "Input should be 'fsdp' or 'fsdp2' (got 'ddp')" in error_of(
         ["actor_rollout_ref.actor.strategy=ddp"]
     )
+
+
+# verl's GSM8k PPO quick start (its docs), as pasted, paths aside
+VERL_QUICK_START = """
+data.train_files=/data/gsm8k/train.parquet data.val_files=/data/gsm8k/test.parquet
+data.train_batch_size=256 data.max_prompt_length=512 data.max_response_length=512
+actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct actor_rollout_ref.actor.optim.lr=1e-6
+actor_rollout_ref.actor.ppo_mini_batch_size=64 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4
+actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8
+actor_rollout_ref.rollout.tensor_model_parallel_size=1
+actor_rollout_ref.rollout.gpu_memory_utilization=0.4
+actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 critic.optim.lr=1e-5
+critic.model.path=Qwen/Qwen2.5-0.5B-Instruct critic.ppo_micro_batch_size_per_gpu=4
+algorithm.kl_ctrl.kl_coef=0.001 trainer.logger=console trainer.val_before_train=False
+trainer.n_gpus_per_node=1 trainer.nnodes=1 trainer.save_freq=10 trainer.test_freq=10
+trainer.total_epochs=15
+""".split()
+
+
+def test_verls_quick_start_line_runs_as_pasted():
+    """Before, three keys of it failed: tensor_model_parallel_size=1, n_gpus_per_node=1 and
+    nnodes=1 ask for what meshrl does anyway (one device a rollout server, the roles on one
+    node and GPU), so those values are accepted; others are still refused with the hint."""
+    cfg = build_config({}, VERL_QUICK_START)
+    assert cfg.data.train_files == ["/data/gsm8k/train.parquet"]
+    assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == 0.4
+    assert cfg.trainer.total_epochs == 15 and cfg.algorithm.kl_ctrl.kl_coef == 0.001
+    assert "nnodes" not in config_to_yaml(cfg)  # nothing of them reaches the role servers
+    message = error_of([*VERL_QUICK_START, "trainer.n_gpus_per_node=8", "trainer.nnodes=true"])
+    assert "trainer.n_gpus_per_node: unknown config key (verl's), not used here" in message
+    assert "only 1, which asks for what meshrl does anyway, is accepted" in message
+    assert "trainer.nnodes: unknown config key" in message  # true is no 1
+    tp = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    assert f"{tp}: unknown config key" in error_of([f"{tp}=2"])
+    yaml_tree = {"actor_rollout_ref": {"rollout": {"tensor_model_parallel_size": 1}}}
+    assert build_config(yaml_tree, []) == build_config({}, [])  # in a YAML file too
