@@ -18,14 +18,17 @@ class VerlKey:
     """The meshrl key to set instead (optionally as `key=<what>`); empty when there is none."""
     why: str = ""
     """What meshrl does instead, or why the key is not needed here."""
-    same_here: tuple[int, ...] = ()
+    same_here: tuple[object, ...] = ()
     """Values with which the key asks for what meshrl does anyway (one GPU for a rollout
-    server, one node): accepted and dropped, so verl's quick-start lines run as pasted."""
+    server, one node, no CPU offload): accepted and dropped, so that verl's example lines
+    run as pasted."""
 
     def hint(self) -> str:
         accepted = ""
         if self.same_here:
-            values = " or ".join(str(v) for v in self.same_here)
+            values = " or ".join(
+                str(v).lower() if isinstance(v, bool) else str(v) for v in self.same_here
+            )
             accepted = f"; only {values}, which asks for what meshrl does anyway, is accepted"
         if not self.use:
             return f"unknown config key (verl's), not used here: {self.why}{accepted}"
@@ -51,6 +54,8 @@ VERL_KEYS: dict[str, VerlKey] = {
     "actor_rollout_ref.actor.fsdp_config": VerlKey(
         why=f"{_FSDP}; the compute dtype is actor_rollout_ref.model.dtype"
     ),
+    "actor_rollout_ref.actor.fsdp_config.param_offload": VerlKey(why=_FSDP, same_here=(False,)),
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": VerlKey(why=_FSDP, same_here=(False,)),
     "actor_rollout_ref.actor.ppo_micro_batch_size": VerlKey(
         use="actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", why=_PER_RANK
     ),
@@ -78,11 +83,14 @@ VERL_KEYS: dict[str, VerlKey] = {
     "actor_rollout_ref.ref.fsdp_config": VerlKey(
         why=f"{_FSDP}; the compute dtype is actor_rollout_ref.model.dtype"
     ),
+    "actor_rollout_ref.ref.fsdp_config.param_offload": VerlKey(why=_FSDP, same_here=(False,)),
     "actor_rollout_ref.ref.log_prob_micro_batch_size": VerlKey(
         use="actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", why=_PER_RANK
     ),
     # critic
     "critic.model.fsdp_config": VerlKey(why=f"{_FSDP}; the compute dtype is critic.model.dtype"),
+    "critic.model.fsdp_config.param_offload": VerlKey(why=_FSDP, same_here=(False,)),
+    "critic.model.fsdp_config.optimizer_offload": VerlKey(why=_FSDP, same_here=(False,)),
     "critic.ppo_micro_batch_size": VerlKey(
         use="critic.ppo_micro_batch_size_per_gpu", why=_PER_RANK
     ),
@@ -110,7 +118,9 @@ VERL_KEYS: dict[str, VerlKey] = {
     ),
     # trainer
     "trainer.critic_warmup": VerlKey(
-        use="critic.critic_warmup", why="the actor then starts at step N+1, verl's at step N"
+        use="critic.critic_warmup",
+        why="the actor then starts at step N+1, verl's at step N",
+        same_here=(0,),  # the actor trains from the first step in both
     ),
     "trainer.n_gpus_per_node": VerlKey(
         why="with trainer.device=cuda the roles take the GPUs: ranks per trainer role "
@@ -155,18 +165,30 @@ def verl_key(key: str) -> tuple[str, VerlKey] | None:
 
 def drop_same_meaning(tree: dict) -> list[str]:
     """Takes out of ``tree`` the verl keys set to a value that asks for what meshrl does
-    anyway (``VerlKey.same_here``: `tensor_model_parallel_size=1`, `trainer.nnodes=1`, ...);
-    returns the dotted keys taken out. Any other value stays, to be refused with its hint."""
+    anyway (``VerlKey.same_here``: `tensor_model_parallel_size=1`, `trainer.nnodes=1`,
+    `fsdp_config.param_offload=false`, ...), and a verl section left empty by that; returns
+    the dotted keys taken out. Any other value stays, to be refused with its hint."""
     dropped = []
     for key, entry in VERL_KEYS.items():
         *parents, name = key.split(".")
-        node: object = tree
+        path: list[dict] = [tree]
         for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if not (entry.same_here and isinstance(node, dict) and name in node):
-            continue
-        value = node[name]
-        if not isinstance(value, bool) and value in entry.same_here:  # True == 1 in Python
-            del node[name]
-            dropped.append(key)
+            node = path[-1].get(part)
+            if not isinstance(node, dict):
+                break
+            path.append(node)
+        else:
+            if entry.same_here and name in path[-1] and _same(path[-1][name], entry.same_here):
+                del path[-1][name]
+                dropped.append(key)
+                # `fsdp_config: {}` left behind would be refused as a verl key of its own
+                for depth in range(len(parents), 0, -1):
+                    if path[depth] or ".".join(parents[:depth]) not in VERL_KEYS:
+                        break
+                    del path[depth - 1][parents[depth - 1]]
     return dropped
+
+
+def _same(value: object, accepted: tuple[object, ...]) -> bool:
+    # by type too: True == 1 and 0 == False in Python, but nnodes=true is no node count
+    return any(type(value) is type(v) and value == v for v in accepted)

@@ -155,7 +155,7 @@ def test_nothing_close_gets_no_suggestion():
     "override, line",
     [
         (
-            "trainer.critic_warmup=0",
+            "trainer.critic_warmup=2",
             "trainer.critic_warmup: unknown config key (verl's): set critic.critic_warmup instead",
         ),
         (
@@ -186,8 +186,14 @@ def test_nothing_close_gets_no_suggestion():
             "actor_rollout_ref.model.trust_remote_code: unknown config key (verl's), not used",
         ),
         (
-            "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+            "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=0",
             "actor_rollout_ref.actor.fsdp_config: unknown config key (verl's), not used here",
+        ),
+        (
+            "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+            "actor_rollout_ref.actor.fsdp_config.param_offload: unknown config key (verl's), not "
+            "used here: each trainer role is always FSDP2-sharded over its world_size ranks, with "
+            "no CPU offload; only false, which asks for what meshrl does anyway, is accepted",
         ),
         (
             "actor_rollout_ref.actor.ppo_micro_batch_size=8",  # difflib alone: ppo_mini_...
@@ -325,3 +331,44 @@ def test_verls_quick_start_line_runs_as_pasted():
     assert f"{tp}: unknown config key" in error_of([f"{tp}=2"])
     yaml_tree = {"actor_rollout_ref": {"rollout": {"tensor_model_parallel_size": 1}}}
     assert build_config(yaml_tree, []) == build_config({}, [])  # in a YAML file too
+
+
+# verl's GRPO example for GSM8k (examples/grpo_trainer), as pasted, paths aside
+VERL_GRPO_EXAMPLE = """
+algorithm.adv_estimator=grpo data.train_files=/data/gsm8k/train.parquet
+data.val_files=/data/gsm8k/test.parquet data.train_batch_size=1024 data.max_prompt_length=512
+data.max_response_length=1024 data.filter_overlong_prompts=True data.truncation=error
+actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct actor_rollout_ref.actor.optim.lr=1e-6
+actor_rollout_ref.model.use_remove_padding=True actor_rollout_ref.actor.ppo_mini_batch_size=256
+actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40 actor_rollout_ref.actor.use_kl_loss=True
+actor_rollout_ref.actor.kl_loss_coef=0.001 actor_rollout_ref.actor.kl_loss_type=low_var_kl
+actor_rollout_ref.actor.entropy_coeff=0 actor_rollout_ref.model.enable_gradient_checkpointing=True
+actor_rollout_ref.actor.fsdp_config.param_offload=False
+actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
+actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40
+actor_rollout_ref.rollout.tensor_model_parallel_size=2 actor_rollout_ref.rollout.name=vllm
+actor_rollout_ref.rollout.gpu_memory_utilization=0.6 actor_rollout_ref.rollout.n=5
+actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=40
+actor_rollout_ref.ref.fsdp_config.param_offload=True algorithm.use_kl_in_reward=False
+trainer.critic_warmup=0 trainer.logger=["console","wandb"]
+trainer.project_name=verl_grpo_example_gsm8k trainer.experiment_name=qwen2_7b_function_rm
+trainer.n_gpus_per_node=8 trainer.nnodes=1 trainer.save_freq=20 trainer.test_freq=5
+trainer.total_epochs=15
+""".split()
+
+
+def test_verls_grpo_example_is_refused_only_where_it_asks_for_something_else():
+    """Its no-offload, critic_warmup=0 and nnodes=1 settings ask for what meshrl does and
+    pass; what is left is what meshrl would do otherwise: two GPUs for one rollout server, a
+    reference offloaded to the CPU, eight GPUs a node placed by verl. Before, six keys."""
+    message = error_of(VERL_GRPO_EXAMPLE)
+    refused = [line.split(":")[0].strip() for line in message.splitlines()[1:]]
+    assert refused == [
+        "actor_rollout_ref.rollout.tensor_model_parallel_size",
+        "actor_rollout_ref.ref.fsdp_config.param_offload",
+        "trainer.n_gpus_per_node",
+    ]
+    edited = [o for o in VERL_GRPO_EXAMPLE if not o.startswith(tuple(refused))]
+    cfg = build_config({}, edited)
+    assert cfg.algorithm.adv_estimator == "grpo" and cfg.actor_rollout_ref.rollout.n == 5
+    assert cfg.critic.critic_warmup == 0 and cfg.trainer.logger == ["console", "wandb"]
