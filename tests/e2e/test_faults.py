@@ -96,19 +96,14 @@ class KillInsideCall(threading.Thread):
             self.stop.wait(0.02)
 
 
-@pytest.mark.parametrize("victim", list(VICTIMS))
-def test_role_server_killed_inside_its_call(
-    victim, tiny_model, arithmetic_data, tmp_path, monkeypatch, caplog
-):
-    name, role, method, k = VICTIMS[victim]
-    monkeypatch.setenv(TEST_SLOW_ENV, f"{role}.{method}={HOLD_S}@{k}")  # servers inherit
-    caplog.set_level(logging.INFO, logger="services.coordinator.run")
-    cfg = build_config({}, _overrides(tiny_model, arithmetic_data, tmp_path))
-    with LocalLauncher(cfg, tmp_path) as launcher:
+def run_killing(cfg, run_dir, name: str, method: str, k: int):
+    """A whole run with a restarter, the server `name` kill -9ed inside its k-th `method`
+    call. Returns the last metrics, the killer, the server's new pid and the actor's log."""
+    with LocalLauncher(cfg, run_dir) as launcher:
         endpoints = launcher.start()
         killer = KillInsideCall(launcher, name, method, k)
         killer.start()
-        run = PPORun(cfg, endpoints, tmp_path, restarter=launcher)
+        run = PPORun(cfg, endpoints, run_dir, restarter=launcher)
         try:
             run.setup()
             last = run.train()
@@ -117,6 +112,18 @@ def test_role_server_killed_inside_its_call(
             killer.stop.set()
         new_pid = launcher.processes[name].popen.pid
         actor_log = launcher.processes["actor"].log_path.read_text(errors="replace")
+    return last, killer, new_pid, actor_log
+
+
+@pytest.mark.parametrize("victim", list(VICTIMS))
+def test_role_server_killed_inside_its_call(
+    victim, tiny_model, arithmetic_data, tmp_path, monkeypatch, caplog
+):
+    name, role, method, k = VICTIMS[victim]
+    monkeypatch.setenv(TEST_SLOW_ENV, f"{role}.{method}={HOLD_S}@{k}")  # servers inherit
+    caplog.set_level(logging.INFO, logger="services.coordinator.run")
+    cfg = build_config({}, _overrides(tiny_model, arithmetic_data, tmp_path))
+    last, killer, new_pid, actor_log = run_killing(cfg, tmp_path, name, method, k)
     assert killer.killed.is_set(), f"{name} never started {method} #{k}"
     assert new_pid != killer.pid, "the victim was restarted"
 
@@ -219,19 +226,7 @@ def test_rollout_killed_while_generating_ahead_one_step_off_policy(
     caplog.set_level(logging.INFO, logger="services.coordinator.run")
     overrides = [*_overrides(tiny_model, arithmetic_data, tmp_path), "trainer.rollout_data_dir=gen"]
     cfg = build_config({}, [*overrides, "trainer.one_step_off_policy=true"])
-    with LocalLauncher(cfg, tmp_path) as launcher:
-        endpoints = launcher.start()
-        killer = KillInsideCall(launcher, "rollout0", "Generate", 4)
-        killer.start()
-        run = PPORun(cfg, endpoints, tmp_path, restarter=launcher)
-        try:
-            run.setup()
-            last = run.train()
-        finally:
-            run.close()
-            killer.stop.set()
-        new_pid = launcher.processes["rollout0"].popen.pid
-        actor_log = launcher.processes["actor"].log_path.read_text(errors="replace")
+    last, killer, new_pid, actor_log = run_killing(cfg, tmp_path, "rollout0", "Generate", 4)
     assert killer.killed.is_set() and new_pid != killer.pid
     log_text = killer.log_path.read_text(errors="replace")
     assert not _ended("Generate", 4, killer.pid).search(log_text)
