@@ -24,3 +24,16 @@ def rollout_shares_gpu(cfg: RunConfig) -> bool:
 def hands_gpu_memory_over(cfg: RunConfig) -> bool:
     """``rollout.free_cache_engine`` on a GPU that rollout shares with a trainer role."""
     return cfg.actor_rollout_ref.rollout.free_cache_engine and rollout_shares_gpu(cfg)
+
+
+def rollout_may_share_trainer_gpus(cfg: RunConfig) -> bool:
+    """Whether, as far as the config says, rollout computes on a GPU of a trainer role: the
+    local launcher's ``role_gpus`` (as :func:`rollout_shares_gpu`), Ray's ``role_pool``
+    (roles of one pool share its bundles; unnamed roles are in "global"). False for servers
+    started elsewhere (launcher.kind=external), whose placement the config does not know."""
+    if cfg.trainer.device != "cuda":
+        return False
+    if cfg.launcher.kind == "ray":
+        pools = cfg.launcher.role_pool
+        return any(pools.get("rollout", "global") == pools.get(r, "global") for r in TRAINER_ROLES)
+    return cfg.launcher.kind == "local" and rollout_shares_gpu(cfg)

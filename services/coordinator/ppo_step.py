@@ -463,10 +463,14 @@ class PPOStep:
             if self.cfg.algorithm.adv_estimator == "remax":
                 with timer("gen_max"):
                     self.remax_baseline(records, batch, step)
-            if ahead is not None and draw_next is not None:
-                # the next batch, with this step's weights; rollout keeps its KV cache for it
-                ahead.start(step + 1, draw_next, self.generate)
-            else:
+            # The next batch, with this step's weights (rollout keeps its KV cache for it);
+            # ReMax's greedy baseline above is this step's, as the synchronous loop has it.
+            ahead_started = (
+                ahead is not None
+                and draw_next is not None
+                and ahead.start(step + 1, draw_next, self.generate)
+            )
+            if not ahead_started:
                 self.memory.sleep()  # the KV cache's memory goes to the trainers till next gen
             self.score_and_infer(batch, timer)
             if self.generations is not None:

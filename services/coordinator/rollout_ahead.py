@@ -18,9 +18,10 @@ draws those prompts again (and generates them with step k's weights).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from services.coordinator.rollout_batch import RolloutBatch
@@ -48,10 +49,11 @@ class Generated:
 class RolloutAhead:
     """The next step's prompts and their generation in the background, one at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, stopping: Callable[[], bool] = lambda: False) -> None:
+        """``stopping()``: whether the run is ending, so no next batch is to be started."""
         self.drawn: DrawnPrompts | None = None
+        self.stopping = stopping
         self._future: Future[Generated] | None = None
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ahead")
 
     # --- the loop's side: prompts and checkpoints ---------------------------------------
     def prompts_for(self, step: int) -> tuple[int, list] | None:
@@ -79,22 +81,33 @@ class RolloutAhead:
         step: int,
         draw: Callable[[], tuple[int, list, dict]],
         generate: Callable[[list, int], RolloutBatch],
-    ) -> None:
-        """Generates ``step``'s batch in the background with the weights rollout serves now.
+    ) -> bool:
+        """Generates ``step``'s batch in the background with the weights rollout serves now;
+        False when the run is stopping (nothing started: that batch would be thrown away).
         ``draw()`` gives (epoch, records, loader state before them) the first time a step's
         prompts are needed; a step that is retried reuses them."""
         self.drop()
+        if self.stopping():
+            return False
         if self.drawn is None or self.drawn.step != step:
             epoch, records, state = draw()
             self.drawn = DrawnPrompts(step, epoch, records, state)
         records = self.drawn.records
 
-        def run() -> Generated:
-            start = time.perf_counter()
-            batch = generate(records, step)
-            return Generated(batch, time.perf_counter() - start)
+        future: Future[Generated] = Future()
 
-        self._future = self._thread.submit(run)
+        def run() -> None:
+            start = time.perf_counter()
+            try:
+                future.set_result(Generated(generate(records, step), time.perf_counter() - start))
+            except BaseException as e:  # noqa: BLE001 - handed to take(), which raises it
+                future.set_exception(e)
+
+        # A daemon thread: a process that ends (an error, a second Ctrl-C) does not wait for
+        # a Generate call still running, up to its RPC deadline, as it would for a pool's.
+        threading.Thread(target=run, name=f"rollout-ahead-{step}", daemon=True).start()
+        self._future = future
+        return True
 
     def take(self, step: int) -> Generated | None:
         """``step``'s batch generated ahead, once it is done; None when there is none (the
@@ -128,4 +141,6 @@ class RolloutAhead:
             log.info("the generation ahead for step %d is dropped (%s)", self.drawn.step, error)
 
     def close(self) -> None:
-        self._thread.shutdown(wait=False, cancel_futures=True)
+        """Leaves a generation still running to its thread (which the process does not wait
+        for) and forgets it."""
+        self._future = None

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from meshrl.algorithms.kl import make_kl_controller
 from meshrl.config import ConfigError, RunConfig, config_to_yaml
-from meshrl.config.placement import rollout_shares_gpu
+from meshrl.config.placement import rollout_may_share_trainer_gpus
 from meshrl.data.dataset import PromptDataset
 from meshrl.data.errors import DataError
 from meshrl.data.loader import PromptLoader
@@ -166,13 +166,13 @@ class PPORun:
         # that is retried after a restart generates from the same prompts again.
         self.further_records: list[list] = []
         self.validated_only = False  # trainer.val_only: whether its one validation was done
-        # trainer.one_step_off_policy: the next step's prompts, generated while a step trains
-        self.ahead = RolloutAhead() if cfg.trainer.one_step_off_policy else None
         # Launcher name -> the GPUs its server computes on (ServerInfo.gpus at Initialize):
         # perf/throughput is per distinct GPU of the run, as verl's is.
         self.role_gpus: dict[str, list[str]] = {}
         self.on_step = on_step
         self._stop = threading.Event()
+        # trainer.one_step_off_policy: the next step's prompts, generated while a step trains
+        self.ahead = RolloutAhead(self._stop.is_set) if cfg.trainer.one_step_off_policy else None
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="run")
         self.sinks = sinks if sinks is not None else run_sinks(cfg, self.run_dir)
 
@@ -269,16 +269,16 @@ class PPORun:
                     draw_next=self.next_step_prompts(),
                 )
             except WeightSyncFailed as failed:  # the updates are done: never run them twice
-                self.drop_ahead()
                 self.count_failure(
                     step, failed.error, f"step {step}: updated, but its weight sync failed"
                 )
+                self.drop_ahead()  # made by a server that may be restarted now: made again
                 if self.recover(failed.error, updated=True):
                     return None
                 return failed.metrics  # rollout now serves this step's weights
             except RoleCallError as err:
+                self.count_failure(step, err, f"step {step} failed")  # raises: the run ends
                 self.drop_ahead()
-                self.count_failure(step, err, f"step {step} failed")
                 if self.recover(err):
                     return None
 
@@ -296,8 +296,8 @@ class PPORun:
         return draw
 
     def drop_ahead(self) -> None:
-        """A failed step: its generation ahead ends before any server is restarted or
-        re-synced, and is made again by the retry (the prompts drawn for it are kept)."""
+        """A failed step that is recovered from: its generation ahead ends before any server
+        is restarted or re-synced, and is made again (the prompts drawn for it are kept)."""
         if self.ahead is not None:
             self.ahead.drop()
 
@@ -627,11 +627,11 @@ def plan_warnings(cfg: RunConfig, start_step: int, total_steps: int) -> list[str
             "(verl's default too); set trainer.save_freq=N for one every N steps and at the "
             "last step"
         )
-    if trainer.one_step_off_policy and rollout_shares_gpu(cfg):
+    if trainer.one_step_off_policy and rollout_may_share_trainer_gpus(cfg):
         out.append(
             "trainer.one_step_off_policy=true with rollout on a GPU of the trainer roles: they "
             "take turns on it, so little overlaps, and rollout keeps its KV cache while they "
             "run (rollout.free_cache_engine does not apply); it pays with rollout on GPUs of "
-            "its own (launcher.role_gpus)"
+            "its own (launcher.role_gpus, or a Ray pool of its own)"
         )
     return out

@@ -46,7 +46,7 @@ def test_the_batch_is_generated_in_the_background_and_taken_by_its_step():
     assert ahead.settle() >= 0
     got = ahead.take(2)
     assert got.batch == ("batch of", 2, [0, 1, 2, 3]) and got.seconds > 0
-    assert threads == ["rollout-ahead_0"]
+    assert threads == ["rollout-ahead-2"]
     assert ahead.take(2) is None  # taken once
     ahead.close()
 
@@ -215,3 +215,16 @@ def test_one_step_off_policy_on_the_trainers_gpu_is_warned_and_on_its_own_is_not
     split = {"launcher": {"role_gpus": {"rollout": "1", "actor": "0", "critic": "0", "ref": "0"}}}
     own = build_config(split, ["trainer.one_step_off_policy=true", "trainer.device=cuda"])
     assert not [w for w in plan_warnings(own, 0, 10) if "one_step_off_policy" in w]
+    # Ray: a pool of rollout's own is its own GPUs; the trainers' pool shared is warned
+    on = ["trainer.one_step_off_policy=true", "trainer.device=cuda", "launcher.kind=ray"]
+    pools = {
+        "launcher": {
+            "resource_pool": {"gen": {"gpus_per_node": 1}, "global": {"gpus_per_node": 1}},
+            "role_pool": {"rollout": "gen"},
+        }
+    }
+    assert not [w for w in plan_warnings(build_config(pools, on), 0, 10) if "off_policy" in w]
+    assert [w for w in plan_warnings(build_config({}, on), 0, 10) if "off_policy" in w]
+    # servers started elsewhere: where they compute is not in the config, so no guess
+    external = build_config({}, [*on[:2], "launcher.kind=external"])
+    assert not [w for w in plan_warnings(external, 0, 10) if "off_policy" in w]
