@@ -5,7 +5,7 @@
 Each round runs the same short PPO run twice through the local launcher (every role its own
 server process, one thread each), once with ``trainer.one_step_off_policy=false`` and once
 with ``true``, in turns (which goes first alternates). The model is a random-init tiny
-Llama (hidden 128, 3 layers) on the arithmetic task, GAE with a critic, 64 prompts a step,
+Llama (hidden 128, 2 layers) on the arithmetic task, GAE with a critic, 64 prompts a step,
 32 response tokens at most; both modes sample with the same seeds from the same start, so
 they generate the same response lengths (the tiny lr barely moves the weights). A run's figure is the median over its steps after the first (step 1
 generates its own batch in both modes) of ``perf/time_per_step`` and of each

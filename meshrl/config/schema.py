@@ -492,7 +492,7 @@ class TrainerConfig(Section):
     batch is one update behind the actor that trains on it (`rollout/weight_lag` 1), as
     verl's one-step off-policy recipe. Pays when rollout computes on devices of its own; on
     a GPU shared with the trainers, rollout keeps its KV cache while they run. Not with
-    algorithm.filter_groups.enable (docs/algorithms.md, one-step off policy)."""
+    algorithm.filter_groups.enable (docs/algorithms.md §31)."""
     save_freq: int = -1
     """Checkpoint every this many steps and at the last step; -1 = never (as verl)."""
     max_ckpt_to_keep: int | None = Field(None, ge=0)
