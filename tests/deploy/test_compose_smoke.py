@@ -62,8 +62,20 @@ def test_compose_cpu_profile_runs_the_demo_and_takes_runs_from_the_host(
     timings = {}
     start = time.perf_counter()
     up = run("up", "-d")
+    if up.returncode != 0:
+        # Seen once in a session's run (2026-12-03), not again in the next: `up` gave up 18 s
+        # in, a dependency of the demo "unhealthy" well inside its 120 s start period. What
+        # each container said is printed, then `up` is asked once more; a second failure
+        # fails the test with both accounts.
+        first = up.stdout + up.stderr + containers_report(run, docker_engine)
+        print(f"compose up failed once; retrying:\n{first}")
+        up = run("up", "-d")
+        assert up.returncode == 0, first + up.stdout + up.stderr
     timings["up (healthy)"] = time.perf_counter() - start
-    assert up.returncode == 0, up.stdout + up.stderr
+    # every role container up and healthy, as the report of a failed `up` would show them
+    assert containers_report(run, docker_engine).count('"Health":{"Status":"healthy"') >= len(
+        ROLES
+    ), containers_report(run, docker_engine)
 
     # the demo container: prepare, submit with `meshrl run --coordinator`, follow to the end
     # by its id: v1 and v2 name containers differently
@@ -124,3 +136,15 @@ def test_compose_cpu_profile_runs_the_demo_and_takes_runs_from_the_host(
         ).stdout.strip()
         assert health == "healthy", (service, health, run("ps").stdout)
     print("\n" + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
+
+
+def containers_report(run, docker_engine) -> str:
+    """Each container of the project: its state, its health log and its last log lines."""
+    lines = []
+    for cid in run("ps", "-a", "-q").stdout.split():
+        state = docker_engine.docker(
+            "inspect", "--format", "{{.Name}} {{json .State}}", cid, check=False
+        )
+        logs = docker_engine.docker("logs", "--tail", "20", cid, check=False)
+        lines += [state.stdout.strip(), (logs.stdout + logs.stderr)[-2000:]]
+    return "\n".join(lines)
