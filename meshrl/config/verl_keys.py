@@ -163,30 +163,36 @@ def verl_key(key: str) -> tuple[str, VerlKey] | None:
     return None
 
 
-def drop_same_meaning(tree: dict) -> list[str]:
+def drop_same_meaning(tree: dict) -> None:
     """Takes out of ``tree`` the verl keys set to a value that asks for what meshrl does
     anyway (``VerlKey.same_here``: `tensor_model_parallel_size=1`, `trainer.nnodes=1`,
-    `fsdp_config.param_offload=false`, ...), and a verl section left empty by that; returns
-    the dotted keys taken out. Any other value stays, to be refused with its hint."""
-    dropped = []
+    `fsdp_config.param_offload=false`, ...), and a verl section left empty by that. Any other
+    value stays, to be refused with its hint."""
     for key, entry in VERL_KEYS.items():
         *parents, name = key.split(".")
-        path: list[dict] = [tree]
-        for part in parents:
-            node = path[-1].get(part)
-            if not isinstance(node, dict):
+        path = _sections_along(tree, parents)
+        if not entry.same_here or path is None or name not in path[-1]:
+            continue
+        if not _same(path[-1][name], entry.same_here):
+            continue
+        del path[-1][name]
+        # `fsdp_config: {}` left behind would be refused as a verl key of its own
+        for depth in range(len(parents), 0, -1):
+            if path[depth] or ".".join(parents[:depth]) not in VERL_KEYS:
                 break
-            path.append(node)
-        else:
-            if entry.same_here and name in path[-1] and _same(path[-1][name], entry.same_here):
-                del path[-1][name]
-                dropped.append(key)
-                # `fsdp_config: {}` left behind would be refused as a verl key of its own
-                for depth in range(len(parents), 0, -1):
-                    if path[depth] or ".".join(parents[:depth]) not in VERL_KEYS:
-                        break
-                    del path[depth - 1][parents[depth - 1]]
-    return dropped
+            del path[depth - 1][parents[depth - 1]]
+
+
+def _sections_along(tree: dict, parents: list[str]) -> list[dict] | None:
+    """``tree`` and the mappings at each of ``parents`` below it; None where one is not a
+    mapping (or is missing)."""
+    path = [tree]
+    for part in parents:
+        node = path[-1].get(part)
+        if not isinstance(node, dict):
+            return None
+        path.append(node)
+    return path
 
 
 def _same(value: object, accepted: tuple[object, ...]) -> bool:

@@ -463,8 +463,8 @@ class PPOStep:
             if self.cfg.algorithm.adv_estimator == "remax":
                 with timer("gen_max"):
                     self.remax_baseline(records, batch, step)
-            # The next batch, with this step's weights (rollout keeps its KV cache for it);
-            # ReMax's greedy baseline above is this step's, as the synchronous loop has it.
+            # The next batch, with this step's weights (rollout keeps its KV cache for it).
+            # ReMax's baseline above was generated with them too (docs/algorithms.md §31).
             ahead_started = (
                 ahead is not None
                 and draw_next is not None

@@ -125,11 +125,8 @@ class RolloutAhead:
         if self._future is None:
             return 0.0
         start = time.perf_counter()
-        try:
-            self._future.exception()
-        finally:
-            waited = time.perf_counter() - start
-        return waited
+        self._future.exception()
+        return time.perf_counter() - start
 
     def drop(self) -> None:
         """Discards a generation ahead once it has ended (its prompts stay drawn). After a
