@@ -485,7 +485,8 @@ class TrainerConfig(Section):
     val_only: bool = False
     """Validate once, with the weights the run starts from (the checkpoint `resume_mode`
     finds or names, else the model), log it, and end without training (needs
-    data.val_files). Evaluates a checkpoint with the run's own validation settings."""
+    data.val_files; data.train_files may be left out and, if given, is not read).
+    Evaluates a checkpoint with the run's own validation settings."""
     one_step_off_policy: bool = False
     """Generate step k+1's batch while step k scores, infers and updates, with the weights
     rollout serves meanwhile (step k-1's): rollout works while the trainers do, and each

@@ -69,8 +69,8 @@ def unused_gpu_warning(cfg: RunConfig, gpus: int) -> str | None:
 def check_training_data_given(cfg: RunConfig) -> None:
     """A run reads its prompts only once its servers are up: no training files at all is
     refused before any of them starts, naming the key (the reader's own "no data files
-    given" names none)."""
-    if not cfg.data.train_files:
+    given" names none). An evaluation (`trainer.val_only`) reads none: it needs none."""
+    if not cfg.data.train_files and not cfg.trainer.val_only:
         raise ConfigError(
             "data.train_files is empty: name the training parquet files "
             "(data.train_files=train.parquet, or [a.parquet,b.parquet])"

@@ -183,14 +183,19 @@ class PPORun:
         self.tokenizer = load_tokenizer(model)  # ConfigError naming the key if absent
         if warning := context_length_warning(cfg):
             log.warning("%s", warning)
-        self.train_set = make_dataset(cfg, cfg.data.train_files, self.tokenizer)
+        # An evaluation (trainer.val_only) draws no training batch: its training files, if
+        # named (as a pasted training command line does), are not read.
+        train = not cfg.trainer.val_only
+        self.train_set = make_dataset(cfg, cfg.data.train_files, self.tokenizer) if train else None
         self.val_set = (
             make_dataset(cfg, cfg.data.val_files, self.tokenizer) if cfg.data.val_files else None
         )
-        self.loader = make_loader(cfg, self.train_set)
-        self.total_steps = cfg.trainer.total_training_steps or (
-            cfg.trainer.total_epochs * self.loader.steps_per_epoch
-        )
+        self.loader = make_loader(cfg, self.train_set) if train else None
+        self.total_steps = 0
+        if train:
+            self.total_steps = cfg.trainer.total_training_steps or (
+                cfg.trainer.total_epochs * self.loader.steps_per_epoch
+            )
         self.initialize_roles()
         check_data_sources(self.data_sources(), self.roles.reward.list_scorers())
         kl = cfg.algorithm.kl_ctrl
@@ -363,9 +368,10 @@ class PPORun:
         if folder is None:
             log.warning("no checkpoint yet: restarting the run from step 0")
             self.initialize_roles([n for n in STATEFUL_ROLES if n in self.named_clients()])
-            self.loader.load_state_dict(
-                {"epoch": 0, "batch_in_epoch": 0, "seed": self.cfg.data.seed}
-            )
+            if self.loader is not None:  # None in an evaluation (trainer.val_only)
+                self.loader.load_state_dict(
+                    {"epoch": 0, "batch_in_epoch": 0, "seed": self.cfg.data.seed}
+                )
             kl = self.cfg.algorithm.kl_ctrl
             self.kl_ctrl = make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
             self.state.step = 0
@@ -420,7 +426,8 @@ class PPORun:
                 if not (folder / name).is_dir():
                     raise CheckpointError(f"{folder}: no {name}/ folder to resume the {name} from")
                 client.load_checkpoint(str(folder / name))
-        self.loader.load_state_dict(saved.loader)
+        if self.loader is not None:  # None in an evaluation (trainer.val_only)
+            self.loader.load_state_dict(saved.loader)
         self.kl_ctrl.load_state_dict(saved.kl_ctrl)
         saved.restore_rng()
         self.state.step = saved.step

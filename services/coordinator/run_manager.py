@@ -203,7 +203,11 @@ class ManagedRun:
             state=RunState.RUNNING,
             total_steps=self.ppo.total_steps,
             step=self.ppo.state.step,
-            line=f"running {self.ppo.total_steps} PPO steps",
+            line=(
+                f"validating the weights of step {self.ppo.state.step} (trainer.val_only)"
+                if self.ppo.cfg.trainer.val_only
+                else f"running {self.ppo.total_steps} PPO steps"
+            ),
         )
         start = time.perf_counter()
         self.ppo.train()

@@ -330,6 +330,15 @@ def test_val_only_without_validation_files_is_refused_at_start():
         check_run_config(build_config({}, [*GRPO, "trainer.val_only=true"]))
 
 
+def test_only_an_evaluation_may_leave_out_the_training_files():
+    from meshrl.config import ConfigError
+    from services.coordinator.preflight import check_training_data_given
+
+    with pytest.raises(ConfigError, match="data.train_files is empty"):
+        check_training_data_given(build_config({}, GRPO))
+    check_training_data_given(build_config({}, [*GRPO, "trainer.val_only=true"]))
+
+
 def test_val_only_validates_again_after_a_recovery_and_not_at_all_when_stopped(tmp_path):
     run = make_run(tmp_path, ["trainer.val_only=true"], restarter=object())
     run.val_set = ["a prompt"]

@@ -43,9 +43,16 @@ def _steps(run_dir):
     return {r["step"]: r for r in read_jsonl(run_dir / "metrics.jsonl") if "critic/score/mean" in r}
 
 
-def test_resume_continues_exactly(tiny_model, arithmetic_data, tmp_path):
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    run_local(_cfg(tiny_model, arithmetic_data, straight, 3))
+@pytest.fixture(scope="module")
+def straight(tiny_model, arithmetic_data, tmp_path_factory):
+    """The folder of a 3-step run with no break, a checkpoint each step (the 2 newest kept)."""
+    run_dir = tmp_path_factory.mktemp("straight")
+    run_local(_cfg(tiny_model, arithmetic_data, run_dir, 3))
+    return run_dir
+
+
+def test_resume_continues_exactly(tiny_model, arithmetic_data, straight, tmp_path):
+    resumed = tmp_path / "resumed"
     run_local(_cfg(tiny_model, arithmetic_data, resumed, 2))
     # only the 2 newest checkpoints are kept, each complete and verified
     assert [p.name for p in CheckpointManager(straight).complete()] == [
@@ -65,3 +72,34 @@ def test_resume_continues_exactly(tiny_model, arithmetic_data, tmp_path):
         "actor/reward_kl_penalty_coeff",
     ]:
         assert b[3][key] == pytest.approx(a[3][key], rel=1e-5, abs=1e-6), key
+
+
+def test_val_only_evaluates_a_checkpoint_without_training_files(
+    tiny_model, arithmetic_data, straight, tmp_path
+):
+    # An evaluation in a folder of its own, of another run's step 2, with no data.train_files
+    # at all: validation only, logged at step 2, nothing trained or saved, the run finished.
+    evaluation = tmp_path / "evaluation"
+    checkpoint = straight / "checkpoints" / "global_step_2"
+    evaluate = [
+        "data.train_files=[]",  # overrides _cfg's: a later override of a key wins
+        f"data.val_files=[{arithmetic_data['test']}]",
+        "trainer.val_only=true",
+        f"trainer.resume_mode={checkpoint}",
+    ]
+    cfg = _cfg(tiny_model, arithmetic_data, evaluation, 3, evaluate)
+    assert cfg.data.train_files == [] and cfg.trainer.val_only
+    result = run_local(cfg)
+    assert result.finished
+    rows = read_jsonl(evaluation / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [2]
+    accuracy = [k for k in rows[0] if k.startswith("val-core/") and "/acc/mean@" in k]
+    assert accuracy and all(0.0 <= rows[0][k] <= 1.0 for k in accuracy), rows[0]
+    assert not any(k.startswith(("actor/", "critic/")) for k in rows[0]), "nothing trained"
+    assert not (evaluation / "checkpoints").exists() or not any(
+        (evaluation / "checkpoints").iterdir()
+    ), "an evaluation saves no checkpoint"
+    assert [p.name for p in CheckpointManager(straight).complete()] == [
+        "global_step_2",
+        "global_step_3",
+    ], "the evaluated run's checkpoints are as they were"
