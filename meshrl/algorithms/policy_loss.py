@@ -69,6 +69,23 @@ def _surrogates(
     return -adv * ratio, -adv * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
 
 
+def _token_loss(
+    pg: Tensor,
+    mask: Tensor,
+    valid: Tensor,
+    is_weights: Tensor | None,
+    loss_agg_mode: str,
+    **counts: Tensor | float | None,
+) -> Tensor:
+    """The scalar loss of per-token terms ``pg`` ``(b, t)``: each times its importance
+    weight (``is_weights`` ``(b, t)``, detached; none: 1), aggregated over ``mask`` by
+    ``loss_agg_mode`` with ``counts`` (``global_token_count``, ``global_seq_count``,
+    ``norm_length``) as :func:`aggregate_loss` takes them."""
+    if is_weights is not None:
+        pg = pg * _where_valid(is_weights.detach(), valid)
+    return aggregate_loss(pg, mask, loss_agg_mode, **counts)
+
+
 def ppo_policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -132,12 +149,11 @@ def ppo_policy_loss(
         dual_taken = (adv < 0) & (pg > dual_cap)
         pg = torch.where(dual_taken, dual_cap, pg)
 
-    if is_weights is not None:
-        pg = pg * _where_valid(is_weights.detach(), valid)
-
-    loss = aggregate_loss(
+    loss = _token_loss(
         pg,
         mask,
+        valid,
+        is_weights,
         loss_agg_mode,
         global_token_count=global_token_count,
         global_seq_count=global_seq_count,
@@ -390,12 +406,11 @@ def clip_cov_policy_loss(
     held_back = _largest(keys, candidates, _fraction_count(valid, clip_cov_ratio))
     pg = torch.maximum(unclipped, clipped)
     pg = torch.where(held_back, torch.zeros((), dtype=pg.dtype, device=pg.device), pg)
-    if is_weights is not None:
-        pg = pg * _where_valid(is_weights.detach(), valid)
-
-    loss = aggregate_loss(
+    loss = _token_loss(
         pg,
         mask,
+        valid,
+        is_weights,
         loss_agg_mode,
         global_token_count=global_token_count,
         global_seq_count=global_seq_count,
@@ -471,12 +486,11 @@ def kl_cov_policy_loss(
     penalised = _largest(cov, valid, _fraction_count(valid, kl_cov_ratio))
     pg = -adv * log_ratio.exp()
     pg = torch.where(penalised, pg + ppo_kl_coef * log_ratio.abs(), pg)
-    if is_weights is not None:
-        pg = pg * _where_valid(is_weights.detach(), valid)
-
-    loss = aggregate_loss(
+    loss = _token_loss(
         pg,
         mask,
+        valid,
+        is_weights,
         loss_agg_mode,
         global_token_count=global_token_count,
         global_seq_count=global_seq_count,
