@@ -20,6 +20,7 @@ from pathlib import Path
 from meshrl.config.loader import ConfigError, config_to_yaml
 from meshrl.config.schema import ModelConfig, RunConfig
 from meshrl.data.errors import DataError
+from services.coordinator.generations import generations_dir
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,25 @@ def start_run_folder(run_dir: Path, cfg: RunConfig) -> None:
         raise ConfigError(
             f"trainer.default_local_dir: cannot use {run_dir} as the run folder: {why}"
         ) from None
+    make_generation_folders(run_dir, cfg)
+
+
+def make_generation_folders(run_dir: Path, cfg: RunConfig) -> None:
+    """Makes the folders ``trainer.rollout_data_dir`` and ``trainer.validation_data_dir``
+    name (a relative one under the run folder), so that one that cannot be made (a file of
+    that name, no permission) is a ConfigError naming the key now, not an OSError at the
+    end of the first step, after its generation and updates."""
+    for key in ("rollout_data_dir", "validation_data_dir"):
+        folder = generations_dir(getattr(cfg.trainer, key), run_dir)
+        if folder is None:
+            continue
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            why = "a file of that name exists" if folder.is_file() else (e.strerror or str(e))
+            raise ConfigError(
+                f"trainer.{key}: cannot write generations to {folder}: {why}"
+            ) from None
 
 
 def unused_gpu_warning(cfg: RunConfig, gpus: int) -> str | None:

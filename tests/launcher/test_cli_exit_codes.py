@@ -189,6 +189,26 @@ def test_a_run_folder_that_cannot_be_made_is_a_bad_request(tmp_path, config, cap
     assert f"meshrl: trainer.default_local_dir: cannot use {path} as the run folder: {why}" in err
 
 
+@pytest.mark.parametrize("key", ["rollout_data_dir", "validation_data_dir"])
+def test_a_generations_folder_that_cannot_be_made_is_a_bad_request_at_start(
+    tmp_path, config, capsys, key
+):
+    """Before: a FileExistsError traceback, exit 1, at the end of the first step (after its
+    generation and updates) or of the first validation."""
+    taken = tmp_path / "a_file"
+    taken.write_text("not a folder")
+    args = [
+        "run",
+        config,
+        f"trainer.default_local_dir={tmp_path / 'run'}",
+        f"trainer.{key}={taken}",
+    ]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert f"meshrl: trainer.{key}: cannot write generations to {taken}: a file of that" in err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists(), "refused before the run began"
+
+
 def test_a_run_without_training_files_is_refused_before_any_server_starts(tmp_path, capsys):
     """Before, the role servers started and loaded their models first, and the run then
     failed with `no data files given`, which names no key."""
