@@ -153,10 +153,16 @@ def _check_prompt(prompt: Any, where: str, key: str) -> list[dict[str, str]] | s
         return prompt
     if isinstance(prompt, list) and prompt:
         messages = []
-        for m in prompt:
+        for i, m in enumerate(prompt):
             if not isinstance(m, dict) or "content" not in m or "role" not in m:
                 raise DataError(f"{where}: {key} must be a list of {{role, content}} messages")
-            messages.append({"role": str(m["role"]), "content": str(m["content"] or "")})
+            # A message written without a field has it null in parquet (one struct type for
+            # every message): read as "" or "None" it trained on a prompt that says nothing.
+            missing = [f for f in ("role", "content") if m[f] is None]
+            if missing:
+                what = " and no ".join(missing)
+                raise DataError(f"{where}: {key} message {i} has no {what} (null)")
+            messages.append({"role": str(m["role"]), "content": str(m["content"])})
         return messages
     raise DataError(f"{where}: {key} must be a chat message list or a string, got {prompt!r:.80}")
 

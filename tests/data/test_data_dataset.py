@@ -190,6 +190,16 @@ def test_malformed_prompt_names_row(tmp_path, tok):
         PromptDataset([write(tmp_path / "p.parquet", [row])], tok)
 
 
+def test_a_message_with_null_content_or_role_names_row_and_message(tmp_path, tok):
+    # Before: content null read as "" (a prompt of BOS alone, trained on), role null as "None"
+    rows = [verl_row("1"), verl_row("2") | {"prompt": [{"role": "user", "content": None}]}]
+    with pytest.raises(DataError, match=r"n.parquet row 1: prompt message 0 has no content"):
+        PromptDataset([write(tmp_path / "n.parquet", rows)], tok)
+    rows = [verl_row("1") | {"prompt": [{"role": None, "content": "Q: 1+2="}]}]
+    with pytest.raises(DataError, match=r"r.parquet row 0: prompt message 0 has no role \(null\)"):
+        PromptDataset([write(tmp_path / "r.parquet", rows)], tok)
+
+
 def test_prompt_of_no_tokens_names_row(tmp_path, tok):
     # A base model's tokenizer that adds no BOS turns an empty prompt into no tokens at all;
     # the rollout refuses it, but only when its batch comes up, mid-run.
