@@ -20,6 +20,7 @@ from meshrl.launcher.factory import make_launcher
 from meshrl.rpc.security import SecuritySettings
 from services.coordinator.metrics_sinks import close_sinks
 from services.coordinator.preflight import (
+    check_gpus_here,
     check_run_config,
     check_training_data_given,
     start_run_folder,
@@ -79,6 +80,7 @@ def run_local(cfg: RunConfig) -> RunResult:
     SecuritySettings.from_env().verify()
     check_run_config(cfg)  # before any role server starts
     check_training_data_given(cfg)
+    check_gpus_here(cfg, torch.cuda.device_count(), torch.backends.cuda.is_built())
     if cfg.launcher.kind == "local" and cfg.trainer.device == "cpu":  # servers run here
         if warning := unused_gpu_warning(cfg, torch.cuda.device_count()):
             log.warning("%s", warning)

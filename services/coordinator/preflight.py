@@ -86,6 +86,21 @@ def unused_gpu_warning(cfg: RunConfig, gpus: int) -> str | None:
     )
 
 
+def check_gpus_here(cfg: RunConfig, gpus: int, cuda_build: bool) -> None:
+    """``trainer.device=cuda`` (verl's default) where the local launcher would start the
+    role servers on a machine with no CUDA GPU (``gpus`` seen; ``cuda_build``: whether torch
+    was built with CUDA at all) is refused now, naming the key, instead of each server's
+    "Torch not compiled with CUDA enabled" once they have started."""
+    if cfg.launcher.kind != "local" or cfg.trainer.device != "cuda" or gpus > 0:
+        return
+    why = "sees no CUDA GPU" if cuda_build else "is a CPU-only build"
+    raise ConfigError(
+        f"trainer.device=cuda, but torch here {why}, and the local launcher starts the role "
+        "servers on this machine: set trainer.device=cpu, or start them where the GPUs are "
+        "(launcher.kind=ray or external)"
+    )
+
+
 def check_training_data_given(cfg: RunConfig) -> None:
     """A run reads its prompts only once its servers are up: no training files at all is
     refused before any of them starts, naming the key (the reader's own "no data files

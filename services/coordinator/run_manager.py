@@ -24,6 +24,7 @@ from meshrl.data.errors import DataError
 from meshrl.rpc.security import SecuritySettings
 from services.coordinator.metrics_sinks import ConsoleSink, MetricsSink, close_sinks, file_sinks
 from services.coordinator.preflight import (
+    check_gpus_here,
     check_run_config,
     check_training_data_given,
     start_run_folder,
@@ -245,6 +246,9 @@ def parse_run_config(config_yaml: str, overrides: list[str]) -> RunConfig:
     cfg = build_config(config_tree(config_yaml, "the submitted config"), overrides)
     check_run_config(cfg)
     check_training_data_given(cfg)
+    import torch  # not at the top: the module stays light until a run is submitted
+
+    check_gpus_here(cfg, torch.cuda.device_count(), torch.backends.cuda.is_built())
     _check_security(cfg)
     return cfg
 

@@ -7,7 +7,7 @@ import pytest
 from meshrl.config import ConfigError, build_config
 from meshrl.testing.tiny_model import make_tiny_model_dir
 from services.coordinator.checkpointing import CheckpointManager, CoordinatorState
-from services.coordinator.preflight import check_run_config
+from services.coordinator.preflight import check_gpus_here, check_run_config
 from services.coordinator.run_manager import parse_run_config
 
 
@@ -20,6 +20,22 @@ def test_gae_without_a_critic_fails_at_start():
         parse_run_config("algorithm: {adv_estimator: gae}\n", ["critic.enable=false"])
     check_run_config(build_config({}, ["critic.enable=false", "algorithm.adv_estimator=grpo"]))
     check_run_config(build_config({}, []))  # gae with the critic it enables by default
+
+
+def test_cuda_is_refused_only_where_the_servers_would_start_on_a_machine_without_a_gpu(
+    monkeypatch,
+):
+    cuda = ["data.train_files=t.parquet", "trainer.device=cuda"]
+    with pytest.raises(ConfigError, match="trainer.device=cuda, but torch here is a CPU-only"):
+        check_gpus_here(build_config({}, cuda), gpus=0, cuda_build=False)
+    check_gpus_here(build_config({}, cuda), gpus=1, cuda_build=True)
+    check_gpus_here(build_config({}, ["trainer.device=cpu"]), gpus=0, cuda_build=False)
+    elsewhere = [*cuda, "launcher.kind=ray"]  # the servers start on the Ray cluster's nodes
+    check_gpus_here(build_config({}, elsewhere), gpus=0, cuda_build=False)
+    # a coordinator service's local launcher starts them on its own machine
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 0)
+    with pytest.raises(ConfigError, match="trainer.device=cuda, but torch here"):
+        parse_run_config("{}\n", cuda)
 
 
 @pytest.mark.parametrize("mode, paper", [("gspo", "3e-4 / 4e-4"), ("geo_mean", "0.4 / 0.4")])

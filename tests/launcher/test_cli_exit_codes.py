@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
+import torch
 
 import meshrl.launcher.run_local as run_local_module
 from meshrl import cli
@@ -219,3 +220,19 @@ def test_a_run_without_training_files_is_refused_before_any_server_starts(tmp_pa
         capsys.readouterr().err
     )
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("cuda_build", [True, False])
+def test_cuda_on_a_machine_without_a_gpu_is_a_bad_request_before_any_server_starts(
+    monkeypatch, tmp_path, config, capsys, cuda_build
+):
+    """verl's default device. Before: exit 1 after every server had started, each failing
+    its Initialize with `Torch not compiled with CUDA enabled`."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: cuda_build)
+    run_dir = tmp_path / "run"
+    args = ["run", config, f"trainer.default_local_dir={run_dir}", "trainer.device=cuda"]
+    assert cli.main(args) == 2
+    why = "sees no CUDA GPU" if cuda_build else "is a CPU-only build"
+    assert f"meshrl: trainer.device=cuda, but torch here {why}" in capsys.readouterr().err
+    assert not run_dir.exists()
