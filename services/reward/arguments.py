@@ -60,6 +60,23 @@ non_negative_int = _checked(int, lambda v: v >= 0, "0 or more")
 port_number = _checked(int, lambda v: 0 <= v <= 65535, "0 to 65535")
 
 
+GRPC_SCHEMES = ("dns:", "unix:", "ipv4:", "ipv6:")
+
+
+def host_port(text: str) -> str:
+    """An argparse type: a server address ``HOST:PORT`` (``[::1]:PORT`` for IPv6), or a
+    gRPC target with its scheme (``unix:/path``). Without a port gRPC would dial 443, and a
+    port that is no number would fail only when dialled."""
+    if text.startswith(GRPC_SCHEMES):
+        return text
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or host.endswith(":"):
+        raise argparse.ArgumentTypeError(f"must be HOST:PORT, got {text!r} (no port)")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"must be HOST:PORT with a port 1 to 65535, got {text!r}")
+    return text
+
+
 def existing_folder(text: str) -> str:
     if not Path(text).is_dir():
         raise argparse.ArgumentTypeError(f"no folder {text}")
@@ -151,6 +168,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--server",
         metavar="HOST:PORT",
+        type=host_port,
         default=None,
         help="score through this reward server (default: in this process)",
     )

@@ -31,6 +31,7 @@ from pathlib import Path
 from meshrl.config.schema import RewardConfig
 from meshrl.data.rows import RawRow, read_rows
 from services.reward.arguments import EVAL_EXIT_CODES, add_eval_arguments
+from services.reward.scorers.custom import CustomFunctionError
 from services.reward.types import ScoreItem, ScoreOutcome
 
 EXIT_SCORED, EXIT_FAILED, EXIT_BAD_ARGUMENTS = 0, 1, 2
@@ -93,17 +94,28 @@ class EvalReport:
 
 
 def read_responses(path: str | Path, num_rows: int) -> dict[int, list[str]]:
-    """Row index -> its responses, from a responses.jsonl file."""
+    """Row index -> its responses, from a responses.jsonl file; ValueError naming the file
+    (and the line) when it cannot be read, a line is wrong, or it holds no line at all."""
     out: dict[int, list[str]] = defaultdict(list)
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                index, responses = _parse_line(line, num_rows)
-            except ValueError as e:
-                raise ValueError(f"{path} line {n}: {e}") from None
-            out[index].extend(responses)
+    try:
+        with open(path, "rb") as f:  # decoded a line at a time: bad bytes are named by line
+            lines = [(n, raw) for n, raw in enumerate(f, 1) if raw.strip()]
+    except OSError as e:
+        raise ValueError(f"responses file {path}: {e.strerror or e}") from None
+    for n, raw in lines:
+        try:
+            index, responses = _parse_line(raw.decode("utf-8"), num_rows)
+        except UnicodeDecodeError as e:
+            reason = f"not UTF-8 text ({e.reason} at byte {e.start})"
+            raise ValueError(f"{path} line {n}: {reason}") from None
+        except ValueError as e:
+            raise ValueError(f"{path} line {n}: {e}") from None
+        out[index].extend(responses)
+    if not any(out.values()):  # nothing to score: a table of zeros would say nothing true
+        raise ValueError(
+            f'responses file {path} holds no responses: one JSON object a line, {{"index": i, '
+            f'"response": "..."}} or {{"index": i, "responses": [...]}}'
+        )
     return out
 
 
@@ -120,6 +132,8 @@ def _parse_line(line: str, num_rows: int) -> tuple[int, list[str]]:
         ) from None
     # Checked by type, not converted: int() would make true row 1 and 1.7 row 1, and a bare
     # string of responses would be scored one character at a time.
+    if "response" in rec and "responses" in rec:  # one would be scored, the other dropped
+        raise ValueError('both "response" and "responses": give one of them')
     if type(index) is not int:
         raise ValueError(f"index must be an integer, got {json.dumps(index)}")
     if not 0 <= index < num_rows:
@@ -365,6 +379,9 @@ def run(args: argparse.Namespace) -> int:
             cfg=_in_process_config(args),
             sample_timeout_s=args.timeout_s,
         )
+    except CustomFunctionError as e:  # --custom-function names nothing loadable: an argument
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENTS
     except (ValueError, RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED

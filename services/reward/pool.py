@@ -21,6 +21,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from pebble import ProcessExpired, ProcessPool
 
 from services.reward import worker
+from services.reward.scorers.custom import CustomFunctionError
 from services.reward.types import CANCELLED_REASON, ScoreItem, ScoreOutcome, failed
 
 log = logging.getLogger(__name__)
@@ -61,14 +62,17 @@ class ScorerPool:
         return time.monotonic() - t0
 
     def check_custom(self, spec: str, timeout_s: float = 60.0) -> None:
-        """Loads a custom function in a worker; ValueError with the worker's reason if it fails."""
+        """Loads a custom function in a worker; CustomFunctionError with the worker's reason
+        if it fails (the spec names nothing loadable, or the module raised or hung)."""
         future = self._pool.schedule(worker.check_custom, args=(spec,), timeout=timeout_s)
         try:
             future.result()
-        except ValueError:
+        except CustomFunctionError:
             raise
         except Exception as e:  # noqa: BLE001 - the user's module failed to import
-            raise ValueError(f"reward.custom_function {spec}: {_reason(e, timeout_s)}") from None
+            raise CustomFunctionError(
+                f"reward.custom_function {spec}: {_reason(e, timeout_s)}"
+            ) from None
 
     def submit(
         self, items: list[ScoreItem], timeout_s: float, custom_function: str | None = None

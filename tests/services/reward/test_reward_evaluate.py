@@ -141,6 +141,10 @@ def test_meshrl_reward_eval_takes_the_modules_arguments(files, tmp_path, capsys)
         # true and 1.7 would silently score row 1
         ('{"index": true, "response": "x"}', "index must be an integer, got true"),
         ('{"index": 1.7, "response": "x"}', "index must be an integer, got 1.7"),
+        # one of the two would be scored and the other dropped without a word
+        ('{"index": 0, "response": "a", "responses": ["b"]}', 'both "response" and "responses"'),
+        ("", "r.jsonl holds no responses: one JSON object a line"),  # exit 0, all zeros before
+        ('{"index": 0, "responses": []}', "r.jsonl holds no responses"),
     ],
 )
 def test_bad_responses_file(tmp_path, line, message):
@@ -148,6 +152,30 @@ def test_bad_responses_file(tmp_path, line, message):
     path.write_text(line + "\n")
     with pytest.raises(ValueError, match=message):
         read_responses(path, 4)
+
+
+def test_a_responses_file_that_cannot_be_read_is_named(tmp_path):
+    # Before: `[Errno 2] No such file or directory: 'nofile.jsonl'`, `[Errno 21] Is a
+    # directory`, and for bad bytes `'utf-8' codec can't decode byte 0xff` without file or line
+    with pytest.raises(ValueError, match=r"responses file .*nofile.jsonl: No such file"):
+        read_responses(tmp_path / "nofile.jsonl", 4)
+    with pytest.raises(ValueError, match=r"responses file .*: Is a directory"):
+        read_responses(tmp_path, 4)
+    binary = tmp_path / "b.jsonl"
+    binary.write_bytes(b'{"index": 0, "response": "x"}\n\xff\xfe{"index": 1}\n')
+    with pytest.raises(ValueError, match=r"b.jsonl line 2: not UTF-8 text \(invalid start byte"):
+        read_responses(binary, 4)
+
+
+def test_a_custom_function_that_cannot_be_loaded_is_a_bad_argument(files, tmp_path, capsys):
+    # Before: exit 1, as for a failed scoring; `meshrl reward serve` and `meshrl run` say 2
+    fn = tmp_path / "ok.py"
+    fn.write_text(
+        "def compute_score(data_source, response, ground_truth, extra_info):\n    return 1\n"
+    )
+    assert cli_main(eval_argv(files, "--custom-function", f"{fn}:nope", "--num-workers", "1")) == 2
+    err = capsys.readouterr().err
+    assert "error: reward.custom_function: " in err and "has no function 'nope'" in err
 
 
 def test_unknown_data_source_in_data(tmp_path):
