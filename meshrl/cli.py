@@ -131,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
         EVAL_EXIT_CODES,
         add_eval_arguments,
         add_serve_arguments,
+        host_port,
         port_number,
     )
 
@@ -146,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--coordinator",
         metavar="HOST:PORT",
+        type=host_port,
         default=None,
         help="submit to a coordinator service and follow the run (Ctrl-C stops it)",
     )
@@ -169,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--coordinator",
         metavar="HOST:PORT",
+        type=host_port,
         default=None,
         help="default: $MESHRL_COORDINATOR or 127.0.0.1:50050",
     )
@@ -181,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument(
         "--coordinator",
         metavar="HOST:PORT",
+        type=host_port,
         default=None,
         help="default: $MESHRL_COORDINATOR or 127.0.0.1:50050",
     )

@@ -40,7 +40,18 @@ class CoordinatorError(RuntimeError):
     def __init__(self, address: str, code: grpc.StatusCode, details: str):
         self.code, self.details = code, details
         what = "unreachable" if code == grpc.StatusCode.UNAVAILABLE else code.name
-        super().__init__(f"coordinator at {address}: {what}: {details}")
+        message = f"coordinator at {address}: {what}: {details}"
+        if code == grpc.StatusCode.UNIMPLEMENTED:  # something answers, but not this service
+            message += (
+                " (a gRPC server answers there, but it is no meshrl coordinator service: a "
+                "role or reward server? Start one with `meshrl serve coordinator`)"
+            )
+        elif code == grpc.StatusCode.UNAVAILABLE:
+            message += (
+                " (start one with `meshrl serve coordinator`, or set $MESHRL_COORDINATOR; "
+                "`meshrl run CONFIG` without --coordinator runs here, with no service)"
+            )
+        super().__init__(message)
 
     @classmethod
     def of(cls, address: str, err: grpc.RpcError) -> CoordinatorError:
