@@ -27,6 +27,7 @@ from services.coordinator.preflight import (
     unused_gpu_warning,
 )
 from services.coordinator.run import PPORun, run_sinks
+from services.coordinator.run_data import load_run_data
 from services.coordinator.run_types import ended_exit_code
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ def run_local(cfg: RunConfig) -> RunResult:
             log.warning("%s", warning)
     run_dir = Path(cfg.trainer.default_local_dir)
     start_run_folder(run_dir, cfg)
+    data = load_run_data(cfg)  # a bad data file or model path fails now, before any server
     # Before any role server starts: a logger that cannot start (wandb online without an
     # API key, an MLflow server that does not answer) ends the run now, not after the
     # models have loaded.
@@ -103,7 +105,7 @@ def run_local(cfg: RunConfig) -> RunResult:
             run = PPORun(cfg, endpoints, run_dir, sinks=sinks, restarter=restarter)
             with GracefulStop(run):
                 try:
-                    run.setup()
+                    run.setup(data)
                     metrics = run.train()
                 except BaseException as e:
                     run.close(error=e)  # its sinks record the failure: a wandb run is failed

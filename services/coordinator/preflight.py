@@ -102,8 +102,7 @@ def check_gpus_here(cfg: RunConfig, gpus: int, cuda_build: bool) -> None:
 
 
 def check_training_data_given(cfg: RunConfig) -> None:
-    """A run reads its prompts only once its servers are up: no training files at all is
-    refused before any of them starts, naming the key (the reader's own "no data files
+    """No training files at all is refused naming the key (the reader's own "no data files
     given" names none). An evaluation (`trainer.val_only`) reads none: it needs none."""
     if not cfg.data.train_files and not cfg.trainer.val_only:
         raise ConfigError(

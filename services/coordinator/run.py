@@ -19,16 +19,12 @@ from tqdm import tqdm
 from meshrl.algorithms.kl import make_kl_controller
 from meshrl.config import ConfigError, RunConfig, config_to_yaml
 from meshrl.config.placement import rollout_may_share_trainer_gpus
-from meshrl.data.dataset import PromptDataset
-from meshrl.data.errors import DataError
-from meshrl.data.loader import PromptLoader
 from meshrl.export import copy_model_files
 from meshrl.gpus import count_gpus
 from services.coordinator.checkpointing import (
     CheckpointError,
     CheckpointManager,
     CoordinatorState,
-    verify,
 )
 from services.coordinator.clients import (
     RewardRoleClient,
@@ -46,13 +42,10 @@ from services.coordinator.metrics_sinks import (
 )
 from services.coordinator.plot import plot_metrics
 from services.coordinator.ppo_step import PPOStep, Roles, WeightSyncFailed
-from services.coordinator.preflight import (
-    check_data_sources,
-    context_length_warning,
-    load_tokenizer,
-)
+from services.coordinator.preflight import check_data_sources
 from services.coordinator.recovery import STATEFUL_ROLES, Restarter, find_dead, recovery_plan
 from services.coordinator.rollout_ahead import RolloutAhead
+from services.coordinator.run_data import RunData, load_run_data, named_resume_folder
 from services.coordinator.run_types import ended_exit_code
 from services.coordinator.validation import validate
 from services.coordinator.weight_sync import WeightSyncer
@@ -89,33 +82,6 @@ class RunState:
     step: int = 0
     epoch: int = 0
     last_metrics: dict[str, float] = field(default_factory=dict)
-
-
-def make_dataset(cfg: RunConfig, files: list[str], tokenizer) -> PromptDataset:
-    d = cfg.data
-    return PromptDataset(
-        files,
-        tokenizer,
-        prompt_key=d.prompt_key,
-        max_prompt_length=d.max_prompt_length,
-        filter_overlong_prompts=d.filter_overlong_prompts,
-        truncation=d.truncation,
-        apply_chat_template=d.apply_chat_template,
-        max_samples=d.max_samples,
-    )
-
-
-def make_loader(cfg: RunConfig, train_set: PromptDataset) -> PromptLoader:
-    """The batches of prompts each step generates from (`data.gen_batch_size` with dynamic
-    sampling, else `data.train_batch_size`); DataError (printed without a traceback) when
-    there are too few prompts for one batch, e.g. after overlong ones were filtered out."""
-    d = cfg.data
-    key = "data.gen_batch_size" if d.gen_batch_size else "data.train_batch_size"
-    size = d.gen_batch_size or d.train_batch_size
-    try:
-        return PromptLoader(train_set, size, shuffle=d.shuffle, seed=d.seed, batch_size_key=key)
-    except ValueError as e:
-        raise DataError(f"data.train_files: {e}") from None
 
 
 def connect(cfg: RunConfig, endpoints: Endpoints) -> Roles:
@@ -177,25 +143,14 @@ class PPORun:
         self.sinks = sinks if sinks is not None else run_sinks(cfg, self.run_dir)
 
     # --- set-up -----------------------------------------------------------------------
-    def setup(self) -> None:
+    def setup(self, data: RunData | None = None) -> None:
+        """Initializes the roles and resumes. ``data``: the run's prompts, read before the
+        servers started (:func:`load_run_data`, which runs here without them)."""
         cfg = self.cfg
-        model = cfg.actor_rollout_ref.model
-        self.tokenizer = load_tokenizer(model)  # ConfigError naming the key if absent
-        if warning := context_length_warning(cfg):
-            log.warning("%s", warning)
-        # An evaluation (trainer.val_only) draws no training batch: its training files, if
-        # named (as a pasted training command line does), are not read.
-        train = not cfg.trainer.val_only
-        self.train_set = make_dataset(cfg, cfg.data.train_files, self.tokenizer) if train else None
-        self.val_set = (
-            make_dataset(cfg, cfg.data.val_files, self.tokenizer) if cfg.data.val_files else None
-        )
-        self.loader = make_loader(cfg, self.train_set) if train else None
-        self.total_steps = 0
-        if train:
-            self.total_steps = cfg.trainer.total_training_steps or (
-                cfg.trainer.total_epochs * self.loader.steps_per_epoch
-            )
+        data = data or load_run_data(cfg)
+        self.tokenizer = data.tokenizer
+        self.train_set, self.val_set, self.loader = data.train_set, data.val_set, data.loader
+        self.total_steps = data.total_steps
         self.initialize_roles()
         check_data_sources(self.data_sources(), self.roles.reward.list_scorers())
         kl = cfg.algorithm.kl_ctrl
@@ -390,25 +345,9 @@ class PPORun:
 
     # --- checkpoints ------------------------------------------------------------------
     def resume_folder(self) -> Path | None:
-        mode = self.cfg.trainer.resume_mode
-        if mode == "disable":
-            return None
-        if mode == "auto":
+        if self.cfg.trainer.resume_mode == "auto":
             return self.checkpoints.latest_valid()
-        folder = Path(mode)
-        try:
-            verify(folder)  # an explicit path must be whole; no silent fallback
-        except CheckpointError as e:  # the config names it: a wrong request (exit 2)
-            what = str(e)
-            if (folder / "checkpoints").is_dir() or folder.name == "checkpoints":
-                kind = "a run folder" if folder.name != "checkpoints" else "a run's checkpoints"
-                what = (
-                    f"{folder}: {kind}, not one checkpoint; name one of its "
-                    "checkpoints/global_step_<k> folders, or resume the run in that folder "
-                    "with trainer.default_local_dir=<it> trainer.resume_mode=auto"
-                )
-            raise ConfigError(f"trainer.resume_mode: {what}") from None
-        return folder
+        return named_resume_folder(self.cfg)
 
     def resume(self) -> None:
         folder = self.resume_folder()

@@ -114,12 +114,22 @@ class _RunLogHandler(logging.Handler):
 class ManagedRun:
     """One run: its config, status, event log and the thread that drives it."""
 
-    def __init__(self, run_id: str, cfg: RunConfig, run_dir: Path, launcher, make_ppo: Callable):
+    def __init__(
+        self,
+        run_id: str,
+        cfg: RunConfig,
+        run_dir: Path,
+        launcher,
+        make_ppo: Callable,
+        load_data: Callable | None = None,
+    ):
         self.run_id = run_id
         self.cfg = cfg
         self.run_dir = run_dir
         self.launcher = launcher
         self.make_ppo = make_ppo
+        self.load_data = load_data or _default_load_data
+        self.data = None  # the run's prompts (RunData), read before its servers start
         self.events = EventLog()
         self.ppo = None
         self.thread_id: int | None = None
@@ -169,7 +179,10 @@ class ManagedRun:
     def _run(self) -> tuple[RunState, str]:
         """Brings the servers up, trains, takes them down; returns how the run ended."""
         start_run_folder(self.run_dir, self.cfg)
-        # Before any role server starts: a logger that cannot start rejects the run now.
+        # Before any role server starts: a bad data file or model path, and a logger that
+        # cannot start, reject the run now, not after the models have loaded.
+        self.update(line="reading the tokenizer and the data")
+        self.data = self.load_data(self.cfg)
         sinks = self._sinks()
         self.update(line=f"starting role servers ({self.cfg.launcher.kind} launcher)")
         try:
@@ -197,7 +210,7 @@ class ManagedRun:
 
     def _train(self) -> tuple[RunState, str]:
         self.update(line="initializing role servers (models load now)")
-        self.ppo.setup()
+        self.ppo.setup(self.data)
         if self.stop_requested.is_set():
             self.ppo.stop()
         self.update(
@@ -206,7 +219,7 @@ class ManagedRun:
             step=self.ppo.state.step,
             line=(
                 f"validating the weights of step {self.ppo.state.step} (trainer.val_only)"
-                if self.ppo.cfg.trainer.val_only
+                if self.cfg.trainer.val_only
                 else f"running {self.ppo.total_steps} PPO steps"
             ),
         )
@@ -233,6 +246,12 @@ def _default_make_ppo(cfg, endpoints, run_dir, sinks, restarter):
     from services.coordinator.run import PPORun
 
     return PPORun(cfg, endpoints, run_dir, sinks=sinks, restarter=restarter)
+
+
+def _default_load_data(cfg: RunConfig):
+    from services.coordinator.run_data import load_run_data  # pyarrow, transformers
+
+    return load_run_data(cfg)
 
 
 def _default_make_launcher(cfg: RunConfig, run_dir: Path):
@@ -273,10 +292,12 @@ class RunManager:
         workdir: Path,
         make_launcher: Callable = _default_make_launcher,
         make_ppo: Callable = _default_make_ppo,
+        load_data: Callable = _default_load_data,
     ):
         self.workdir = Path(workdir).resolve()
         self.make_launcher = make_launcher
         self.make_ppo = make_ppo
+        self.load_data = load_data
         self._runs: dict[str, ManagedRun] = {}
         self._lock = threading.Lock()
 
@@ -288,7 +309,7 @@ class RunManager:
             self._check_conflicts(cfg, run_dir)
             run_id = f"{cfg.trainer.experiment_name}-{uuid.uuid4().hex[:6]}"
             launcher = self.make_launcher(cfg, run_dir)  # external: checks the addresses now
-            run = ManagedRun(run_id, cfg, run_dir, launcher, self.make_ppo)
+            run = ManagedRun(run_id, cfg, run_dir, launcher, self.make_ppo, self.load_data)
             self._runs[run_id] = run
         run.update(line=f"run {run_id} accepted; run folder {run_dir}")
         run.thread.start()

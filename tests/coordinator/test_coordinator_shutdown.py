@@ -39,7 +39,7 @@ class FakePPO:
         self.state = SimpleNamespace(step=0)
         self.stopped = threading.Event()
 
-    def setup(self):
+    def setup(self, data=None):
         pass
 
     @property
@@ -62,7 +62,10 @@ class FakePPO:
 
 def serve(workdir, ppo_class):
     """A coordinator service in this process over the stand-in launcher and ``ppo_class``."""
-    manager = RunManager(workdir, lambda cfg, run_dir: FakeLauncher(), ppo_class)
+    # no data is read: the stand-in PPO draws no prompts
+    manager = RunManager(
+        workdir, lambda cfg, run_dir: FakeLauncher(), ppo_class, load_data=lambda cfg: None
+    )
     servicer = CoordinatorServicer(manager)
     server = GrpcServer(SERVICE_NAME, "127.0.0.1", 0)
     server.add(coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server, servicer)
@@ -115,7 +118,7 @@ class ResumingPPO(FakePPO):
         super().__init__(cfg, endpoints, run_dir, sinks, restarter)
         self.cfg, self.run_dir = cfg, run_dir
 
-    def setup(self):
+    def setup(self, data=None):
         from services.coordinator.run import PPORun
 
         run = PPORun.__new__(PPORun)  # only its resume_folder: no role clients

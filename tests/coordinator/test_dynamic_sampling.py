@@ -173,7 +173,7 @@ def test_generation_batches_of_gen_batch_size_fill_a_train_batch():
 
 def test_the_loader_serves_generation_batches_and_names_their_key(tmp_path):
     from meshrl.data.errors import DataError
-    from services.coordinator.run import make_loader
+    from services.coordinator.run_data import make_loader
 
     cfg = build_config({}, ["data.train_batch_size=4", "data.gen_batch_size=6",
                             "actor_rollout_ref.actor.ppo_mini_batch_size=4",

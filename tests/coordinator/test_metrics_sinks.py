@@ -218,6 +218,10 @@ def _no_ppo_run(*args):
     raise RuntimeError("no PPO run")
 
 
+def _no_data(cfg):
+    return None  # these runs draw no prompts
+
+
 def test_a_run_that_cannot_be_made_closes_its_sinks(tmp_path, monkeypatch):
     # e.g. a wandb run started for it would otherwise stay open in the coordinator service
     from services.coordinator.run_manager import ManagedRun
@@ -227,7 +231,7 @@ def test_a_run_that_cannot_be_made_closes_its_sinks(tmp_path, monkeypatch):
     monkeypatch.setattr(JsonlSink, "close", lambda self: closed.append(self) or real_close(self))
 
     cfg = build_config({}, [f"trainer.default_local_dir={tmp_path}"])
-    run = ManagedRun("r1", cfg, tmp_path, _IdleLauncher(), _no_ppo_run)
+    run = ManagedRun("r1", cfg, tmp_path, _IdleLauncher(), _no_ppo_run, _no_data)
     with pytest.raises(RuntimeError, match="no PPO run"):
         run._run()
     assert len(closed) == 1 and closed[0].file.closed
@@ -251,7 +255,7 @@ def test_a_logger_that_cannot_start_rejects_the_run_before_its_servers_start(tmp
 
     monkeypatch.setattr(metrics_sinks, "TensorBoardSink", no_board)
     overrides = [f"trainer.default_local_dir={tmp_path}", "trainer.logger=[jsonl,tensorboard]"]
-    run = ManagedRun("r1", build_config({}, overrides), tmp_path, Launcher(), _no_ppo_run)
+    run = ManagedRun("r1", build_config({}, overrides), tmp_path, Launcher(), _no_ppo_run, _no_data)
     with pytest.raises(ConfigError, match="trainer.logger includes tensorboard"):
         run._run()
     assert not Launcher.started
@@ -308,7 +312,7 @@ def test_a_run_that_cannot_be_made_marks_its_wandb_run_failed(tmp_path, offline_
     from services.coordinator.run_manager import ManagedRun
 
     overrides = [f"trainer.default_local_dir={tmp_path}", "trainer.logger=[wandb]"]
-    run = ManagedRun("r1", build_config({}, overrides), tmp_path, _IdleLauncher(), _no_ppo_run)
+    run = ManagedRun("r1", build_config({}, overrides), tmp_path, _IdleLauncher(), _no_ppo_run, _no_data)
     with pytest.raises(RuntimeError, match="no PPO run"):
         run._run()
     assert recorded_exit_code(tmp_path) == 1
@@ -322,7 +326,7 @@ def test_a_managed_run_whose_training_fails_closes_its_run_with_the_error(tmp_pa
     class FailingPPO:
         total_steps, state = 4, SimpleNamespace(step=0)
 
-        def setup(self):
+        def setup(self, data=None):
             pass
 
         def train(self):
@@ -332,7 +336,7 @@ def test_a_managed_run_whose_training_fails_closes_its_run_with_the_error(tmp_pa
             closed.append(error)
 
     cfg = build_config({}, [f"trainer.default_local_dir={tmp_path}", "trainer.logger=[]"])
-    run = ManagedRun("r1", cfg, tmp_path, _IdleLauncher(), lambda *args: FailingPPO())
+    run = ManagedRun("r1", cfg, tmp_path, _IdleLauncher(), lambda *args: FailingPPO(), _no_data)
     with pytest.raises(RuntimeError, match="actor died"):
         run._run()
     (error,) = closed  # its sinks learn the run failed: a wandb run is marked so

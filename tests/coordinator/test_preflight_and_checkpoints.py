@@ -83,7 +83,7 @@ def test_pruning_keeps_the_newest(tmp_path):
 def test_too_few_prompts_for_one_batch_is_a_data_error_naming_the_keys():
     # A plain ValueError printed a traceback from `meshrl run`; DataError prints one line.
     from meshrl.data.errors import DataError
-    from services.coordinator.run import make_loader
+    from services.coordinator.run_data import make_loader
 
     cfg = build_config(
         {},
@@ -151,3 +151,33 @@ def test_a_role_server_that_refuses_the_config_at_initialize_is_a_wrong_request(
     assert type(raised.value).__name__ == getattr(ends_as, "__name__", ends_as)
     assert "/models/qwen has no config.json" in str(raised.value)
     assert ended_exit_code(raised.value, finished=False) == (2 if code == "INVALID_ARGUMENT" else 1)
+
+
+def test_a_service_run_whose_data_cannot_be_read_is_rejected_before_its_servers_start(tmp_path):
+    from services.coordinator.run_manager import ManagedRun
+    from services.coordinator.run_types import RunState
+
+    class Launcher:
+        started = False
+
+        def start(self):
+            Launcher.started = True
+            return "endpoints"
+
+        def stop(self):
+            pass
+
+    cfg = build_config(
+        {},
+        [
+            f"actor_rollout_ref.model.path={make_tiny_model_dir(tmp_path / 'model')}",
+            f"data.train_files=[{tmp_path / 'missing.parquet'}]",
+            f"trainer.default_local_dir={tmp_path / 'run'}",
+            "trainer.logger=[]",
+        ],
+    )
+    run = ManagedRun("r1", cfg, tmp_path / "run", Launcher(), make_ppo=None)
+    run._main()  # the run's thread, here
+    assert run.status.state == RunState.REJECTED
+    assert "missing.parquet does not exist" in run.status.message
+    assert not Launcher.started, "no role server started for it"

@@ -32,6 +32,10 @@ def config(tmp_path):
     return str(path)
 
 
+def _no_data(cfg):
+    return None  # these runs end before drawing a prompt: no data file or model is read
+
+
 def _run_ends_with(monkeypatch, outcome):
     def fake_run_local(cfg):
         if isinstance(outcome, BaseException):
@@ -100,7 +104,7 @@ def test_the_run_closes_knowing_how_it_ended_as_meshrl_run_exits(
         def __init__(self, *args, **kwargs):
             pass
 
-        def setup(self):
+        def setup(self, data=None):
             pass
 
         def train(self):
@@ -117,6 +121,7 @@ def test_the_run_closes_knowing_how_it_ended_as_meshrl_run_exits(
     monkeypatch.setattr(run_local_module, "PPORun", Run)
     monkeypatch.setattr(run_local_module, "make_launcher", _Launcher)
     monkeypatch.setattr(run_local_module, "check_run_config", lambda cfg: None)
+    monkeypatch.setattr(run_local_module, "load_run_data", _no_data)
     exit_code = cli.main(["run", config, f"trainer.default_local_dir={tmp_path / 'run'}"])
     assert closed == [exit_code]
 
@@ -144,6 +149,7 @@ def test_a_logger_that_cannot_start_ends_the_run_before_any_server_starts(
             return "endpoints"
 
     monkeypatch.setattr(run_local_module, "make_launcher", Launcher)
+    monkeypatch.setattr(run_local_module, "load_run_data", _no_data)
     run_dir = tmp_path / "run"
     overrides = [f"trainer.default_local_dir={run_dir}", "trainer.logger=[console,jsonl,wandb]"]
     exit_code = cli.main(["run", config, *overrides])
@@ -236,3 +242,53 @@ def test_cuda_on_a_machine_without_a_gpu_is_a_bad_request_before_any_server_star
     why = "sees no CUDA GPU" if cuda_build else "is a CPU-only build"
     assert f"meshrl: trainer.device=cuda, but torch here {why}" in capsys.readouterr().err
     assert not run_dir.exists()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from meshrl.testing.tiny_model import make_tiny_model_dir
+
+    return make_tiny_model_dir(tmp_path_factory.mktemp("model"))
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("data.train_files=[{tmp}/missing.parquet]", "missing.parquet does not exist"),
+        ("data.val_files=[{tmp}/not_parquet.parquet]", "is not a readable parquet file"),
+        ("actor_rollout_ref.model.path={tmp}/no-model", "actor_rollout_ref.model.path"),
+        ("trainer.resume_mode={tmp}/no-checkpoint", "trainer.resume_mode: "),
+    ],
+)
+def test_data_model_and_checkpoint_paths_are_checked_before_any_server_starts(
+    monkeypatch, tmp_path, config, model_dir, capsys, override, message
+):
+    """Before: each came after every role server had started and loaded its model (15 to
+    20 s on two cores), from the run's set-up."""
+    from meshrl.demo.arithmetic import write_arithmetic_parquet
+
+    started = []
+
+    class Launcher(_Launcher):
+        def start(self):
+            started.append(True)
+            return "endpoints"
+
+    monkeypatch.setattr(run_local_module, "make_launcher", Launcher)
+    train = write_arithmetic_parquet(tmp_path / "data", n_train=16, n_val=8)["train"]
+    (tmp_path / "not_parquet.parquet").write_text("a,b\n1,2\n")
+    args = [
+        "run",
+        config,
+        f"actor_rollout_ref.model.path={model_dir}",
+        f"data.train_files=[{train}]",
+        "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "critic.ppo_mini_batch_size=8",
+        f"trainer.default_local_dir={tmp_path / 'run'}",
+        "trainer.logger=[console]",
+        override.format(tmp=tmp_path),
+    ]
+    assert cli.main(args) == 2
+    assert message in capsys.readouterr().err
+    assert started == [], "refused before the launch"
