@@ -312,7 +312,9 @@ def test_a_run_that_cannot_be_made_marks_its_wandb_run_failed(tmp_path, offline_
     from services.coordinator.run_manager import ManagedRun
 
     overrides = [f"trainer.default_local_dir={tmp_path}", "trainer.logger=[wandb]"]
-    run = ManagedRun("r1", build_config({}, overrides), tmp_path, _IdleLauncher(), _no_ppo_run, _no_data)
+    run = ManagedRun(
+        "r1", build_config({}, overrides), tmp_path, _IdleLauncher(), _no_ppo_run, _no_data
+    )
     with pytest.raises(RuntimeError, match="no PPO run"):
         run._run()
     assert recorded_exit_code(tmp_path) == 1
