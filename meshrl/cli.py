@@ -143,7 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run PPO from a YAML config (+ key=value overrides)")
     run.add_argument("config", help="YAML run config ('-' = stdin with --coordinator)")
-    run.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.train_batch_size=64")
+    # default=[]: argparse names a "*" positional without one among the required arguments
+    run.add_argument(
+        "overrides",
+        nargs="*",
+        default=[],
+        help="dotted overrides, e.g. data.train_batch_size=64",
+    )
     run.add_argument(
         "--coordinator",
         metavar="HOST:PORT",
@@ -245,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--config", default=None, help="another config to run on the demo task (examples/)"
     )
-    demo.add_argument("overrides", nargs="*", help="dotted config overrides")
+    demo.add_argument("overrides", nargs="*", default=[], help="dotted config overrides")
     demo.set_defaults(fn=_cmd_demo)
     return p
 

@@ -352,7 +352,18 @@ class PPORun:
     def resume(self) -> None:
         folder = self.resume_folder()
         if folder is not None:
-            self.load_checkpoint(folder)
+            try:
+                self.load_checkpoint(folder)
+            except RoleCallError as e:
+                if e.code != grpc.StatusCode.INVALID_ARGUMENT:
+                    raise
+                # A checkpoint of another model (width, layers, LoRA): the request is wrong
+                # (exit 2), and the way out is another folder or not resuming.
+                mode = self.cfg.trainer.resume_mode
+                raise ConfigError(
+                    f"trainer.resume_mode={mode}: {e}. To train this model afresh, use another "
+                    "trainer.default_local_dir or trainer.resume_mode=disable"
+                ) from None
             self.resumed_from = folder
         if not self.cfg.trainer.val_only:  # an evaluation writes no history: nothing moves
             self.checkpoints.set_aside_after(self.state.step)

@@ -307,6 +307,32 @@ def test_histories_set_aside_within_one_second_go_to_folders_of_their_own(tmp_pa
     assert manager.set_aside_after(10) is None  # nothing left past step 10
 
 
+class InvalidArgument(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.INVALID_ARGUMENT
+
+    def details(self):
+        return "LoadCheckpoint: .../actor does not fit this role's model: Size mismatch"
+
+
+def test_resuming_from_a_checkpoint_of_another_model_is_a_bad_request_saying_how_out(tmp_path):
+    # Before: exit 1 (a failed run), with no word of how to start afresh
+    from meshrl.config import ConfigError
+
+    write_checkpoint(tmp_path, 7)
+    run = make_run(tmp_path)  # resume_mode=auto finds step 7
+
+    def load_checkpoint(path):
+        raise RoleCallError("actor", "127.0.0.1:2", "LoadCheckpoint", InvalidArgument())
+
+    run.roles.actor.load_checkpoint = load_checkpoint
+    with pytest.raises(ConfigError) as e:
+        run.resume()
+    assert "trainer.resume_mode=auto: actor at 127.0.0.1:2 failed during LoadCheckpoint" in str(e)
+    assert "does not fit this role's model" in str(e.value)
+    assert "use another trainer.default_local_dir or trainer.resume_mode=disable" in str(e.value)
+
+
 def test_val_only_validates_once_logs_it_and_trains_nothing(tmp_path):
     # Evaluating step 10 of a run that went on to step 20: nothing is set aside, no step runs.
     step10, step20 = write_checkpoint(tmp_path, 10), write_checkpoint(tmp_path, 20)
