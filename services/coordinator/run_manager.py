@@ -107,7 +107,9 @@ class _RunLogHandler(logging.Handler):
         self.run = run
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.thread == self.run.thread_id:
+        # This module's own records (the run rejected or failed) are for the service's log:
+        # the watchers hear the same as the run's last status line, not twice more.
+        if record.thread == self.run.thread_id and record.name != __name__:
             self.run.update(line=f"{record.levelname} {record.name}: {record.getMessage()}")
 
 

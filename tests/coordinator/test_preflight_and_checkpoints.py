@@ -181,3 +181,7 @@ def test_a_service_run_whose_data_cannot_be_read_is_rejected_before_its_servers_
     assert run.status.state == RunState.REJECTED
     assert "missing.parquet does not exist" in run.status.message
     assert not Launcher.started, "no role server started for it"
+    # its watchers hear the reason once as a line (and then in the final status), not also
+    # as the service's own "ERROR ... run r1 rejected" log record
+    lines = [e.log_line for e in run.events.follow() if "missing.parquet" in e.log_line]
+    assert len(lines) == 1 and lines[0].startswith("run rejected: "), lines
