@@ -97,7 +97,7 @@ def check_gpus_here(cfg: RunConfig, gpus: int, cuda_build: bool) -> None:
     raise ConfigError(
         f"trainer.device=cuda, but torch here {why}, and the local launcher starts the role "
         "servers on this machine: set trainer.device=cpu, or start them where the GPUs are "
-        "(launcher.kind=ray or external)"
+        "(launcher.kind=ray with launcher.ray_address, or launcher.kind=external)"
     )
 
 

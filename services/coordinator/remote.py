@@ -12,6 +12,7 @@ Ctrl-C leaves at once, the run going on without a watcher.
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import sys
@@ -26,12 +27,19 @@ from meshrl.config import ConfigError
 from meshrl.config.loader import config_tree
 from meshrl.rpc.client import open_channel
 from services.coordinator.run_types import RunEvent, RunState, RunStatus
+from services.reward.arguments import host_port
 
 DEFAULT_ADDRESS = "127.0.0.1:50050"
 
 
 def default_address() -> str:
-    return os.environ.get("MESHRL_COORDINATOR", DEFAULT_ADDRESS)
+    """$MESHRL_COORDINATOR, checked as --coordinator is (ConfigError naming it), or the
+    default."""
+    address = os.environ.get("MESHRL_COORDINATOR", DEFAULT_ADDRESS)
+    try:
+        return host_port(address)
+    except argparse.ArgumentTypeError as e:
+        raise ConfigError(f"$MESHRL_COORDINATOR {e}") from None
 
 
 class CoordinatorError(RuntimeError):
@@ -39,17 +47,23 @@ class CoordinatorError(RuntimeError):
 
     def __init__(self, address: str, code: grpc.StatusCode, details: str):
         self.code, self.details = code, details
-        what = "unreachable" if code == grpc.StatusCode.UNAVAILABLE else code.name
+        # UNAVAILABLE is also the service's own answer ("shutting down"): only a connection
+        # that failed is nothing listening there.
+        unreachable = code == grpc.StatusCode.UNAVAILABLE and "failed to connect" in (
+            details.lower()
+        )
+        what = "unreachable" if unreachable else code.name
         message = f"coordinator at {address}: {what}: {details}"
         if code == grpc.StatusCode.UNIMPLEMENTED:  # something answers, but not this service
             message += (
                 " (a gRPC server answers there, but it is no meshrl coordinator service: a "
                 "role or reward server? Start one with `meshrl serve coordinator`)"
             )
-        elif code == grpc.StatusCode.UNAVAILABLE:
+        elif unreachable:
             message += (
-                " (start one with `meshrl serve coordinator`, or set $MESHRL_COORDINATOR; "
-                "`meshrl run CONFIG` without --coordinator runs here, with no service)"
+                " (start one with `meshrl serve coordinator`, or name another with "
+                "--coordinator or $MESHRL_COORDINATOR; `meshrl run CONFIG` without "
+                "--coordinator runs here, with no service)"
             )
         super().__init__(message)
 

@@ -360,9 +360,14 @@ class PPORun:
                 # A checkpoint of another model (width, layers, LoRA): the request is wrong
                 # (exit 2), and the way out is another folder or not resuming.
                 mode = self.cfg.trainer.resume_mode
+                elsewhere = (
+                    "use another trainer.default_local_dir"
+                    if mode == "auto"
+                    else "name another checkpoint in trainer.resume_mode"
+                )
                 raise ConfigError(
-                    f"trainer.resume_mode={mode}: {e}. To train this model afresh, use another "
-                    "trainer.default_local_dir or trainer.resume_mode=disable"
+                    f"trainer.resume_mode={mode}: {e}. To train this model afresh, {elsewhere} "
+                    "or set trainer.resume_mode=disable"
                 ) from None
             self.resumed_from = folder
         if not self.cfg.trainer.val_only:  # an evaluation writes no history: nothing moves

@@ -267,9 +267,10 @@ def parse_run_config(config_yaml: str, overrides: list[str]) -> RunConfig:
     cfg = build_config(config_tree(config_yaml, "the submitted config"), overrides)
     check_run_config(cfg)
     check_training_data_given(cfg)
-    import torch  # not at the top: the module stays light until a run is submitted
+    if cfg.launcher.kind == "local" and cfg.trainer.device == "cuda":
+        import torch  # only here: 2 s or more of the first StartRun's deadline otherwise
 
-    check_gpus_here(cfg, torch.cuda.device_count(), torch.backends.cuda.is_built())
+        check_gpus_here(cfg, torch.cuda.device_count(), torch.backends.cuda.is_built())
     _check_security(cfg)
     return cfg
 

@@ -60,7 +60,7 @@ non_negative_int = _checked(int, lambda v: v >= 0, "0 or more")
 port_number = _checked(int, lambda v: 0 <= v <= 65535, "0 to 65535")
 
 
-GRPC_SCHEMES = ("dns:", "unix:", "ipv4:", "ipv6:")
+GRPC_SCHEMES = ("dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:", "xds:")
 
 
 def host_port(text: str) -> str:
@@ -69,10 +69,14 @@ def host_port(text: str) -> str:
     port that is no number would fail only when dialled."""
     if text.startswith(GRPC_SCHEMES):
         return text
+    if "://" in text:
+        raise argparse.ArgumentTypeError(f"must be HOST:PORT, not a URL, got {text!r}")
     host, sep, port = text.rpartition(":")
-    if not sep or not host or host.endswith(":"):
+    if not sep or host.endswith(":"):
         raise argparse.ArgumentTypeError(f"must be HOST:PORT, got {text!r} (no port)")
-    if not port.isdigit() or not 1 <= int(port) <= 65535:
+    if not host:
+        raise argparse.ArgumentTypeError(f"must be HOST:PORT, got {text!r} (no host)")
+    if not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
         raise argparse.ArgumentTypeError(f"must be HOST:PORT with a port 1 to 65535, got {text!r}")
     return text
 

@@ -98,19 +98,21 @@ def read_responses(path: str | Path, num_rows: int) -> dict[int, list[str]]:
     (and the line) when it cannot be read, a line is wrong, or it holds no line at all."""
     out: dict[int, list[str]] = defaultdict(list)
     try:
-        with open(path, "rb") as f:  # decoded a line at a time: bad bytes are named by line
-            lines = [(n, raw) for n, raw in enumerate(f, 1) if raw.strip()]
+        f = open(path, "rb")  # decoded a line at a time: bad bytes are named by their line
     except OSError as e:
         raise ValueError(f"responses file {path}: {e.strerror or e}") from None
-    for n, raw in lines:
-        try:
-            index, responses = _parse_line(raw.decode("utf-8"), num_rows)
-        except UnicodeDecodeError as e:
-            reason = f"not UTF-8 text ({e.reason} at byte {e.start})"
-            raise ValueError(f"{path} line {n}: {reason}") from None
-        except ValueError as e:
-            raise ValueError(f"{path} line {n}: {e}") from None
-        out[index].extend(responses)
+    with f:
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                index, responses = _parse_line(raw.decode("utf-8"), num_rows)
+            except UnicodeDecodeError as e:
+                reason = f"not UTF-8 text ({e.reason} at byte {e.start})"
+                raise ValueError(f"{path} line {n}: {reason}") from None
+            except ValueError as e:
+                raise ValueError(f"{path} line {n}: {e}") from None
+            out[index].extend(responses)
     if not any(out.values()):  # nothing to score: a table of zeros would say nothing true
         raise ValueError(
             f'responses file {path} holds no responses: one JSON object a line, {{"index": i, '

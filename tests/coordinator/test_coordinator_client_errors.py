@@ -58,3 +58,42 @@ def test_a_grpc_server_that_is_no_coordinator_says_so(capsys):
     err = capsys.readouterr().err
     assert "UNIMPLEMENTED" in err
     assert "it is no meshrl coordinator service: a role or reward server?" in err
+
+
+def test_the_environments_address_is_checked_as_the_flags_is(monkeypatch, capsys):
+    monkeypatch.setenv("MESHRL_COORDINATOR", "10.0.0.5")  # before: dialled port 443
+    assert cli.main(["status"]) == 2
+    assert "meshrl: $MESHRL_COORDINATOR must be HOST:PORT, got '10.0.0.5' (no port)" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_coordinator_that_answers_unavailable_is_not_called_unreachable():
+    # the service's own answer while it shuts down: no hint to start one
+    from services.coordinator.remote import CoordinatorError
+
+    e = CoordinatorError(
+        "h:1", grpc.StatusCode.UNAVAILABLE, "the coordinator is shutting down: no new runs"
+    )
+    assert (
+        str(e) == "coordinator at h:1: UNAVAILABLE: the coordinator is shutting down: no new runs"
+    )
+
+
+@pytest.mark.parametrize(
+    ("address", "message"),
+    [
+        (":50050", "(no host)"),
+        ("http://h:50050", "not a URL"),
+        ("h:\u0663", "with a port 1 to 65535"),  # an Arabic-Indic digit: isdigit() is true
+    ],
+)
+def test_host_port_edge_cases(address, message):
+    import argparse
+
+    from services.reward.arguments import host_port
+
+    with pytest.raises(argparse.ArgumentTypeError, match=message):
+        host_port(address)
+    for fine in ("localhost:50050", "0.0.0.0:50050", "my-host.example.com:1", "xds:///svc"):
+        assert host_port(fine) == fine

@@ -330,7 +330,13 @@ def test_resuming_from_a_checkpoint_of_another_model_is_a_bad_request_saying_how
         run.resume()
     assert "trainer.resume_mode=auto: actor at 127.0.0.1:2 failed during LoadCheckpoint" in str(e)
     assert "does not fit this role's model" in str(e.value)
-    assert "use another trainer.default_local_dir or trainer.resume_mode=disable" in str(e.value)
+    assert "use another trainer.default_local_dir or set trainer.resume_mode=disable" in str(
+        e.value
+    )
+    named = make_run(tmp_path, [f"trainer.resume_mode={tmp_path / 'checkpoints/global_step_7'}"])
+    named.roles.actor.load_checkpoint = load_checkpoint
+    with pytest.raises(ConfigError, match="name another checkpoint in trainer.resume_mode or set"):
+        named.resume()
 
 
 def test_val_only_validates_once_logs_it_and_trains_nothing(tmp_path):

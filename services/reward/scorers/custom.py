@@ -19,8 +19,10 @@ DEFAULT_FUNCTION = "compute_score"
 
 
 class CustomFunctionError(ValueError):
-    """The spec names no loadable function (no such file, no such name); the message says
-    which. What the user's module itself raises while importing is not one of these."""
+    """The spec names no loadable function (no such file, no such name; and, from
+    ``ScorerPool.check_custom``, a module that raised, hung or killed its worker while it was
+    imported); the message says which. :func:`load_custom_function` itself lets what the
+    module raises propagate as it is."""
 
 
 def parse_spec(spec: str) -> tuple[Path, str]:
