@@ -69,6 +69,7 @@ def test_file_sinks_follow_trainer_logger_and_tensorboard_dir(tmp_path, monkeypa
 
 @pytest.mark.parametrize("logger", ["tensorboard", "wandb", "mlflow"])
 def test_a_logger_without_its_package_is_refused_at_start(monkeypatch, logger):
+    pytest.importorskip(logger)  # the dev extras install all three (not the GPU machine)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cfg = build_config({}, [f"trainer.logger=[console,{logger}]"])
     check_run_config(cfg)  # installed here
