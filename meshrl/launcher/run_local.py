@@ -21,8 +21,8 @@ from meshrl.rpc.security import SecuritySettings
 from services.coordinator.metrics_sinks import close_sinks
 from services.coordinator.preflight import (
     check_gpus_here,
+    check_required_keys_given,
     check_run_config,
-    check_training_data_given,
     start_run_folder,
     unused_gpu_warning,
 )
@@ -80,7 +80,7 @@ def run_local(cfg: RunConfig) -> RunResult:
     os.environ.update(SecuritySettings.from_config(cfg.security).to_env())
     SecuritySettings.from_env().verify()
     check_run_config(cfg)  # before any role server starts
-    check_training_data_given(cfg)
+    check_required_keys_given(cfg)
     check_gpus_here(cfg, torch.cuda.device_count(), torch.backends.cuda.is_built())
     if cfg.launcher.kind == "local" and cfg.trainer.device == "cpu":  # servers run here
         if warning := unused_gpu_warning(cfg, torch.cuda.device_count()):

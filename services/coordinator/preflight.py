@@ -101,14 +101,25 @@ def check_gpus_here(cfg: RunConfig, gpus: int, cuda_build: bool) -> None:
     )
 
 
-def check_training_data_given(cfg: RunConfig) -> None:
-    """No training files at all is refused naming the key (the reader's own "no data files
-    given" names none). An evaluation (`trainer.val_only`) reads none: it needs none."""
+def check_required_keys_given(cfg: RunConfig) -> None:
+    """The keys every run must set, all named in one ConfigError: the training files
+    (``data.train_files``; an evaluation, ``trainer.val_only``, reads none) and the model
+    (``actor_rollout_ref.model.path``). The readers' own errors name no key ("no data files
+    given"), or one at a time."""
+    missing = []
     if not cfg.data.train_files and not cfg.trainer.val_only:
-        raise ConfigError(
+        missing.append(
             "data.train_files is empty: name the training parquet files "
             "(data.train_files=train.parquet, or [a.parquet,b.parquet])"
         )
+    if not cfg.actor_rollout_ref.model.path:
+        missing.append(
+            "actor_rollout_ref.model.path is empty: set it to a local Hugging Face model folder"
+        )
+    if len(missing) == 1:
+        raise ConfigError(missing[0])
+    if missing:  # as the schema's errors are listed
+        raise ConfigError("invalid config:\n  " + "\n  ".join(missing))
 
 
 def check_run_config(cfg: RunConfig) -> None:

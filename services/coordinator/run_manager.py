@@ -25,8 +25,8 @@ from meshrl.rpc.security import SecuritySettings
 from services.coordinator.metrics_sinks import ConsoleSink, MetricsSink, close_sinks, file_sinks
 from services.coordinator.preflight import (
     check_gpus_here,
+    check_required_keys_given,
     check_run_config,
-    check_training_data_given,
     start_run_folder,
 )
 from services.coordinator.run_types import RunEvent, RunState, RunStatus, ended_exit_code
@@ -266,7 +266,7 @@ def parse_run_config(config_yaml: str, overrides: list[str]) -> RunConfig:
     """The submitted YAML + overrides, validated; errors name the key (ConfigError)."""
     cfg = build_config(config_tree(config_yaml, "the submitted config"), overrides)
     check_run_config(cfg)
-    check_training_data_given(cfg)
+    check_required_keys_given(cfg)
     if cfg.launcher.kind == "local" and cfg.trainer.device == "cuda":
         import torch  # only here: 2 s or more of the first StartRun's deadline otherwise
 

@@ -20,6 +20,7 @@ from services.coordinator.server import SERVICE_NAME, CoordinatorServicer, shut_
 RUN_YAML = (
     "algorithm: {adv_estimator: grpo}\ntrainer: {logger: [], plot: false}\n"
     "data: {train_files: [never_read.parquet]}\n"  # every run names its training files
+    "actor_rollout_ref: {model: {path: never_read}}\n"  # and its model
 )
 
 

@@ -25,7 +25,7 @@ def test_gae_without_a_critic_fails_at_start():
 def test_cuda_is_refused_only_where_the_servers_would_start_on_a_machine_without_a_gpu(
     monkeypatch,
 ):
-    cuda = ["data.train_files=t.parquet", "trainer.device=cuda"]
+    cuda = ["data.train_files=t.parquet", "actor_rollout_ref.model.path=m", "trainer.device=cuda"]
     with pytest.raises(ConfigError, match="trainer.device=cuda, but torch here is a CPU-only"):
         check_gpus_here(build_config({}, cuda), gpus=0, cuda_build=False)
     check_gpus_here(build_config({}, cuda), gpus=1, cuda_build=True)

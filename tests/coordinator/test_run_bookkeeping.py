@@ -364,11 +364,20 @@ def test_val_only_without_validation_files_is_refused_at_start():
 
 def test_only_an_evaluation_may_leave_out_the_training_files():
     from meshrl.config import ConfigError
-    from services.coordinator.preflight import check_training_data_given
+    from services.coordinator.preflight import check_required_keys_given
 
-    with pytest.raises(ConfigError, match="data.train_files is empty"):
-        check_training_data_given(build_config({}, GRPO))
-    check_training_data_given(build_config({}, [*GRPO, "trainer.val_only=true"]))
+    model = "actor_rollout_ref.model.path=m"
+    with pytest.raises(ConfigError, match="^data.train_files is empty"):
+        check_required_keys_given(build_config({}, [*GRPO, model]))
+    check_required_keys_given(build_config({}, [*GRPO, model, "trainer.val_only=true"]))
+    with pytest.raises(ConfigError) as both:  # every missing key in one message
+        check_required_keys_given(build_config({}, GRPO))
+    assert str(both.value).splitlines() == [
+        "invalid config:",
+        "  data.train_files is empty: name the training parquet files "
+        "(data.train_files=train.parquet, or [a.parquet,b.parquet])",
+        "  actor_rollout_ref.model.path is empty: set it to a local Hugging Face model folder",
+    ]
 
 
 def test_val_only_validates_again_after_a_recovery_and_not_at_all_when_stopped(tmp_path):

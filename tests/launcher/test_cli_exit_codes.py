@@ -28,7 +28,9 @@ class Unavailable(grpc.RpcError):
 def config(tmp_path):
     path = tmp_path / "run.yaml"
     # a training file is named, as every run must (these runs end before reading it)
-    path.write_text("data: {train_files: [unread.parquet]}\n")
+    path.write_text(
+        "data: {train_files: [unread.parquet]}\nactor_rollout_ref: {model: {path: unread}}\n"
+    )
     return str(path)
 
 
@@ -222,9 +224,10 @@ def test_a_run_without_training_files_is_refused_before_any_server_starts(tmp_pa
     empty = tmp_path / "run.yaml"
     empty.write_text("{}\n")
     assert cli.main(["run", str(empty), f"trainer.default_local_dir={tmp_path / 'run'}"]) == 2
-    assert "meshrl: data.train_files is empty: name the training parquet files" in (
-        capsys.readouterr().err
-    )
+    err = capsys.readouterr().err
+    # both keys every run needs, in one message (before: the model's only on a second try)
+    assert "meshrl: invalid config:\n  data.train_files is empty: name the training parquet" in err
+    assert "\n  actor_rollout_ref.model.path is empty: set it to a local Hugging Face" in err
     assert not (tmp_path / "run").exists()
 
 
