@@ -39,12 +39,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from services.coordinator.remote import submit
 
         return submit(args.coordinator, args.config, overrides, detach=args.detach)
-    from meshrl.config import load_config
+    from meshrl.config import ConfigError, load_config
 
+    # A run here has no service to leave it to, nor a standard input to read a config from.
+    if args.detach:
+        raise ConfigError("--detach leaves a run to a coordinator service: give --coordinator")
+    if args.config == "-":
+        raise ConfigError("config '-' (standard input) is read only with --coordinator")
     cfg = load_config(args.config, overrides)
     from meshrl.launcher.run_local import run_local
 
     result = run_local(cfg)
+    run_dir = cfg.trainer.default_local_dir
+    ended = "finished" if result.finished else "stopped (resumes from its checkpoint)"
+    print(f"meshrl: run {ended}; run folder {run_dir} (metrics.jsonl, checkpoints/)")
     return EXIT_SUCCEEDED if result.finished else EXIT_STOPPED
 
 

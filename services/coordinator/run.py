@@ -454,6 +454,7 @@ class PPORun:
             desc="PPO",
             unit="step",
             dynamic_ncols=True,
+            disable=None,  # no bar when the output is no terminal: no \r lines in a log file
         )
 
         def went_back() -> None:  # to the last checkpoint after a crash

@@ -91,7 +91,7 @@ def named_resume_folder(cfg: RunConfig, checksums: bool = True) -> Path | None:
     mode = cfg.trainer.resume_mode
     if mode in ("disable", "auto"):
         return None
-    folder = Path(mode)
+    folder = Path(mode).absolute()  # a relative path's error says where it was looked for
     try:
         verify(folder, checksums=checksums)
     except CheckpointError as e:  # the config names it: a wrong request (exit 2)

@@ -295,3 +295,29 @@ def test_data_model_and_checkpoint_paths_are_checked_before_any_server_starts(
     assert cli.main(args) == 2
     assert message in capsys.readouterr().err
     assert started == [], "refused before the launch"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--detach"], "--detach leaves a run to a coordinator service: give --coordinator"),
+        (["-"], "config '-' (standard input) is read only with --coordinator"),
+    ],
+)
+def test_coordinator_only_arguments_of_a_local_run_are_a_bad_request(
+    monkeypatch, capsys, config, argv, message
+):
+    """Before: --detach ran the whole job here in the foreground, exit 0; '-' said
+    `config file - does not exist`."""
+    ran = []
+    monkeypatch.setattr(run_local_module, "run_local", lambda cfg: ran.append(cfg))
+    args = ["run", *argv] if argv == ["-"] else ["run", *argv, config]
+    assert cli.main(args) == 2
+    assert f"meshrl: {message}" in capsys.readouterr().err
+    assert ran == []
+
+
+def test_a_local_run_ends_naming_its_folder(monkeypatch, tmp_path, capsys, config):
+    monkeypatch.setattr(run_local_module, "run_local", lambda cfg: RunResult({}, finished=True))
+    assert cli.main(["run", config, f"trainer.default_local_dir={tmp_path / 'r'}"]) == 0
+    assert f"meshrl: run finished; run folder {tmp_path / 'r'}" in capsys.readouterr().out
