@@ -85,6 +85,17 @@ class _Launcher:
         return "endpoints"
 
 
+def _launcher_recording_into(started: list) -> type:
+    """A stand-in launcher class whose start() appends True to ``started``."""
+
+    class Launcher(_Launcher):
+        def start(self):
+            started.append(True)
+            return "endpoints"
+
+    return Launcher
+
+
 @pytest.mark.parametrize(
     "outcome",
     [
@@ -144,12 +155,7 @@ def test_a_logger_that_cannot_start_ends_the_run_before_any_server_starts(
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no wandb settings: no key
     monkeypatch.setenv("NETRC", str(tmp_path / "no.netrc"))
     started = []
-
-    class Launcher(_Launcher):
-        def start(self):
-            started.append(True)
-            return "endpoints"
-
+    Launcher = _launcher_recording_into(started)
     monkeypatch.setattr(run_local_module, "make_launcher", Launcher)
     monkeypatch.setattr(run_local_module, "load_run_data", _no_data)
     run_dir = tmp_path / "run"
@@ -271,12 +277,7 @@ def test_data_model_and_checkpoint_paths_are_checked_before_any_server_starts(
     from meshrl.demo.arithmetic import write_arithmetic_parquet
 
     started = []
-
-    class Launcher(_Launcher):
-        def start(self):
-            started.append(True)
-            return "endpoints"
-
+    Launcher = _launcher_recording_into(started)
     monkeypatch.setattr(run_local_module, "make_launcher", Launcher)
     train = write_arithmetic_parquet(tmp_path / "data", n_train=16, n_val=8)["train"]
     (tmp_path / "not_parquet.parquet").write_text("a,b\n1,2\n")
