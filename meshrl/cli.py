@@ -135,11 +135,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     # light: argument definitions only (no grpc, pyarrow or pydantic)
+    from meshrl.rpc.address import host_port
     from services.reward.arguments import (
         EVAL_EXIT_CODES,
         add_eval_arguments,
         add_serve_arguments,
-        host_port,
         port_number,
     )
 

@@ -20,7 +20,7 @@ from meshrl.launcher.factory import make_launcher
 from meshrl.rpc.security import SecuritySettings
 from services.coordinator.metrics_sinks import close_sinks
 from services.coordinator.preflight import (
-    check_gpus_here,
+    check_cuda_here,
     check_required_keys_given,
     check_run_config,
     start_run_folder,
@@ -81,7 +81,7 @@ def run_local(cfg: RunConfig) -> RunResult:
     SecuritySettings.from_env().verify()
     check_run_config(cfg)  # before any role server starts
     check_required_keys_given(cfg)
-    check_gpus_here(cfg, torch.cuda.device_count(), torch.backends.cuda.is_built())
+    check_cuda_here(cfg)
     if cfg.launcher.kind == "local" and cfg.trainer.device == "cpu":  # servers run here
         if warning := unused_gpu_warning(cfg, torch.cuda.device_count()):
             log.warning("%s", warning)

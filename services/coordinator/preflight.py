@@ -101,6 +101,16 @@ def check_gpus_here(cfg: RunConfig, gpus: int, cuda_build: bool) -> None:
     )
 
 
+def check_cuda_here(cfg: RunConfig) -> None:
+    """:func:`check_gpus_here` with this machine's torch, imported only for a run that
+    asks for cuda with the local launcher (a coordinator service would otherwise pay the
+    import, 2 s or more, out of its first StartRun's deadline)."""
+    if cfg.launcher.kind == "local" and cfg.trainer.device == "cuda":
+        import torch
+
+        check_gpus_here(cfg, torch.cuda.device_count(), torch.backends.cuda.is_built())
+
+
 def check_required_keys_given(cfg: RunConfig) -> None:
     """The keys every run must set, all named in one ConfigError: the training files
     (``data.train_files``; an evaluation, ``trainer.val_only``, reads none) and the model

@@ -25,9 +25,9 @@ import grpc
 from meshrl.api.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from meshrl.config import ConfigError
 from meshrl.config.loader import config_tree
+from meshrl.rpc.address import host_port
 from meshrl.rpc.client import open_channel
 from services.coordinator.run_types import RunEvent, RunState, RunStatus
-from services.reward.arguments import host_port
 
 DEFAULT_ADDRESS = "127.0.0.1:50050"
 

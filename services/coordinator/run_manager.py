@@ -24,7 +24,7 @@ from meshrl.data.errors import DataError
 from meshrl.rpc.security import SecuritySettings
 from services.coordinator.metrics_sinks import ConsoleSink, MetricsSink, close_sinks, file_sinks
 from services.coordinator.preflight import (
-    check_gpus_here,
+    check_cuda_here,
     check_required_keys_given,
     check_run_config,
     start_run_folder,
@@ -267,10 +267,7 @@ def parse_run_config(config_yaml: str, overrides: list[str]) -> RunConfig:
     cfg = build_config(config_tree(config_yaml, "the submitted config"), overrides)
     check_run_config(cfg)
     check_required_keys_given(cfg)
-    if cfg.launcher.kind == "local" and cfg.trainer.device == "cuda":
-        import torch  # only here: 2 s or more of the first StartRun's deadline otherwise
-
-        check_gpus_here(cfg, torch.cuda.device_count(), torch.backends.cuda.is_built())
+    check_cuda_here(cfg)
     _check_security(cfg)
     return cfg
 

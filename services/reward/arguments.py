@@ -12,6 +12,8 @@ import argparse
 import math
 from pathlib import Path
 
+from meshrl.rpc.address import host_port
+
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_NUM_WORKERS = 2
 DEFAULT_RM_MAX_LENGTH = 2048
@@ -58,27 +60,6 @@ positive_float = _checked(float, lambda v: v > 0, "more than 0")
 non_negative_int = _checked(int, lambda v: v >= 0, "0 or more")
 # gRPC would wrap 99999 round to 34463 without a word
 port_number = _checked(int, lambda v: 0 <= v <= 65535, "0 to 65535")
-
-
-GRPC_SCHEMES = ("dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:", "xds:")
-
-
-def host_port(text: str) -> str:
-    """An argparse type: a server address ``HOST:PORT`` (``[::1]:PORT`` for IPv6), or a
-    gRPC target with its scheme (``unix:/path``). Without a port gRPC would dial 443, and a
-    port that is no number would fail only when dialled."""
-    if text.startswith(GRPC_SCHEMES):
-        return text
-    if "://" in text:
-        raise argparse.ArgumentTypeError(f"must be HOST:PORT, not a URL, got {text!r}")
-    host, sep, port = text.rpartition(":")
-    if not sep or host.endswith(":"):
-        raise argparse.ArgumentTypeError(f"must be HOST:PORT, got {text!r} (no port)")
-    if not host:
-        raise argparse.ArgumentTypeError(f"must be HOST:PORT, got {text!r} (no host)")
-    if not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"must be HOST:PORT with a port 1 to 65535, got {text!r}")
-    return text
 
 
 def existing_folder(text: str) -> str:

@@ -32,7 +32,7 @@ def test_an_address_that_is_no_host_and_port_is_a_bad_argument(capsys, address, 
 
 
 def test_grpc_targets_with_a_scheme_pass_as_they_are():
-    from services.reward.arguments import host_port
+    from meshrl.rpc.address import host_port
 
     assert host_port("unix:/tmp/coordinator.sock") == "unix:/tmp/coordinator.sock"
     assert host_port("[::1]:50050") == "[::1]:50050"
@@ -91,7 +91,7 @@ def test_a_coordinator_that_answers_unavailable_is_not_called_unreachable():
 def test_host_port_edge_cases(address, message):
     import argparse
 
-    from services.reward.arguments import host_port
+    from meshrl.rpc.address import host_port
 
     with pytest.raises(argparse.ArgumentTypeError, match=message):
         host_port(address)
