@@ -722,6 +722,12 @@ class RunConfig(Section):
         return self.algorithm.adv_estimator == "gae"
 
     @property
+    def use_critic_server(self) -> bool:
+        """A critic server is started: the run trains a critic. An evaluation
+        (``trainer.val_only``) trains nothing, so it starts none, whatever the estimator."""
+        return self.use_critic and not self.trainer.val_only
+
+    @property
     def use_ref(self) -> bool:
         """The run needs reference log-probs (a KL penalty or a KL loss)."""
         return self.algorithm.use_kl_in_reward or self.actor_rollout_ref.actor.use_kl_loss
@@ -735,4 +741,6 @@ class RunConfig(Section):
 
     @property
     def use_ref_server(self) -> bool:
-        return self.use_ref and not self.ref_in_actor
+        """A reference server is started: the run needs reference log-probs, not from the
+        LoRA actor itself, and it trains (an evaluation computes no KL)."""
+        return self.use_ref and not self.ref_in_actor and not self.trainer.val_only

@@ -21,7 +21,7 @@ ROLES = ("rollout", "actor", "critic", "ref", "reward")
 
 def needed_roles(cfg: RunConfig) -> list[str]:
     roles = ["rollout", "actor", "reward"]
-    roles += ["critic"] if cfg.use_critic else []
+    roles += ["critic"] if cfg.use_critic_server else []
     roles += ["ref"] if cfg.use_ref_server else []
     return roles
 

@@ -121,7 +121,7 @@ class LocalLauncher:
             ["--role", "actor"],
             cfg.actor_rollout_ref.actor.world_size,
         )
-        if cfg.use_critic:
+        if cfg.use_critic_server:
             add("critic", "services.trainer.server", ["--role", "critic"], cfg.critic.world_size)
         if cfg.use_ref_server:
             add(

@@ -72,7 +72,7 @@ def role_specs(cfg: RunConfig) -> list[RoleSpec]:
             "actor", "actor", trainer, ("--role", "actor"), cfg.actor_rollout_ref.actor.world_size
         )
     )
-    if cfg.use_critic:
+    if cfg.use_critic_server:
         specs.append(
             RoleSpec("critic", "critic", trainer, ("--role", "critic"), cfg.critic.world_size)
         )

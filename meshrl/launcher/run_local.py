@@ -28,7 +28,7 @@ from services.coordinator.preflight import (
 )
 from services.coordinator.run import PPORun, run_sinks
 from services.coordinator.run_data import load_run_data
-from services.coordinator.run_types import ended_exit_code
+from services.coordinator.run_types import AlreadyTrained, ended_exit_code
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,11 @@ def run_local(cfg: RunConfig) -> RunResult:
             log.warning("%s", warning)
     run_dir = Path(cfg.trainer.default_local_dir)
     start_run_folder(run_dir, cfg)
-    data = load_run_data(cfg)  # a bad data file or model path fails now, before any server
+    try:  # a bad data file or model path fails now, before any server
+        data = load_run_data(cfg, run_dir)
+    except AlreadyTrained as done:  # a finished run run again
+        log.warning("%s", done)
+        return RunResult({}, finished=True)
     # Before any role server starts: a logger that cannot start (wandb online without an
     # API key, an MLflow server that does not answer) ends the run now, not after the
     # models have loaded.

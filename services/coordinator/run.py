@@ -18,7 +18,6 @@ from tqdm import tqdm
 
 from meshrl.algorithms.kl import make_kl_controller
 from meshrl.config import ConfigError, RunConfig, config_to_yaml
-from meshrl.config.placement import rollout_may_share_trainer_gpus
 from meshrl.export import copy_model_files
 from meshrl.gpus import count_gpus
 from services.coordinator.checkpointing import (
@@ -147,7 +146,7 @@ class PPORun:
         """Initializes the roles and resumes. ``data``: the run's prompts, read before the
         servers started (:func:`load_run_data`, which runs here without them)."""
         cfg = self.cfg
-        data = data or load_run_data(cfg)
+        data = data or load_run_data(cfg, self.run_dir)
         self.tokenizer = data.tokenizer
         self.train_set, self.val_set, self.loader = data.train_set, data.val_set, data.loader
         self.total_steps = data.total_steps
@@ -442,8 +441,6 @@ class PPORun:
         cfg = self.cfg.trainer
         if cfg.val_only:
             return self.validate_only()
-        for warning in plan_warnings(self.cfg, self.state.step, self.total_steps):
-            log.warning("%s", warning)
         if cfg.val_before_train and self.val_set is not None:
             before = self.validate_or_recover()
             if before is not None:
@@ -564,37 +561,3 @@ class PPORun:
         if self.ahead is not None:
             self.ahead.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
-
-
-def plan_warnings(cfg: RunConfig, start_step: int, total_steps: int) -> list[str]:
-    """What a user would not want to learn only at the end of a run: that it trains
-    nothing (resumed at or past its last step), keeps nothing (no checkpoint), or never
-    validates though asked to."""
-    trainer = cfg.trainer
-    out = []
-    if trainer.test_freq > 0 and not cfg.data.val_files:
-        out.append(
-            f"trainer.test_freq={trainer.test_freq}, but data.val_files is empty: this run "
-            "validates nothing"
-        )
-    if start_step >= total_steps:
-        out.append(
-            f"nothing to train: the run resumed at step {start_step}, and it has "
-            f"{total_steps} steps (trainer.total_training_steps, or total_epochs); raise "
-            "it to train on"
-        )
-    elif trainer.save_freq <= 0:
-        out.append(
-            f"trainer.save_freq={trainer.save_freq}: this run saves no checkpoint of its steps "
-            "(only a stop saves one, to resume from), so its trained model is not kept "
-            "(verl's default too); set trainer.save_freq=N for one every N steps and at the "
-            "last step"
-        )
-    if trainer.one_step_off_policy and rollout_may_share_trainer_gpus(cfg):
-        out.append(
-            "trainer.one_step_off_policy=true with rollout on a GPU of the trainer roles: they "
-            "take turns on it, so little overlaps, and rollout keeps its KV cache while they "
-            "run (rollout.free_cache_engine does not apply); it pays with rollout on GPUs of "
-            "its own (launcher.role_gpus, or a Ray pool of its own)"
-        )
-    return out

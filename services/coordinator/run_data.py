@@ -1,5 +1,5 @@
 """What a run reads from disk before any role server starts: the tokenizer, the prompt sets
-and their loader, the checkpoint `trainer.resume_mode` names.
+and their loader, the checkpoint `trainer.resume_mode` names and the step it resumes at.
 
 Read first, so that a missing or malformed data file, an over-long prompt, a model folder
 that is not there or a wrong checkpoint path fails in a second or two, naming the key or
@@ -13,11 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshrl.config import ConfigError, RunConfig
+from meshrl.config.placement import rollout_may_share_trainer_gpus
 from meshrl.data.dataset import PromptDataset
 from meshrl.data.errors import DataError
 from meshrl.data.loader import PromptLoader
-from services.coordinator.checkpointing import CheckpointError, verify
+from services.coordinator.checkpointing import (
+    CheckpointError,
+    CheckpointManager,
+    step_of,
+    verify,
+)
 from services.coordinator.preflight import context_length_warning, load_tokenizer
+from services.coordinator.run_types import AlreadyTrained
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +42,14 @@ class RunData:
     total_steps: int
 
 
-def load_run_data(cfg: RunConfig) -> RunData:
+def load_run_data(cfg: RunConfig, run_dir: Path | None = None) -> RunData:
     """Loads the tokenizer (ConfigError naming the key if absent) and the prompt sets
     (DataError naming the file and row), and checks the checkpoint ``resume_mode`` names
-    without reading its contents (its checksums are read when the run resumes from it)."""
+    without reading its contents (its checksums are read when the run resumes from it).
+    Logs :func:`plan_warnings`; raises :class:`AlreadyTrained` when the checkpoint the run
+    resumes from is at its last step. ``run_dir``: the run folder, where ``resume_mode=auto``
+    looks (default ``trainer.default_local_dir``; a coordinator service puts a relative
+    one under its ``--workdir``)."""
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model)
     if warning := context_length_warning(cfg):
         log.warning("%s", warning)
@@ -54,7 +65,69 @@ def load_run_data(cfg: RunConfig) -> RunData:
             cfg.trainer.total_epochs * loader.steps_per_epoch
         )
     named_resume_folder(cfg, checksums=False)
+    if not cfg.trainer.val_only:
+        run_dir = Path(cfg.trainer.default_local_dir) if run_dir is None else Path(run_dir)
+        start_step = resumed_step(cfg, run_dir, total_steps)
+        if start_step >= total_steps:
+            raise AlreadyTrained(
+                f"nothing to train: the run's checkpoint is at step {start_step}, and the "
+                f"run has {total_steps} steps (trainer.total_training_steps, or "
+                "total_epochs): raise them to train on, or evaluate the checkpoint with "
+                "trainer.val_only=true; no role server was started"
+            )
+        for warning in plan_warnings(cfg):
+            log.warning("%s", warning)
     return RunData(tokenizer, train_set, val_set, loader, total_steps)
+
+
+def resumed_step(cfg: RunConfig, run_dir: Path, total_steps: int) -> int:
+    """The step the run resumes at: that of the checkpoint ``trainer.resume_mode`` names,
+    or with ``auto`` the newest in ``run_dir``; 0 without one. Read from the folders'
+    names and coordinator.json. The checksums, which take seconds a GB, are read here only
+    when the answer is "at or past the last step" (the run then ends before any server
+    starts), so that a corrupt last checkpoint is skipped, as a resume skips it, rather
+    than ending the run."""
+    mode = cfg.trainer.resume_mode
+    if mode == "disable":
+        return 0
+    checkpoints = CheckpointManager(run_dir)
+    if mode == "auto":
+        complete = checkpoints.complete()
+        if not complete or step_of(complete[-1]) < total_steps:
+            return step_of(complete[-1]) if complete else 0
+        folder = checkpoints.latest_valid()  # checksums; reports a corrupt one and skips it
+        return 0 if folder is None else checkpoints.load_state(folder).step
+    step = checkpoints.load_state(named_resume_folder(cfg, checksums=False)).step
+    if step >= total_steps:
+        named_resume_folder(cfg)  # the checksums too: ConfigError naming a corrupt file
+    return step
+
+
+def plan_warnings(cfg: RunConfig) -> list[str]:
+    """What a user would not want to learn only at the end of a run: that it keeps nothing
+    (no checkpoint), never validates though asked to, or overlaps little though asked to."""
+    trainer = cfg.trainer
+    out = []
+    if trainer.test_freq > 0 and not cfg.data.val_files:
+        out.append(
+            f"trainer.test_freq={trainer.test_freq}, but data.val_files is empty: this run "
+            "validates nothing"
+        )
+    if trainer.save_freq <= 0:
+        out.append(
+            f"trainer.save_freq={trainer.save_freq}: this run saves no checkpoint of its steps "
+            "(only a stop saves one, to resume from), so its trained model is not kept "
+            "(verl's default too); set trainer.save_freq=N for one every N steps and at the "
+            "last step"
+        )
+    if trainer.one_step_off_policy and rollout_may_share_trainer_gpus(cfg):
+        out.append(
+            "trainer.one_step_off_policy=true with rollout on a GPU of the trainer roles: they "
+            "take turns on it, so little overlaps, and rollout keeps its KV cache while they "
+            "run (rollout.free_cache_engine does not apply); it pays with rollout on GPUs of "
+            "its own (launcher.role_gpus, or a Ray pool of its own)"
+        )
+    return out
 
 
 def make_dataset(cfg: RunConfig, files: list[str], tokenizer) -> PromptDataset:

@@ -29,7 +29,13 @@ from services.coordinator.preflight import (
     check_run_config,
     start_run_folder,
 )
-from services.coordinator.run_types import RunEvent, RunState, RunStatus, ended_exit_code
+from services.coordinator.run_types import (
+    AlreadyTrained,
+    RunEvent,
+    RunState,
+    RunStatus,
+    ended_exit_code,
+)
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +190,11 @@ class ManagedRun:
         # Before any role server starts: a bad data file or model path, and a logger that
         # cannot start, reject the run now, not after the models have loaded.
         self.update(line="reading the tokenizer and the data")
-        self.data = self.load_data(self.cfg)
+        try:
+            self.data = self.load_data(self.cfg, self.run_dir)
+        except AlreadyTrained as done:  # a finished run run again: no server starts
+            self.update(line=str(done))
+            return RunState.SUCCEEDED, str(done)
         sinks = self._sinks()
         self.update(line=f"starting role servers ({self.cfg.launcher.kind} launcher)")
         try:
@@ -250,10 +260,10 @@ def _default_make_ppo(cfg, endpoints, run_dir, sinks, restarter):
     return PPORun(cfg, endpoints, run_dir, sinks=sinks, restarter=restarter)
 
 
-def _default_load_data(cfg: RunConfig):
+def _default_load_data(cfg: RunConfig, run_dir: Path):
     from services.coordinator.run_data import load_run_data  # pyarrow, transformers
 
-    return load_run_data(cfg)
+    return load_run_data(cfg, run_dir)
 
 
 def _default_make_launcher(cfg: RunConfig, run_dir: Path):

@@ -31,6 +31,12 @@ class RunState(enum.Enum):
         return _EXIT_CODES.get(self, 1)
 
 
+class AlreadyTrained(Exception):  # noqa: N818 - an outcome, not a failure
+    """The run's checkpoint is at or past its last step: there is nothing to train, and no
+    role server is started (the run SUCCEEDED). The message says where it stands and how
+    to go on."""
+
+
 _EXIT_CODES = {
     RunState.SUCCEEDED: 0,
     RunState.FAILED: 1,

@@ -65,7 +65,7 @@ def serve(workdir, ppo_class):
     """A coordinator service in this process over the stand-in launcher and ``ppo_class``."""
     # no data is read: the stand-in PPO draws no prompts
     manager = RunManager(
-        workdir, lambda cfg, run_dir: FakeLauncher(), ppo_class, load_data=lambda cfg: None
+        workdir, lambda cfg, run_dir: FakeLauncher(), ppo_class, load_data=lambda cfg, run_dir: None
     )
     servicer = CoordinatorServicer(manager)
     server = GrpcServer(SERVICE_NAME, "127.0.0.1", 0)

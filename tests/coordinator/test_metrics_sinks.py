@@ -104,13 +104,14 @@ def test_a_wandb_folder_in_the_working_directory_is_not_the_package(tmp_path, mo
 
 @pytest.fixture
 def offline_wandb(monkeypatch):
-    pytest.importorskip("wandb")  # the dev extra installs it
+    wandb = pytest.importorskip("wandb")  # the dev extra installs it
+    # wandb keeps its settings in the process: an earlier test's online attempt (in this
+    # worker) would be taken up again, and this test would ask for an API key
+    wandb.teardown()
     monkeypatch.setenv("WANDB_MODE", "offline")  # no network, as in CI; `wandb sync` later
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_DIR", raising=False)
     yield
-    import wandb
-
     wandb.teardown()  # its service process, which would outlive the test otherwise
 
 
@@ -219,7 +220,7 @@ def _no_ppo_run(*args):
     raise RuntimeError("no PPO run")
 
 
-def _no_data(cfg):
+def _no_data(cfg, run_dir=None):
     return None  # these runs draw no prompts
 
 
@@ -259,6 +260,28 @@ def test_a_logger_that_cannot_start_rejects_the_run_before_its_servers_start(tmp
     run = ManagedRun("r1", build_config({}, overrides), tmp_path, Launcher(), _no_ppo_run, _no_data)
     with pytest.raises(ConfigError, match="trainer.logger includes tensorboard"):
         run._run()
+    assert not Launcher.started
+
+
+def test_a_finished_run_started_again_succeeds_without_starting_a_server(tmp_path):
+    """Through a coordinator service: the run ends SUCCEEDED, its message saying why."""
+    from services.coordinator.run_manager import ManagedRun
+    from services.coordinator.run_types import AlreadyTrained, RunState
+
+    class Launcher(_IdleLauncher):
+        started = False
+
+        def start(self):
+            Launcher.started = True
+            return "endpoints"
+
+    def trained(cfg, run_dir):
+        assert run_dir == tmp_path  # where resume_mode=auto looks: the run's own folder
+        raise AlreadyTrained("nothing to train: the run's checkpoint is at step 4")
+
+    cfg = build_config({}, [f"trainer.default_local_dir={tmp_path}"])
+    run = ManagedRun("r1", cfg, tmp_path, Launcher(), _no_ppo_run, trained)
+    assert run._run() == (RunState.SUCCEEDED, "nothing to train: the run's checkpoint is at step 4")
     assert not Launcher.started
 
 

@@ -13,7 +13,7 @@ from meshrl.data.loader import PromptLoader
 from services.coordinator.checkpointing import CheckpointManager
 from services.coordinator.clients import RoleCallError
 from services.coordinator.rollout_ahead import RolloutAhead
-from services.coordinator.run import plan_warnings
+from services.coordinator.run_data import plan_warnings
 from tests.coordinator.test_run_bookkeeping import Unavailable, make_run
 
 
@@ -210,11 +210,11 @@ def test_dynamic_sampling_is_refused_one_step_off_policy_naming_both_keys():
 
 def test_one_step_off_policy_on_the_trainers_gpu_is_warned_and_on_its_own_is_not():
     shared = build_config({}, ["trainer.one_step_off_policy=true", "trainer.device=cuda"])
-    [warning] = [w for w in plan_warnings(shared, 0, 10) if "one_step_off_policy" in w]
+    [warning] = [w for w in plan_warnings(shared) if "one_step_off_policy" in w]
     assert "launcher.role_gpus" in warning and "free_cache_engine does not apply" in warning
     split = {"launcher": {"role_gpus": {"rollout": "1", "actor": "0", "critic": "0", "ref": "0"}}}
     own = build_config(split, ["trainer.one_step_off_policy=true", "trainer.device=cuda"])
-    assert not [w for w in plan_warnings(own, 0, 10) if "one_step_off_policy" in w]
+    assert not [w for w in plan_warnings(own) if "one_step_off_policy" in w]
     # Ray: a pool of rollout's own is its own GPUs; the trainers' pool shared is warned
     on = ["trainer.one_step_off_policy=true", "trainer.device=cuda", "launcher.kind=ray"]
     pools = {
@@ -223,8 +223,8 @@ def test_one_step_off_policy_on_the_trainers_gpu_is_warned_and_on_its_own_is_not
             "role_pool": {"rollout": "gen"},
         }
     }
-    assert not [w for w in plan_warnings(build_config(pools, on), 0, 10) if "off_policy" in w]
-    assert [w for w in plan_warnings(build_config({}, on), 0, 10) if "off_policy" in w]
+    assert not [w for w in plan_warnings(build_config(pools, on)) if "off_policy" in w]
+    assert [w for w in plan_warnings(build_config({}, on)) if "off_policy" in w]
     # servers started elsewhere: where they compute is not in the config, so no guess
     external = build_config({}, [*on[:2], "launcher.kind=external"])
-    assert not [w for w in plan_warnings(external, 0, 10) if "off_policy" in w]
+    assert not [w for w in plan_warnings(external) if "off_policy" in w]

@@ -263,35 +263,68 @@ def test_a_resume_path_that_is_no_checkpoint_says_what_it_is(tmp_path, name, say
         run.resume()
 
 
-def test_a_run_resumed_past_its_last_step_says_it_has_nothing_to_train(tmp_path, caplog):
-    """Before, it ended at once, exit 0, without a word."""
-    write_checkpoint(tmp_path, 4)
-    run = make_run(tmp_path, ["trainer.save_freq=2"])
-    run.total_steps = 2
-    run.resume()
-    run.run_step = lambda records: pytest.fail("nothing to train")
+@pytest.mark.parametrize("mode", ["auto", "path"])
+def test_a_run_resumed_at_its_last_step_has_nothing_to_train_and_says_so(tmp_path, mode):
+    """Before, it started every role server, loaded the models, warned, and ended."""
+    from services.coordinator.run_data import AlreadyTrained, resumed_step
+
+    last = write_checkpoint(tmp_path, 4)
+    resume = "auto" if mode == "auto" else str(last)
+    cfg = build_config({}, [*GRPO, f"trainer.resume_mode={resume}"])
+    assert resumed_step(cfg, tmp_path, 10) == 4
+    assert resumed_step(cfg, tmp_path, 4) == 4
+    with pytest.raises(AlreadyTrained) as done:
+        _load(cfg, tmp_path, total_steps=4)
+    assert str(done.value).startswith(
+        "nothing to train: the run's checkpoint is at step 4, and the run has 4 steps "
+        "(trainer.total_training_steps, or total_epochs): raise them to train on, or "
+        "evaluate the checkpoint with trainer.val_only=true"
+    )
+
+
+def test_a_corrupt_last_checkpoint_is_skipped_not_taken_for_a_finished_run(tmp_path, caplog):
+    """Its checksums are read when it would end the run: the run resumes from the one
+    before and trains the last step again, as a resume in the servers' time skips it."""
+    from services.coordinator.run_data import resumed_step
+
+    write_checkpoint(tmp_path, 2)
+    last = write_checkpoint(tmp_path, 4)
+    (last / "coordinator.json").write_text((last / "coordinator.json").read_text() + " ")
+    cfg = build_config({}, [*GRPO, "trainer.resume_mode=auto"])
     with caplog.at_level("WARNING"):
-        run.train()
-    assert (
-        "nothing to train: the run resumed at step 4, and it has 2 steps "
-        "(trainer.total_training_steps, or total_epochs)"
-    ) in caplog.text
+        assert resumed_step(cfg, tmp_path, 4) == 2
+    assert "skipping checkpoint" in caplog.text
+    assert resumed_step(build_config({}, GRPO + ["trainer.resume_mode=disable"]), tmp_path, 4) == 0
+
+
+def _load(cfg, run_dir, total_steps):
+    """load_run_data's checks after the prompts are read, without a tokenizer or files."""
+    from services.coordinator import run_data
+
+    class Loader:
+        steps_per_epoch = total_steps
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(run_data, "load_tokenizer", lambda model: None)
+        patch.setattr(run_data, "make_dataset", lambda *args: None)
+        patch.setattr(run_data, "make_loader", lambda *args: Loader())
+        return run_data.load_run_data(cfg, run_dir)
 
 
 def test_a_run_that_keeps_no_checkpoint_says_so_at_its_start(tmp_path):
-    from services.coordinator.run import plan_warnings
+    from services.coordinator.run_data import plan_warnings
 
     keeps_none = build_config({}, [*GRPO])  # save_freq -1, as verl's default
-    (warning,) = plan_warnings(keeps_none, 0, 10)
+    (warning,) = plan_warnings(keeps_none)
     assert warning.startswith("trainer.save_freq=-1: this run saves no checkpoint of its steps")
-    assert plan_warnings(build_config({}, [*GRPO, "trainer.save_freq=5"]), 0, 10) == []
+    assert plan_warnings(build_config({}, [*GRPO, "trainer.save_freq=5"])) == []
 
 
 def test_a_run_asked_to_validate_without_validation_files_says_so():
-    from services.coordinator.run import plan_warnings
+    from services.coordinator.run_data import plan_warnings
 
     cfg = build_config({}, [*GRPO, "trainer.save_freq=5", "trainer.test_freq=2"])
-    assert plan_warnings(cfg, 0, 10) == [
+    assert plan_warnings(cfg) == [
         "trainer.test_freq=2, but data.val_files is empty: this run validates nothing"
     ]
 

@@ -96,6 +96,9 @@ def test_val_only_evaluates_a_checkpoint_without_training_files(
     accuracy = [k for k in rows[0] if k.startswith("val-core/") and "/acc/mean@" in k]
     assert accuracy and all(0.0 <= rows[0][k] <= 1.0 for k in accuracy), rows[0]
     assert not any(k.startswith(("actor/", "critic/")) for k in rows[0]), "nothing trained"
+    logs = evaluation / "logs"  # the servers started: no critic or reference, which load a
+    assert (logs / "actor.log").exists()  # model and serve nothing in an evaluation
+    assert not (logs / "critic.log").exists() and not (logs / "ref.log").exists()
     assert not (evaluation / "checkpoints").exists() or not any(
         (evaluation / "checkpoints").iterdir()
     ), "an evaluation saves no checkpoint"
@@ -103,3 +106,19 @@ def test_val_only_evaluates_a_checkpoint_without_training_files(
         "global_step_2",
         "global_step_3",
     ], "the evaluated run's checkpoints are as they were"
+
+
+def test_a_finished_run_run_again_trains_nothing_and_starts_no_server(
+    tiny_model, arithmetic_data, straight
+):
+    """Its real last checkpoint (step 3 of 3) says it is done, before any server starts."""
+    logged = (straight / "metrics.jsonl").read_text()
+    logs = {p.name: p.stat().st_mtime_ns for p in (straight / "logs").iterdir()}
+    result = run_local(_cfg(tiny_model, arithmetic_data, straight, 3))
+    assert result.finished and dict(result) == {}
+    assert (straight / "metrics.jsonl").read_text() == logged, "no step, no validation logged"
+    assert {p.name: p.stat().st_mtime_ns for p in (straight / "logs").iterdir()} == logs
+    assert [p.name for p in CheckpointManager(straight).complete()] == [
+        "global_step_2",
+        "global_step_3",
+    ]

@@ -34,7 +34,7 @@ def config(tmp_path):
     return str(path)
 
 
-def _no_data(cfg):
+def _no_data(cfg, run_dir=None):
     return None  # these runs end before drawing a prompt: no data file or model is read
 
 
@@ -149,7 +149,8 @@ def test_a_logger_that_cannot_start_ends_the_run_before_any_server_starts(
 ):
     # wandb online without an API key: before, the run failed (exit 1) once every role
     # server was up and its model loaded; now it is refused (exit 2) before the launch
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
+    wandb.teardown()  # the process-wide settings of an earlier wandb test
     monkeypatch.setenv("WANDB_MODE", "online")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no wandb settings: no key
@@ -167,6 +168,7 @@ def test_a_logger_that_cannot_start_ends_the_run_before_any_server_starts(
     assert "API key" in err
     assert started == []
     assert (run_dir / "metrics.jsonl").exists()  # the sink made before it was closed
+    wandb.teardown()  # not the online settings for the next wandb test in this process
 
 
 def test_a_wrong_address_list_ends_the_run_before_the_loggers_open(
@@ -296,6 +298,40 @@ def test_data_model_and_checkpoint_paths_are_checked_before_any_server_starts(
     assert cli.main(args) == 2
     assert message in capsys.readouterr().err
     assert started == [], "refused before the launch"
+
+
+def test_a_finished_run_run_again_ends_at_once_with_nothing_to_train(
+    monkeypatch, tmp_path, config, model_dir, capsys, caplog
+):
+    """Before: every role server started and loaded its model, a warning came, exit 0."""
+    from meshrl.demo.arithmetic import write_arithmetic_parquet
+    from services.coordinator.checkpointing import CheckpointManager, CoordinatorState
+
+    started = []
+    monkeypatch.setattr(run_local_module, "make_launcher", _launcher_recording_into(started))
+    train = write_arithmetic_parquet(tmp_path / "data", n_train=16, n_val=8)["train"]
+    run_dir = tmp_path / "run"
+    loader = {"epoch": 0, "batch_in_epoch": 2, "seed": 1}
+    state = CoordinatorState.capture(2, loader, {"type": "fixed", "value": 0.001}, 2)
+    CheckpointManager(run_dir).save(2, state, "", lambda tmp: (tmp / "actor").mkdir())
+    args = [
+        "run",
+        config,
+        f"actor_rollout_ref.model.path={model_dir}",
+        f"data.train_files=[{train}]",
+        "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "critic.ppo_mini_batch_size=8",
+        "trainer.total_training_steps=2",
+        f"trainer.default_local_dir={run_dir}",
+        "trainer.logger=[console]",
+    ]
+    with caplog.at_level("WARNING"):
+        assert cli.main(args) == 0
+    said = "nothing to train: the run's checkpoint is at step 2, and the run has 2 steps"
+    assert said in caplog.text
+    assert f"meshrl: run finished; run folder {run_dir}" in capsys.readouterr().out
+    assert started == [], "no server was started"
 
 
 @pytest.mark.parametrize(
