@@ -74,6 +74,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
         serve(host=args.host, port=50050 if args.port is None else args.port, workdir=args.workdir)
         return 0
+    if args.service == "reward":  # options came before it (`serve --port 5 reward`)
+        port = [] if args.port is None else ["--port", str(args.port)]
+        return _cmd_reward(
+            build_parser().parse_args(["reward", "serve", "--host", args.host, *port])
+        )
     args.port = args.port or 0
     if args.service == "rollout":
         from services.rollout.server import serve
@@ -83,10 +88,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         from services.trainer.server import serve
 
         serve(role=args.role, host=args.host, port=args.port)
-    elif args.service == "reward":
-        from services.reward.server import serve
-
-        serve(host=args.host, port=args.port)
     return 0
 
 
@@ -204,7 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stop.set_defaults(fn=_cmd_stop)
 
-    serve = sub.add_parser("serve", help="start one role server, or the coordinator service")
+    serve = sub.add_parser(
+        "serve",
+        help="start one role server, or the coordinator service",
+        description="`meshrl serve reward` is `meshrl reward serve`, with its arguments.",
+    )
     serve.add_argument("service", choices=["rollout", "trainer", "reward", "coordinator"])
     serve.add_argument("--role", choices=["actor", "critic", "ref"], default="actor")
     serve.add_argument("--host", default="127.0.0.1")
@@ -296,7 +301,19 @@ checkpoint that cannot be read or written, a batch with no sample scored. The me
 all a user needs."""
 
 
+def reward_serve_spelled_once(argv: list[str]) -> list[str]:
+    """`meshrl serve reward ...` as `meshrl reward serve ...`: one reward server command,
+    with one set of arguments and defaults (port 50051, --custom-function, --reward-model).
+    Before, `serve reward` took none of them and listened on any free port."""
+    commands = [i for i, a in enumerate(argv) if not a.startswith("-")][:2]
+    if [argv[i] for i in commands] == ["serve", "reward"]:
+        first, second = commands
+        return [*argv[:first], "reward", "serve", *argv[second + 1 :]]
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = reward_serve_spelled_once(sys.argv[1:] if argv is None else list(argv))
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -196,3 +196,34 @@ def test_an_error_after_the_start_up_is_not_called_a_start_up_error(monkeypatch)
 
 def _raise(error: BaseException):
     raise error
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["reward", "serve", "--custom-function", "my.py:score"],
+        ["serve", "reward", "--custom-function", "my.py:score"],
+        ["-v", "serve", "reward", "--custom-function", "my.py:score"],
+    ],
+)
+def test_serve_reward_is_reward_serve_with_its_arguments_and_defaults(monkeypatch, argv):
+    """Before, `meshrl serve reward` took no --custom-function or --reward-model and
+    listened on any free port, where `meshrl reward serve` listens on 50051."""
+    from meshrl import cli
+    from services.reward import server as server_module
+
+    served = []
+    monkeypatch.setattr(server_module, "serve_from_args", served.append)
+    assert cli.main(argv) == 0
+    (args,) = served
+    assert (args.host, args.port, args.custom_function) == ("127.0.0.1", 50051, "my.py:score")
+
+
+def test_serve_reward_after_its_options_serves_on_the_port_given(monkeypatch):
+    from meshrl import cli
+    from services.reward import server as server_module
+
+    served = []
+    monkeypatch.setattr(server_module, "serve_from_args", served.append)
+    assert cli.main(["serve", "--port", "5305", "reward"]) == 0
+    assert served[0].port == 5305 and served[0].num_workers is not None
