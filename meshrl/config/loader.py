@@ -167,13 +167,40 @@ def build_config(tree: dict | None = None, overrides: list[str] | None = None) -
     return cfg
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping: plain YAML keeps the
+    last, so a setting edited further down a long config would silently undo one above."""
+
+    def construct_mapping(self, node, deep=False):
+        lines: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`, merged below
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            try:
+                first = lines.setdefault(key, line)
+            except TypeError:  # an unhashable key: YAML's own error says so below
+                continue
+            if first != line:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice (lines {first} and {line})",
+                    key_node.start_mark,
+                )  # fmt: skip
+        return super().construct_mapping(node, deep)
+
+
 def config_tree(text: str, name: str) -> dict:
     """The YAML mapping of a config's text; ``name`` says where it came from in errors
-    (``config file run.yaml``)."""
+    (``config file run.yaml``), its line and column marks included."""
+    loader = _ConfigLoader(text)
+    loader.name = name  # the marks' source: else "<unicode string>"
     try:
-        tree = yaml.safe_load(text)
+        tree = loader.get_single_data()
     except yaml.YAMLError as e:
         raise ConfigError(f"{name} is not valid YAML: {e}") from None
+    finally:
+        loader.dispose()
     if tree is None:  # empty, or comments only
         return {}
     if not isinstance(tree, dict):

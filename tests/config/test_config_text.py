@@ -37,3 +37,25 @@ def test_a_config_submitted_to_a_coordinator_with_bad_yaml_names_the_file(tmp_pa
         submit("127.0.0.1:1", str(bad), [])
     assert str(submitted.value) == str(local.value)
     assert str(local.value).startswith(f"config file {bad} is not valid YAML: ")
+
+
+def test_yaml_marks_name_the_source_not_a_unicode_string():
+    with pytest.raises(ConfigError) as bad:
+        config_tree("trainer:\n  total_training_steps: [3\n", "config file run.yaml")
+    assert '"<unicode string>"' not in str(bad.value)
+    assert 'in "config file run.yaml", line 2' in str(bad.value)
+
+
+def test_a_key_given_twice_is_refused_naming_both_lines():
+    """Plain YAML keeps the last: a batch size edited lower down silently undid the one
+    above (and the error that followed named the wrong value)."""
+    text = "data:\n  train_batch_size: 8\n  max_prompt_length: 16\n  train_batch_size: 9\n"
+    with pytest.raises(ConfigError) as twice:
+        config_tree(text, "config file run.yaml")
+    assert str(twice.value).startswith(
+        "config file run.yaml is not valid YAML: key 'train_batch_size' is given twice "
+        "(lines 2 and 4)"
+    )
+    # the same key in two sections is two keys; an anchor merged in is no repetition
+    assert config_tree("a: {x: 1}\nb: {x: 2}\n", "x") == {"a": {"x": 1}, "b": {"x": 2}}
+    assert config_tree("a: &d {x: 1}\nb: {<<: *d, y: 2}\n", "x")["b"] == {"x": 1, "y": 2}
