@@ -682,38 +682,42 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _one_step_off_policy_generates_one_batch_a_step(self) -> RunConfig:
+    def _check_combinations(self) -> RunConfig:
+        # Every problem of this kind in one message (a line each), not one per attempt.
+        problems = [*self._batch_shape_problems()]
         # Dynamic sampling decides how many batches a step generates from their scores, so
         # the next step's generation cannot start before this step's is judged.
         if self.trainer.one_step_off_policy and self.algorithm.filter_groups.enable:
-            raise ValueError(
+            problems.append(
                 "trainer.one_step_off_policy=true does not go with "
                 "algorithm.filter_groups.enable=true (dynamic sampling generates until enough "
                 "groups differ, so the next step's batch cannot be started ahead): set one "
                 "of them to false"
             )
+        if problems:
+            raise ValueError("\n  ".join(problems))
         return self
 
-    @model_validator(mode="after")
-    def _check_batch_shapes(self) -> RunConfig:
+    def _batch_shape_problems(self) -> list[str]:
         # As verl: each optimizer step takes a whole mini-batch (a smaller last one would
         # weigh its few prompts as much as a full one). The critic's only when it runs.
         trained = [("actor_rollout_ref.actor", self.actor_rollout_ref.actor)]
         if self.use_critic:
             trained.append(("critic", self.critic))
         batch = self.data.train_batch_size
+        problems = []
         for name, role in trained:
             if role.ppo_mini_batch_size > batch:
-                raise ValueError(
+                problems.append(
                     f"{name}.ppo_mini_batch_size ({role.ppo_mini_batch_size}) exceeds "
                     f"data.train_batch_size ({batch})"
                 )
-            if batch % role.ppo_mini_batch_size:
-                raise ValueError(
+            elif batch % role.ppo_mini_batch_size:
+                problems.append(
                     f"data.train_batch_size ({batch}) must be a multiple of "
                     f"{name}.ppo_mini_batch_size ({role.ppo_mini_batch_size})"
                 )
-        return self
+        return problems
 
     @property
     def use_critic(self) -> bool:

@@ -126,24 +126,27 @@ def check_required_keys_given(cfg: RunConfig) -> None:
         missing.append(
             "actor_rollout_ref.model.path is empty: set it to a local Hugging Face model folder"
         )
-    if len(missing) == 1:
-        raise ConfigError(missing[0])
-    if missing:  # as the schema's errors are listed
-        raise ConfigError("invalid config:\n  " + "\n  ".join(missing))
+    raise_problems(missing)
+
+
+def raise_problems(problems: list[str]) -> None:
+    """One ConfigError for all of them: one alone as it is, several listed as the schema's
+    errors are (``invalid config:`` then a line each)."""
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
 
 
 def check_run_config(cfg: RunConfig) -> None:
-    """Raises ConfigError naming the keys of a combination no PPO run can use.
+    """Raises ConfigError naming the keys of a combination no PPO run can use (every such
+    combination in one message: :func:`combination_problems`), a logger not installed, a
+    wrong external address list, LoRA targets that match nothing.
 
     Not a schema validator: a config that only brings up role servers (tests of one role,
     benchmarks) may well have a gae estimator and no critic.
     """
-    if cfg.algorithm.adv_estimator == "gae" and not cfg.use_critic:
-        raise ConfigError(
-            "critic.enable=false: algorithm.adv_estimator=gae needs critic values; enable the "
-            "critic or pick a critic-free estimator (grpo, rloo, reinforce_plus_plus, "
-            "reinforce_plus_plus_baseline, remax)"
-        )
+    raise_problems(combination_problems(cfg))
     for logger in ("tensorboard", "wandb", "mlflow"):
         if logger in cfg.trainer.logger and not _installed(logger):
             raise ConfigError(
@@ -158,27 +161,6 @@ def check_run_config(cfg: RunConfig) -> None:
         from meshrl.launcher.external import external_endpoints  # it imports this module
 
         external_endpoints(cfg)  # a missing, surplus or unknown role's address, named
-    if cfg.trainer.val_only and not cfg.data.val_files:
-        raise ConfigError(
-            "trainer.val_only=true validates and stops, but data.val_files is empty: name the "
-            "validation parquet files"
-        )
-    overlong = cfg.reward.overlong_buffer
-    if overlong.enable and overlong.len > cfg.data.max_response_length:
-        raise ConfigError(
-            f"reward.overlong_buffer.len={overlong.len} exceeds data.max_response_length="
-            f"{cfg.data.max_response_length}: every response would be penalised; set it to at "
-            "most the response limit (DAPO: a quarter of it)"
-        )
-    fg = cfg.algorithm.filter_groups
-    gen, train = cfg.data.gen_batch_size, cfg.data.train_batch_size
-    if gen not in (None, train) and not fg.enable:
-        raise ConfigError(
-            f"data.gen_batch_size={gen} differs from data.train_batch_size={train}, but only "
-            "dynamic sampling generates batches apart from the training batch: set "
-            "algorithm.filter_groups.enable=true, or drop data.gen_batch_size (verl would "
-            f"train on all {gen} prompts)"
-        )
     actor = cfg.actor_rollout_ref.actor
     mode = actor.policy_loss.loss_mode
     if mode in PAPER_CLIP_RANGES and None in (actor.clip_ratio_low, actor.clip_ratio_high):
@@ -192,34 +174,67 @@ def check_run_config(cfg: RunConfig) -> None:
             actor.clip_ratio_high or actor.clip_ratio,
             paper,
         )
+    check_lora_targets(cfg)
+
+
+def combination_problems(cfg: RunConfig) -> list[str]:
+    """Each combination of settings in ``cfg`` that no PPO run can use, naming its keys
+    and the way out. All of them, so that a pasted command line is fixed in one round."""
+    problems = []
+    if cfg.algorithm.adv_estimator == "gae" and not cfg.use_critic:
+        problems.append(
+            "critic.enable=false: algorithm.adv_estimator=gae needs critic values; enable the "
+            "critic or pick a critic-free estimator (grpo, rloo, reinforce_plus_plus, "
+            "reinforce_plus_plus_baseline, remax)"
+        )
+    if cfg.trainer.val_only and not cfg.data.val_files:
+        problems.append(
+            "trainer.val_only=true validates and stops, but data.val_files is empty: name the "
+            "validation parquet files"
+        )
+    overlong = cfg.reward.overlong_buffer
+    if overlong.enable and overlong.len > cfg.data.max_response_length:
+        problems.append(
+            f"reward.overlong_buffer.len={overlong.len} exceeds data.max_response_length="
+            f"{cfg.data.max_response_length}: every response would be penalised; set it to at "
+            "most the response limit (DAPO: a quarter of it)"
+        )
+    fg = cfg.algorithm.filter_groups
+    gen, train = cfg.data.gen_batch_size, cfg.data.train_batch_size
+    if gen not in (None, train) and not fg.enable:
+        problems.append(
+            f"data.gen_batch_size={gen} differs from data.train_batch_size={train}, but only "
+            "dynamic sampling generates batches apart from the training batch: set "
+            "algorithm.filter_groups.enable=true, or drop data.gen_batch_size (verl would "
+            f"train on all {gen} prompts)"
+        )
     if fg.enable and 0 < fg.max_num_gen_batches and (gen or train) * fg.max_num_gen_batches < train:
-        raise ConfigError(
+        problems.append(
             f"data.gen_batch_size={gen} x algorithm.filter_groups.max_num_gen_batches="
             f"{fg.max_num_gen_batches} prompts are fewer than data.train_batch_size={train}: "
             "every step would fail; raise either"
         )
     if fg.enable and fg.metric == "seq_final_reward" and cfg.algorithm.use_kl_in_reward:
-        raise ConfigError(
+        problems.append(
             "algorithm.filter_groups.metric=seq_final_reward with "
             "algorithm.use_kl_in_reward=true: the groups are picked right after scoring, "
             "before the reference log-probs that the KL penalty needs exist; filter by "
             "seq_reward (the same reward without the KL penalty) or set "
             "algorithm.use_kl_in_reward=false (a KL loss, actor.use_kl_loss, works with it)"
         )
-    if fg.enable:
-        n = cfg.actor_rollout_ref.rollout.n
-        if n < 2:
-            raise ConfigError(
-                f"algorithm.filter_groups.enable=true needs groups to filter: "
-                f"actor_rollout_ref.rollout.n={n} gives one sample a prompt; set it to 2 or more"
-            )
-        if cfg.algorithm.adv_estimator == "remax":
-            raise ConfigError(
-                "algorithm.filter_groups.enable=true with algorithm.adv_estimator=remax: ReMax's "
-                "greedy baseline is generated for the step's prompts before any are filtered; "
-                "pick grpo, rloo or another estimator"
-            )
-    check_lora_targets(cfg)
+    if fg.enable and cfg.actor_rollout_ref.rollout.n < 2:
+        problems.append(
+            f"algorithm.filter_groups.enable=true needs groups to filter: "
+            f"actor_rollout_ref.rollout.n={cfg.actor_rollout_ref.rollout.n} gives one sample a "
+            "prompt; set it to 2 or more"
+        )
+    if fg.enable and cfg.algorithm.adv_estimator == "remax":
+        problems.append(
+            "algorithm.filter_groups.enable=true with algorithm.adv_estimator=remax: ReMax's "
+            "greedy baseline is generated for the step's prompts before any are filtered; "
+            "pick grpo, rloo or another estimator"
+        )
+    return problems
 
 
 def check_lora_targets(cfg: RunConfig) -> None:

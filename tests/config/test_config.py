@@ -187,3 +187,26 @@ def test_float_and_null_overrides_parse():
     assert actor.optim.lr == 1e-6 and actor.clip_ratio_high == 0.28
     assert actor.optim.betas == (0.9, 0.95)
     assert cfg.trainer.total_training_steps is None
+
+
+def test_every_combination_the_schema_refuses_is_named_in_one_message():
+    """Before, one at a time: a pasted command line took a round per problem."""
+    with pytest.raises(ConfigError) as bad:
+        build_config(
+            {},
+            [
+                "trainer.one_step_off_policy=true",
+                "algorithm.filter_groups.enable=true",
+                "data.train_batch_size=8",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+                "critic.ppo_mini_batch_size=3",
+            ],
+        )
+    assert str(bad.value).splitlines() == [
+        "invalid config:",
+        "  actor_rollout_ref.actor.ppo_mini_batch_size (16) exceeds data.train_batch_size (8)",
+        "  data.train_batch_size (8) must be a multiple of critic.ppo_mini_batch_size (3)",
+        "  trainer.one_step_off_policy=true does not go with algorithm.filter_groups.enable=true "
+        "(dynamic sampling generates until enough groups differ, so the next step's batch "
+        "cannot be started ahead): set one of them to false",
+    ]

@@ -185,3 +185,24 @@ def test_a_service_run_whose_data_cannot_be_read_is_rejected_before_its_servers_
     # as the service's own "ERROR ... run r1 rejected" log record
     lines = [e.log_line for e in run.events.follow() if "missing.parquet" in e.log_line]
     assert len(lines) == 1 and lines[0].startswith("run rejected: "), lines
+
+
+def test_every_combination_no_run_can_use_is_named_in_one_message():
+    cfg = build_config(
+        {},
+        [
+            "critic.enable=false",  # with gae
+            "trainer.val_only=true",  # without data.val_files
+            "algorithm.filter_groups.enable=true",
+            "actor_rollout_ref.rollout.n=1",
+        ],
+    )
+    with pytest.raises(ConfigError) as bad:
+        check_run_config(cfg)
+    lines = str(bad.value).splitlines()
+    assert lines[0] == "invalid config:"
+    assert [line.split(":")[0].strip() for line in lines[1:]] == [
+        "critic.enable=false",
+        "trainer.val_only=true validates and stops, but data.val_files is empty",
+        "algorithm.filter_groups.enable=true needs groups to filter",
+    ]
