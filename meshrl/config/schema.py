@@ -109,8 +109,9 @@ class ModelConfig(Section):
     enable_gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
     dtype: Literal["float32", "bfloat16"] | None = None
-    """Compute dtype of the trainer (master weights stay float32). None: float32 for
-    actor_rollout_ref.model (actor, reference); the actor's for critic.model."""
+    """Compute dtype of the trainer (master weights stay float32). None: for
+    actor_rollout_ref.model (actor, reference), bfloat16 with trainer.device=cuda (as
+    verl's, FSDP2 mixed precision) and float32 on the CPU; the actor's for critic.model."""
     use_remove_padding: bool = False
     """Padding-free forwards: each micro-batch is one row of its sequences back to back,
     attention kept inside each (varlen attention; see docs/trainer.md)."""
@@ -277,8 +278,9 @@ class RolloutConfig(Section):
     """Nucleus sampling: draw among the most likely tokens whose mass reaches top_p (1 = off)."""
     top_k: int = -1
     """-1 = off."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Engine weights dtype."""
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """Engine weights dtype. None: the actor's compute dtype (actor_rollout_ref.model.dtype),
+    so that the engine's log-probs and the trainer's are of the same weights."""
     max_num_seqs: int = Field(1024, gt=0)
     """Sequences decoded together at most."""
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
@@ -679,6 +681,15 @@ class RunConfig(Section):
     def _critic_mini_batch_defaults_to_the_actors(self) -> RunConfig:
         if self.critic.ppo_mini_batch_size is None:  # verl's ${actor...ppo_mini_batch_size}
             self.critic.ppo_mini_batch_size = self.actor_rollout_ref.actor.ppo_mini_batch_size
+        return self
+
+    @model_validator(mode="after")
+    def _dtypes_follow_the_device(self) -> RunConfig:
+        model, rollout = self.actor_rollout_ref.model, self.actor_rollout_ref.rollout
+        if model.dtype is None:  # bf16 compute over float32 masters on a GPU, as verl's
+            model.dtype = "bfloat16" if self.trainer.device == "cuda" else "float32"
+        if rollout.dtype is None:
+            rollout.dtype = model.dtype
         return self
 
     @model_validator(mode="after")

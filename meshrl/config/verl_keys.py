@@ -22,6 +22,10 @@ class VerlKey:
     """Values with which the key asks for what meshrl does anyway (one GPU for a rollout
     server, one node, no CPU offload): accepted and dropped, so that verl's example lines
     run as pasted."""
+    implies: tuple[tuple[str, object], ...] = ()
+    """(meshrl key, value) pairs that an accepted value asks for where verl's defaults
+    differ from meshrl's, set where the config does not set them: `n_gpus_per_node=1`
+    trains on a GPU, verl's default device, not on meshrl's CPU."""
 
     def hint(self) -> str:
         accepted = ""
@@ -128,6 +132,7 @@ VERL_KEYS: dict[str, VerlKey] = {
         "actor_rollout_ref.ref.world_size), actor_rollout_ref.rollout.replicas rollout "
         "servers, placed by launcher.role_gpus",
         same_here=(1,),
+        implies=(("trainer.device", "cuda"),),  # unless trainer.device is set
     ),
     "trainer.nnodes": VerlKey(
         why="the local launcher runs every role here; across nodes: --launcher ray with "
@@ -176,11 +181,23 @@ def drop_same_meaning(tree: dict) -> None:
         if not _same(path[-1][name], entry.same_here):
             continue
         del path[-1][name]
+        for implied, value in entry.implies:
+            _set_unless_given(tree, implied.split("."), value)
         # `fsdp_config: {}` left behind would be refused as a verl key of its own
         for depth in range(len(parents), 0, -1):
             if path[depth] or ".".join(parents[:depth]) not in VERL_KEYS:
                 break
             del path[depth - 1][parents[depth - 1]]
+
+
+def _set_unless_given(tree: dict, parts: list[str], value: object) -> None:
+    *parents, name = parts
+    for part in parents:
+        node = tree.setdefault(part, {})
+        if not isinstance(node, dict):  # a wrong section: the schema refuses it, named
+            return
+        tree = node
+    tree.setdefault(name, value)
 
 
 def _sections_along(tree: dict, parents: list[str]) -> list[dict] | None:

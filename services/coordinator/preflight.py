@@ -187,6 +187,13 @@ def combination_problems(cfg: RunConfig) -> list[str]:
             "critic or pick a critic-free estimator (grpo, rloo, reinforce_plus_plus, "
             "reinforce_plus_plus_baseline, remax)"
         )
+    if cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.trainer.device != "cuda":
+        problems.append(
+            f"actor_rollout_ref.rollout.name=vllm generates on a CUDA GPU, but trainer.device="
+            f"{cfg.trainer.device} puts the run on the CPU (meshrl's default; verl's is cuda): "
+            "set trainer.device=cuda, or drop rollout.name for the native engine, which runs "
+            "on either"
+        )
     if cfg.trainer.val_only and not cfg.data.val_files:
         problems.append(
             "trainer.val_only=true validates and stops, but data.val_files is empty: name the "

@@ -320,6 +320,11 @@ def test_verls_quick_start_line_runs_as_pasted():
     node and GPU), so those values are accepted; others are still refused with the hint."""
     cfg = build_config({}, VERL_QUICK_START)
     assert cfg.data.train_files == ["/data/gsm8k/train.parquet"]
+    # n_gpus_per_node=1 asks for one GPU: verl's default device, here made explicit (before,
+    # the line trained on meshrl's default, the CPU), and with it verl's bf16 compute
+    assert cfg.trainer.device == "cuda" and cfg.actor_rollout_ref.model.dtype == "bfloat16"
+    on_cpu = build_config({}, [*VERL_QUICK_START, "trainer.device=cpu"])
+    assert on_cpu.trainer.device == "cpu"  # a device given is kept
     assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == 0.4
     assert cfg.trainer.total_epochs == 15 and cfg.algorithm.kl_ctrl.kl_coef == 0.001
     assert "nnodes" not in config_to_yaml(cfg)  # nothing of them reaches the role servers

@@ -206,3 +206,12 @@ def test_every_combination_no_run_can_use_is_named_in_one_message():
         "trainer.val_only=true validates and stops, but data.val_files is empty",
         "algorithm.filter_groups.enable=true needs groups to filter",
     ]
+
+
+def test_vllm_rollout_on_a_cpu_run_is_refused_naming_the_device():
+    """Before, the run started: vLLM took a GPU while every trainer role ran on the CPU."""
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref.rollout.name=vllm generates on"):
+        check_run_config(build_config({}, ["actor_rollout_ref.rollout.name=vllm"]))
+    check_run_config(
+        build_config({}, ["actor_rollout_ref.rollout.name=vllm", "trainer.device=cuda"])
+    )
