@@ -12,7 +12,7 @@ import copy
 import re
 from pathlib import Path
 from types import UnionType
-from typing import Any, Union, get_args, get_origin
+from typing import Annotated, Any, Union, get_args, get_origin
 
 import yaml
 from pydantic import ValidationError
@@ -51,6 +51,11 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
+def _unannotated(annotation: Any) -> Any:
+    """``str`` for ``Annotated[str, ...]`` (a path, say); the annotation itself otherwise."""
+    return get_args(annotation)[0] if get_origin(annotation) is Annotated else annotation
+
+
 def _text_field(path: list[str]) -> bool:
     """Whether ``path`` names a text field of the schema (``str`` or ``str | None``)."""
     model: Any = RunConfig
@@ -62,7 +67,7 @@ def _text_field(path: list[str]) -> bool:
         if i == len(path) - 1:
             return annotation is str or (
                 get_origin(annotation) in (Union, UnionType)
-                and set(get_args(annotation)) == {str, type(None)}
+                and {_unannotated(a) for a in get_args(annotation)} == {str, type(None)}
             )
         model = annotation
     return False

@@ -8,6 +8,7 @@ time (ports, addresses, versions) live in state objects, never in this config.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Annotated, Literal, TypeVar
 
@@ -34,6 +35,40 @@ def _one_item_list(value: object) -> object:
 # wrapped: a number, a mapping or `key=` (nothing: an empty list or a slip?) is still refused
 # as "Input should be a valid list".
 OneOrList = Annotated[list[_Item], BeforeValidator(_one_item_list)]
+
+
+def _home_expanded(value: object) -> object:
+    """``~/x`` as the home folder's ``x``: a shell leaves ``key=~/x`` as typed (the word
+    does not start with ``~``), and the files would be looked for in a folder named ``~``."""
+    return os.path.expanduser(value) if isinstance(value, str) and value.startswith("~") else value
+
+
+# A file or folder path of the config (data files, model folders, the run folder, ...).
+PathText = Annotated[str, BeforeValidator(_home_expanded)]
+
+# verl's short names of dtypes (`fsdp_config.model_dtype=bf16`), as the long ones here.
+_DTYPE_NAMES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "half": "float16"}
+
+
+def _dtype_name(value: object) -> object:
+    return _DTYPE_NAMES.get(value, value) if isinstance(value, str) else value
+
+
+def _verl_logger_name(value: object) -> object:
+    # verl's `file` logger writes each step's metrics as a JSON line, as `jsonl` does here
+    return "jsonl" if value == "file" else value
+
+
+LoggerName = Annotated[
+    Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"],
+    BeforeValidator(_verl_logger_name),
+]
+
+
+def _verl_warmup_steps(value: object) -> object:
+    # verl's -1 (its default): take the warm-up from lr_warmup_steps_ratio, whose only value
+    # accepted here is 0 (verl_keys.py): no warm-up
+    return 0 if value == -1 and type(value) is int else value
 
 
 def _fsdp_only(value: object) -> object:
@@ -67,9 +102,9 @@ class Section(BaseModel):
 
 
 class DataConfig(Section):
-    train_files: OneOrList[str] = Field(default_factory=list)
+    train_files: OneOrList[PathText] = Field(default_factory=list)
     """Parquet files of training prompts in verl's schema (one path alone is a list of one)."""
-    val_files: OneOrList[str] = Field(default_factory=list)
+    val_files: OneOrList[PathText] = Field(default_factory=list)
     """Parquet files of validation prompts (one path alone is a list of one); empty disables
     validation."""
     prompt_key: str = "prompt"
@@ -102,13 +137,13 @@ class DataConfig(Section):
 
 
 class ModelConfig(Section):
-    path: str = ""
+    path: PathText = ""
     """Local Hugging Face model folder (config, weights, tokenizer). No hub downloads."""
-    tokenizer_path: str | None = None
+    tokenizer_path: PathText | None = None
     """Tokenizer folder if not the model's."""
     enable_gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
-    dtype: Literal["float32", "bfloat16"] | None = None
+    dtype: Annotated[Literal["float32", "bfloat16"], BeforeValidator(_dtype_name)] | None = None
     """Compute dtype of the trainer (master weights stay float32). None: for
     actor_rollout_ref.model (actor, reference), bfloat16 with trainer.device=cuda (as
     verl's, FSDP2 mixed precision) and float32 on the CPU; the actor's for critic.model."""
@@ -139,7 +174,7 @@ class OptimConfig(Section):
     """Adam epsilon."""
     weight_decay: float = Field(0.01, ge=0)
     """Decoupled weight decay (AdamW)."""
-    lr_warmup_steps: int = Field(0, ge=0)
+    lr_warmup_steps: Annotated[int, BeforeValidator(_verl_warmup_steps)] = Field(0, ge=0)
     """Linear warm-up optimizer steps (counted in PPO steps, as verl does)."""
     lr_scheduler_type: Literal["constant", "cosine"] = "constant"
     """Schedule after warm-up."""
@@ -278,7 +313,9 @@ class RolloutConfig(Section):
     """Nucleus sampling: draw among the most likely tokens whose mass reaches top_p (1 = off)."""
     top_k: int = -1
     """-1 = off."""
-    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    dtype: (
+        Annotated[Literal["float32", "bfloat16", "float16"], BeforeValidator(_dtype_name)] | None
+    ) = None
     """Engine weights dtype. None: the actor's compute dtype (actor_rollout_ref.model.dtype),
     so that the engine's log-probs and the trainer's are of the same weights."""
     max_num_seqs: int = Field(1024, gt=0)
@@ -370,7 +407,7 @@ class CriticConfig(Section):
 class RewardModelConfig(Section):
     enable: bool = False
     """Score with a model besides (or instead of) the rule scorers."""
-    path: str = ""
+    path: PathText = ""
     """Hugging Face sequence- or token-classification model folder."""
     micro_batch_size: int = Field(16, gt=0)
     """(prompt, response) pairs per reward-model forward."""
@@ -397,7 +434,7 @@ class OverlongBufferConfig(Section):
 
 
 class RewardConfig(Section):
-    custom_function: str | None = None
+    custom_function: PathText | None = None
     """`path/to/file.py:function_name` scoring (data_source, response, ground_truth, extra_info)."""
     timeout_s: float = Field(10.0, gt=0)
     """Per-sample scorer limit."""
@@ -500,7 +537,7 @@ class TrainerConfig(Section):
     """Checkpoint every this many steps and at the last step; -1 = never (as verl)."""
     max_ckpt_to_keep: int | None = Field(None, ge=0)
     """Keep the newest N checkpoints; None or 0 = all."""
-    resume_mode: str = "auto"
+    resume_mode: PathText = "auto"
     """auto (latest complete checkpoint of the run folder), disable, or a checkpoint path."""
 
     @field_validator("resume_mode")
@@ -516,11 +553,9 @@ class TrainerConfig(Section):
             )
         return value
 
-    default_local_dir: str = "runs/${trainer.project_name}/${trainer.experiment_name}"
+    default_local_dir: PathText = "runs/${trainer.project_name}/${trainer.experiment_name}"
     """Run folder: metrics, checkpoints, logs."""
-    logger: OneOrList[Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
-        default_factory=lambda: ["console", "jsonl"]
-    )
+    logger: OneOrList[LoggerName] = Field(default_factory=lambda: ["console", "jsonl"])
     """Where step metrics go (one name alone is a list of one): the console,
     `<run folder>/metrics.jsonl`, TensorBoard event files in `<run folder>/tensorboard` or
     `$TENSORBOARD_DIR/<project>/<experiment>`
@@ -529,6 +564,13 @@ class TrainerConfig(Section):
     online or offline as `$WANDB_MODE` says (`pip install 'meshrl[wandb]'`), and an MLflow
     run `<experiment_name>` in experiment `<project_name>` at `$MLFLOW_TRACKING_URI`, else
     in `<run folder>/mlflow.db` (`pip install 'meshrl[mlflow]'`)."""
+
+    @field_validator("logger")
+    @classmethod
+    def _each_logger_once(cls, value: list[str]) -> list[str]:
+        # verl's `file` is `jsonl` here: [jsonl, file] would write every line twice
+        return list(dict.fromkeys(value))
+
     device: Literal["cpu", "cuda"] = "cpu"
     """Where the rollout and trainer roles compute: cpu (the default here; verl's is cuda) or
     cuda. cpu on a machine with GPUs warns at start (local launcher)."""
@@ -538,10 +580,10 @@ class TrainerConfig(Section):
     """Deadline of each RPC to a role server."""
     plot: bool = True
     """Write metrics.png (score, KL, response length) at the end."""
-    rollout_data_dir: str | None = None
+    rollout_data_dir: PathText | None = None
     """Write each step's generations (prompt, response, ground truth, score, reward extras)
     to `<dir>/<step>.jsonl`; a relative path is under the run folder. None: not written."""
-    validation_data_dir: str | None = None
+    validation_data_dir: PathText | None = None
     """The same for each validation's generations."""
     log_val_generations: int = Field(0, ge=0)
     """Show this many validation samples (input, output, score) in the loggers that keep
@@ -630,19 +672,19 @@ class SecurityConfig(Section):
     (see meshrl/rpc/security.py); paths are read where each process runs.
     """
 
-    tls_cert: str | None = None
+    tls_cert: PathText | None = None
     """PEM certificate chain of the servers; set (with tls_key) = TLS on every server."""
-    tls_key: str | None = None
+    tls_key: PathText | None = None
     """PEM private key of tls_cert."""
-    tls_ca: str | None = None
+    tls_ca: PathText | None = None
     """PEM CA bundle: clients verify servers with it; servers verify client certificates."""
-    client_cert: str | None = None
+    client_cert: PathText | None = None
     """PEM certificate clients present (mutual TLS)."""
-    client_key: str | None = None
+    client_key: PathText | None = None
     """PEM private key of client_cert."""
     require_client_cert: bool = False
     """Servers refuse clients without a certificate signed by tls_ca (mutual TLS)."""
-    auth_token_file: str | None = None
+    auth_token_file: PathText | None = None
     """File holding the shared token; servers refuse calls without it, clients send it."""
 
     @model_validator(mode="after")

@@ -26,12 +26,17 @@ def unknown_key_lines(loc: tuple[str | int, ...], given: Any) -> list[str]:
     if verl_key(key) is None:
         return [f"{key}: unknown config key{_did_you_mean(loc)}"]
     # A verl section given as a whole (`reward_model: {enable: true, model: {path: ...}}`) is
-    # one unknown key to pydantic; its settings may each have their own meshrl key.
-    hints = {}
+    # one unknown key to pydantic; its settings may each have their own meshrl key. Each
+    # line names the settings given (`fsdp_config.grad_offload`, not just `fsdp_config`:
+    # its neighbours may have been accepted), once for the entry that answers for them.
+    leaves_of: dict[str, list[str]] = {}
     for leaf in _leaves(key, given):
-        entry_key, entry = verl_key(leaf)  # never None: key, above every leaf, has an entry
-        hints.setdefault(entry_key, entry.hint())
-    return [f"{entry_key}: {hint}" for entry_key, hint in hints.items()]
+        entry_key, _ = verl_key(leaf)  # never None: key, above every leaf, has an entry
+        leaves_of.setdefault(entry_key, []).append(leaf)
+    return [
+        f"{', '.join(leaves)}: {verl_key(entry_key)[1].hint()}"
+        for entry_key, leaves in leaves_of.items()
+    ]
 
 
 def _leaves(key: str, given: Any) -> list[str]:

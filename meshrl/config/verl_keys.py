@@ -1,7 +1,10 @@
 """verl keys that meshrl does not have, or has under another name: what to do instead.
 
 Such a key stays an error (a key silently ignored would let a verl user believe it took
-effect); the table only makes the error say what meshrl does instead. A table key also
+effect); the table makes the error say what meshrl does instead. The exceptions, each
+marked in its entry: a value that asks for what meshrl does anyway (``same_here``), a knob
+of verl's own machinery that changes nothing of a run's result (``any_value``), and a key
+that means exactly a meshrl key (``moves_to``). A table key also
 answers for the keys below it: `actor_rollout_ref.actor.fsdp_config` covers
 `actor_rollout_ref.actor.fsdp_config.param_offload`. tests/config/test_verl_keys.py checks
 that every key here is unknown to the schema and every key it points to exists.
@@ -22,6 +25,14 @@ class VerlKey:
     """Values with which the key asks for what meshrl does anyway (one GPU for a rollout
     server, one node, no CPU offload): accepted and dropped, so that verl's example lines
     run as pasted."""
+    any_value: bool = False
+    """A knob of verl's own machinery (data loader workers, shared-memory loading, vLLM's
+    chunked prefill) that changes nothing of a run's result, and that meshrl's own machinery
+    has no counterpart of: accepted and dropped with any value."""
+    moves_to: str = ""
+    """The meshrl key that means exactly what this one does, values and all: its value goes
+    there unless the config sets that key (then the two must agree, or this one is
+    refused)."""
     implies: tuple[tuple[str, object], ...] = ()
     """(meshrl key, value) pairs that an accepted value asks for where verl's defaults
     differ from meshrl's, set where the config does not set them: `n_gpus_per_node=1`
@@ -42,13 +53,22 @@ class VerlKey:
 
 _FSDP = "each trainer role is always FSDP2-sharded over its world_size ranks, with no CPU offload"
 _PER_RANK = "responses per forward on each rank"
+_MASTERS = "master weights stay float32; this is the dtype forwards and backwards compute in"
+_COMPILES = "the trainer compiles what pays on a GPU (the LM head's chunked scores) by itself"
+_LOADS = "model folders are read from local disk as they are"
+_ENGINE = "the native engine sizes its prefill chunks itself; with vLLM, vLLM's defaults"
 
 VERL_KEYS: dict[str, VerlKey] = {
     # data
     "data.tokenizer": VerlKey(use="actor_rollout_ref.model.tokenizer_path"),
     "data.return_raw_chat": VerlKey(
         why="rollout gets the prompts as data.apply_chat_template renders them, and a reward "
-        "model always gets each row's chat messages, rendered with its own chat template"
+        "model always gets each row's chat messages, rendered with its own chat template",
+        # verl's true hands the messages to a rollout server that renders them the same way
+        same_here=(True, False),
+    ),
+    "data.dataloader_num_workers": VerlKey(
+        why="the prompts are read once, into memory", any_value=True
     ),
     "data.reward_fn_key": VerlKey(why="scorers are picked by each row's data_source column"),
     # actor, rollout, reference
@@ -60,6 +80,24 @@ VERL_KEYS: dict[str, VerlKey] = {
     ),
     "actor_rollout_ref.actor.fsdp_config.param_offload": VerlKey(why=_FSDP, same_here=(False,)),
     "actor_rollout_ref.actor.fsdp_config.optimizer_offload": VerlKey(why=_FSDP, same_here=(False,)),
+    "actor_rollout_ref.actor.fsdp_config.grad_offload": VerlKey(why=_FSDP, same_here=(False,)),
+    "actor_rollout_ref.actor.fsdp_config.model_dtype": VerlKey(
+        use="actor_rollout_ref.model.dtype", why=_MASTERS
+    ),
+    "actor_rollout_ref.actor.use_torch_compile": VerlKey(why=_COMPILES, any_value=True),
+    "actor_rollout_ref.model.enable_activation_offload": VerlKey(
+        use="actor_rollout_ref.model.enable_gradient_checkpointing=true",
+        why="activations are not offloaded to the CPU; recomputing them saves the memory",
+        same_here=(False,),
+    ),
+    "actor_rollout_ref.model.use_shm": VerlKey(why=_LOADS, any_value=True),
+    "actor_rollout_ref.model.lora": VerlKey(
+        use="actor_rollout_ref.model.lora_rank",
+        why="LoRA is actor_rollout_ref.model.lora_rank, lora_alpha and target_modules",
+    ),
+    "actor_rollout_ref.model.lora.merge": VerlKey(
+        why="rollout always gets the adapters merged into the base weights", same_here=(True,)
+    ),
     "actor_rollout_ref.actor.ppo_micro_batch_size": VerlKey(
         use="actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", why=_PER_RANK
     ),
@@ -67,7 +105,9 @@ VERL_KEYS: dict[str, VerlKey] = {
         why="no sequence parallelism: a trainer role's ranks shard the model (FSDP2)"
     ),
     "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": VerlKey(
-        use="actor_rollout_ref.actor.optim.lr_warmup_steps", why="a number of steps, not a ratio"
+        use="actor_rollout_ref.actor.optim.lr_warmup_steps",
+        why="a number of steps, not a ratio",
+        same_here=(0, 0.0),  # no warm-up
     ),
     "actor_rollout_ref.actor.optim.warmup_style": VerlKey(
         use="actor_rollout_ref.actor.optim.lr_scheduler_type"
@@ -76,6 +116,41 @@ VERL_KEYS: dict[str, VerlKey] = {
         why="each rollout server holds the whole model on one device (vLLM too); more servers: "
         "actor_rollout_ref.rollout.replicas",
         same_here=(1,),
+    ),
+    "actor_rollout_ref.rollout.do_sample": VerlKey(
+        use="actor_rollout_ref.rollout.temperature=0",
+        why="training rollouts sample; greedy ones have temperature 0",
+        same_here=(True,),
+    ),
+    "actor_rollout_ref.rollout.enable_sleep_mode": VerlKey(
+        use="actor_rollout_ref.rollout.free_cache_engine",
+        why="the same setting; this config gives both, with different values",
+        moves_to="actor_rollout_ref.rollout.free_cache_engine",
+    ),
+    "actor_rollout_ref.rollout.max_model_len": VerlKey(
+        why="the engine's context is data.max_prompt_length + data.max_response_length"
+    ),
+    "actor_rollout_ref.rollout.max_num_batched_tokens": VerlKey(why=_ENGINE, any_value=True),
+    "actor_rollout_ref.rollout.enable_chunked_prefill": VerlKey(why=_ENGINE, any_value=True),
+    "actor_rollout_ref.rollout.load_format": VerlKey(why=_LOADS, any_value=True),
+    "actor_rollout_ref.rollout.layered_summon": VerlKey(
+        why="the actor streams its weights to rollout in buckets, not layer by layer gathered",
+        any_value=True,
+    ),
+    "actor_rollout_ref.rollout.engine_kwargs": VerlKey(
+        why="vLLM's options are not passed through: meshrl's adapter sets its dtype, "
+        "gpu_memory_utilization, enforce_eager, max_num_seqs and max_model_len from "
+        "actor_rollout_ref.rollout"
+    ),
+    "actor_rollout_ref.rollout.multi_turn": VerlKey(
+        why="no multi-turn rollout (tool calls, interactions): one response a sample"
+    ),
+    "actor_rollout_ref.rollout.multi_turn.enable": VerlKey(
+        why="no multi-turn rollout (tool calls, interactions): one response a sample",
+        same_here=(False,),
+    ),
+    "actor_rollout_ref.rollout.multi_turn.format": VerlKey(
+        why="the tool-call format of multi-turn rollouts, which are off", any_value=True
     ),
     "actor_rollout_ref.rollout.mode": VerlKey(
         why="rollout always runs as servers of its own (no sync or async mode, no agent "
@@ -88,6 +163,9 @@ VERL_KEYS: dict[str, VerlKey] = {
         why=f"{_FSDP}; the compute dtype is actor_rollout_ref.model.dtype"
     ),
     "actor_rollout_ref.ref.fsdp_config.param_offload": VerlKey(why=_FSDP, same_here=(False,)),
+    "actor_rollout_ref.ref.fsdp_config.model_dtype": VerlKey(
+        use="actor_rollout_ref.model.dtype", why=_MASTERS
+    ),
     "actor_rollout_ref.ref.log_prob_micro_batch_size": VerlKey(
         use="actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", why=_PER_RANK
     ),
@@ -95,11 +173,19 @@ VERL_KEYS: dict[str, VerlKey] = {
     "critic.model.fsdp_config": VerlKey(why=f"{_FSDP}; the compute dtype is critic.model.dtype"),
     "critic.model.fsdp_config.param_offload": VerlKey(why=_FSDP, same_here=(False,)),
     "critic.model.fsdp_config.optimizer_offload": VerlKey(why=_FSDP, same_here=(False,)),
+    "critic.model.fsdp_config.grad_offload": VerlKey(why=_FSDP, same_here=(False,)),
+    "critic.model.fsdp_config.model_dtype": VerlKey(use="critic.model.dtype", why=_MASTERS),
+    "critic.model.use_shm": VerlKey(why=_LOADS, any_value=True),
+    "critic.model.enable_activation_offload": VerlKey(
+        use="critic.model.enable_gradient_checkpointing=true",
+        why="activations are not offloaded to the CPU; recomputing them saves the memory",
+        same_here=(False,),
+    ),
     "critic.ppo_micro_batch_size": VerlKey(
         use="critic.ppo_micro_batch_size_per_gpu", why=_PER_RANK
     ),
     "critic.optim.lr_warmup_steps_ratio": VerlKey(
-        use="critic.optim.lr_warmup_steps", why="a number of steps, not a ratio"
+        use="critic.optim.lr_warmup_steps", why="a number of steps, not a ratio", same_here=(0, 0.0)
     ),
     "critic.optim.warmup_style": VerlKey(use="critic.optim.lr_scheduler_type"),
     # reward
@@ -148,7 +234,16 @@ VERL_KEYS: dict[str, VerlKey] = {
     "trainer.resume_from_path": VerlKey(use="trainer.resume_mode=<checkpoint path>"),
     "trainer.val_generations_to_log_to_wandb": VerlKey(use="trainer.log_val_generations"),
     "trainer.default_hdfs_dir": VerlKey(
-        why="no HDFS copy: checkpoints stay in the run folder, trainer.default_local_dir"
+        why="no HDFS copy: checkpoints stay in the run folder, trainer.default_local_dir",
+        same_here=(None,),  # verl's default: no copy
+    ),
+    "trainer.balance_batch": VerlKey(
+        why="with use_dynamic_bsz each trainer rank gets a share of the batch balanced by "
+        "tokens; the result does not depend on it",
+        any_value=True,
+    ),
+    "trainer.use_legacy_worker_impl": VerlKey(
+        why="verl's choice between its own worker implementations", any_value=True
     ),
     # Ray
     "ray_init": VerlKey(
@@ -171,14 +266,21 @@ def verl_key(key: str) -> tuple[str, VerlKey] | None:
 def drop_same_meaning(tree: dict) -> None:
     """Takes out of ``tree`` the verl keys set to a value that asks for what meshrl does
     anyway (``VerlKey.same_here``: `tensor_model_parallel_size=1`, `trainer.nnodes=1`,
-    `fsdp_config.param_offload=false`, ...), and a verl section left empty by that. Any other
-    value stays, to be refused with its hint."""
+    `fsdp_config.param_offload=false`, ...; ``any_value``), moves those that mean exactly a
+    meshrl key to it (``moves_to``), sets what an accepted value implies (``implies``), and
+    drops a verl section left empty by that. Any other value stays, to be refused with its
+    hint."""
     for key, entry in VERL_KEYS.items():
         *parents, name = key.split(".")
         path = _sections_along(tree, parents)
-        if not entry.same_here or path is None or name not in path[-1]:
+        if path is None or name not in path[-1]:
             continue
-        if not _same(path[-1][name], entry.same_here):
+        if entry.moves_to:
+            if not _moved(tree, path[-1][name], entry.moves_to.split(".")):
+                continue
+        elif not (entry.same_here or entry.any_value):
+            continue
+        elif not entry.any_value and not _same(path[-1][name], entry.same_here):
             continue
         del path[-1][name]
         for implied, value in entry.implies:
@@ -188,6 +290,14 @@ def drop_same_meaning(tree: dict) -> None:
             if path[depth] or ".".join(parents[:depth]) not in VERL_KEYS:
                 break
             del path[depth - 1][parents[depth - 1]]
+
+
+def _moved(tree: dict, value: object, parts: list[str]) -> bool:
+    """Sets the key at ``parts`` to ``value`` unless it is set; whether the two now agree."""
+    _set_unless_given(tree, parts, value)
+    *parents, name = parts
+    path = _sections_along(tree, parents)
+    return path is not None and _same(path[-1].get(name), (value,))
 
 
 def _set_unless_given(tree: dict, parts: list[str], value: object) -> None:

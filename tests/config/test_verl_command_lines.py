@@ -1,6 +1,8 @@
 """verl command lines as users paste them: single-string lists, Hydra's `+`/`++`/`~`
 prefixes, "did you mean" for typos, and what to do instead for verl keys meshrl lacks."""
 
+from pathlib import Path
+
 import pytest
 
 from meshrl import cli
@@ -48,7 +50,7 @@ def test_a_single_string_in_yaml_is_a_list_of_one(tmp_path):
         "trainer:\n  logger: jsonl\n"
     )
     cfg = load_config(path)
-    assert cfg.data.train_files == ["~/data/gsm8k/train.parquet"]
+    assert cfg.data.train_files == [str(Path.home() / "data/gsm8k/train.parquet")]  # ~ expanded
     assert cfg.data.val_files == ["test.parquet"] and cfg.trainer.logger == ["jsonl"]
 
 
@@ -180,14 +182,14 @@ def test_nothing_close_gets_no_suggestion():
             "not used here",
         ),
         ("actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.mode: unknown"),
-        ("data.return_raw_chat=True", "data.return_raw_chat: unknown config key (verl's)"),
         (
             "actor_rollout_ref.model.trust_remote_code=True",
             "actor_rollout_ref.model.trust_remote_code: unknown config key (verl's), not used",
         ),
         (
-            "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=0",
-            "actor_rollout_ref.actor.fsdp_config: unknown config key (verl's), not used here",
+            "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=0",  # its own key
+            "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params: unknown config "
+            "key (verl's), not used here: each trainer role is always FSDP2-sharded",
         ),
         (
             "actor_rollout_ref.actor.fsdp_config.param_offload=True",
@@ -210,7 +212,8 @@ def test_verls_custom_reward_function_is_one_line_naming_our_format():
     err = error_of(["custom_reward_function.path=my.py", "custom_reward_function.name=fn"])
     lines = [line for line in err.splitlines() if "custom_reward_function" in line]
     assert lines == [
-        "  custom_reward_function: unknown config key (verl's): set "
+        "  custom_reward_function.path, custom_reward_function.name: unknown config key "
+        "(verl's): set "
         "reward.custom_function=path/to/file.py:function_name instead (verl's path and name "
         "in one value; the name defaults to compute_score)"
     ]
@@ -228,14 +231,14 @@ def test_verls_reward_model_section_maps_each_setting():
     for expected in (
         "reward_model.enable: unknown config key (verl's): set reward.reward_model.enable",
         "reward_model.model.path: unknown config key (verl's): set reward.reward_model.path",
-        "reward_model.overlong_buffer: unknown config key (verl's): set reward.overlong_buffer",
+        "reward_model.overlong_buffer.len: unknown config key (verl's): set reward.overlong_buffer",
         "reward_model.reward_manager: unknown config key (verl's), not used here",
     ):
         assert expected in err
     # a setting of the section without an entry of its own gets the section's hint
-    assert "reward_model: unknown config key (verl's), not used here: the reward model is " in (
-        error_of(["reward_model.strategy=fsdp"])
-    )
+    assert (
+        "reward_model.strategy: unknown config key (verl's), not used here: the reward model is "
+    ) in error_of(["reward_model.strategy=fsdp"])
 
 
 def test_a_verl_grpo_command_line_exits_2_with_every_hint(tmp_path, capsys, monkeypatch):
@@ -377,3 +380,157 @@ def test_verls_grpo_example_is_refused_only_where_it_asks_for_something_else():
     cfg = build_config({}, edited)
     assert cfg.algorithm.adv_estimator == "grpo" and cfg.actor_rollout_ref.rollout.n == 5
     assert cfg.critic.critic_warmup == 0 and cfg.trainer.logger == ["console", "wandb"]
+
+
+# Three more of verl's examples (GRPO on Qwen3-0.6B, PPO with sequence balancing, GRPO with
+# LoRA merged), as pasted, paths aside; then what each is refused for.
+VERL_MORE_EXAMPLES = {
+    "grpo_qwen3_0.6b_fsdp": (
+        """
+algorithm.adv_estimator=grpo data.train_files=/d/gsm8k/train.parquet
+data.val_files=/d/gsm8k/test.parquet data.train_batch_size=64 data.max_prompt_length=512
+data.max_response_length=1024 data.filter_overlong_prompts=True data.truncation=error
+actor_rollout_ref.model.path=/m/Qwen3-0.6B actor_rollout_ref.actor.optim.lr=1e-6
+actor_rollout_ref.model.use_remove_padding=True actor_rollout_ref.actor.ppo_mini_batch_size=64
+actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 actor_rollout_ref.actor.use_kl_loss=True
+actor_rollout_ref.actor.kl_loss_coef=0.001 actor_rollout_ref.actor.kl_loss_type=low_var_kl
+actor_rollout_ref.actor.entropy_coeff=0 actor_rollout_ref.model.enable_gradient_checkpointing=True
+actor_rollout_ref.actor.fsdp_config.param_offload=False
+actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
+actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4
+actor_rollout_ref.rollout.tensor_model_parallel_size=1 actor_rollout_ref.rollout.name=vllm
+actor_rollout_ref.rollout.gpu_memory_utilization=0.4 actor_rollout_ref.rollout.n=5
+actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4
+actor_rollout_ref.ref.fsdp_config.param_offload=True algorithm.use_kl_in_reward=False
+trainer.critic_warmup=0 trainer.logger=["console"] trainer.project_name=p trainer.experiment_name=e
+trainer.n_gpus_per_node=4 trainer.nnodes=1 trainer.save_freq=20 trainer.test_freq=5
++actor_rollout_ref.rollout.enable_sleep_mode=False actor_rollout_ref.rollout.free_cache_engine=False
+trainer.total_epochs=15
+""",
+        ["actor_rollout_ref.ref.fsdp_config.param_offload", "trainer.n_gpus_per_node"],
+    ),
+    "ppo_qwen2-7b_seq_balance": (
+        """
+algorithm.adv_estimator=gae data.train_files=['/d/gsm8k/train.parquet','/d/math/train.parquet']
+data.val_files=['/d/gsm8k/test.parquet','/d/math/test.parquet'] data.return_raw_chat=True
+data.train_batch_size=4096 data.max_prompt_length=4096 data.max_response_length=4096
+data.filter_overlong_prompts=True data.truncation=error actor_rollout_ref.model.path=/m/Qwen2-7B
+actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.model.use_remove_padding=True
+actor_rollout_ref.model.enable_gradient_checkpointing=True
+actor_rollout_ref.actor.ppo_mini_batch_size=512 actor_rollout_ref.actor.use_dynamic_bsz=True
+actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24000
+actor_rollout_ref.actor.fsdp_config.param_offload=False
+actor_rollout_ref.actor.fsdp_config.optimizer_offload=False actor_rollout_ref.actor.use_kl_loss=False
+actor_rollout_ref.rollout.tensor_model_parallel_size=2 actor_rollout_ref.rollout.name=vllm
+actor_rollout_ref.rollout.multi_turn.format=hermes actor_rollout_ref.rollout.gpu_memory_utilization=0.5
+actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=24000 critic.optim.lr=1e-5
+critic.model.use_remove_padding=True critic.model.path=/m/Qwen2-7B
+critic.model.enable_gradient_checkpointing=True critic.ppo_max_token_len_per_gpu=98304
+critic.model.fsdp_config.param_offload=False critic.model.fsdp_config.optimizer_offload=False
+algorithm.use_kl_in_reward=False trainer.critic_warmup=0 trainer.logger=["console","wandb"]
+trainer.project_name=p trainer.experiment_name=e trainer.n_gpus_per_node=8
+trainer.val_before_train=False trainer.nnodes=1 trainer.save_freq=20 trainer.test_freq=5
+trainer.total_epochs=15
+""",
+        ["actor_rollout_ref.rollout.tensor_model_parallel_size", "trainer.n_gpus_per_node"],
+    ),
+    "grpo_qwen3-4b_lora_merge": (
+        """
+algorithm.adv_estimator=grpo trainer.val_before_train=True data.train_files=/d/gsm8k/train.parquet
+data.val_files=/d/gsm8k/test.parquet data.train_batch_size=128 data.max_prompt_length=1024
+data.max_response_length=1024 data.filter_overlong_prompts=True data.truncation=error
+data.shuffle=False actor_rollout_ref.model.path=/m/Qwen3-4B
+actor_rollout_ref.model.use_remove_padding=True actor_rollout_ref.model.enable_gradient_checkpointing=True
++actor_rollout_ref.model.lora.merge=True actor_rollout_ref.model.lora_rank=32
+actor_rollout_ref.model.lora_alpha=64 actor_rollout_ref.actor.optim.lr=1.0e-05
+actor_rollout_ref.actor.use_dynamic_bsz=True actor_rollout_ref.actor.ppo_mini_batch_size=64
+actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576 actor_rollout_ref.actor.use_kl_loss=True
+actor_rollout_ref.actor.kl_loss_coef=0.001 actor_rollout_ref.actor.kl_loss_type=low_var_kl
+actor_rollout_ref.actor.entropy_coeff=0 actor_rollout_ref.actor.strategy=fsdp2
+actor_rollout_ref.actor.fsdp_config.model_dtype=bf16 actor_rollout_ref.actor.fsdp_config.param_offload=False
+actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
+actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True
+actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=24576
+actor_rollout_ref.rollout.tensor_model_parallel_size=2 actor_rollout_ref.rollout.name=vllm
+actor_rollout_ref.rollout.gpu_memory_utilization=0.6 actor_rollout_ref.rollout.n=8
+actor_rollout_ref.rollout.load_format=safetensors actor_rollout_ref.rollout.layered_summon=True
+actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=24576
+actor_rollout_ref.ref.fsdp_config.param_offload=True actor_rollout_ref.ref.strategy=fsdp2
+actor_rollout_ref.ref.fsdp_config.model_dtype=bf16 algorithm.use_kl_in_reward=False
+trainer.use_legacy_worker_impl=disable trainer.critic_warmup=0
+trainer.logger=["console","tensorboard","file"] trainer.project_name=p trainer.experiment_name=e
+trainer.default_local_dir=outputs/p/e/ trainer.n_gpus_per_node=8 trainer.nnodes=1
+trainer.save_freq=20 trainer.test_freq=5 trainer.total_epochs=1
+""",
+        [
+            "actor_rollout_ref.actor.fsdp_config.model_dtype",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size",
+            "actor_rollout_ref.ref.fsdp_config.param_offload",
+            "actor_rollout_ref.ref.fsdp_config.model_dtype",
+            "trainer.n_gpus_per_node",
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VERL_MORE_EXAMPLES))
+def test_more_of_verls_examples_are_refused_only_where_they_ask_for_something_else(name):
+    """Before, these were also refused for knobs of verl's own machinery (data loader
+    workers, `load_format`, `layered_summon`, `use_legacy_worker_impl`, the multi-turn
+    tool format), for `return_raw_chat`, `lora.merge=True`, `enable_sleep_mode=False` beside
+    `free_cache_engine=False`, and verl's `file` logger; `model_dtype` errors named only
+    `fsdp_config`. What is left asks for what meshrl does otherwise (sharded rollout, an
+    offloaded reference, several GPUs placed by verl, a dtype under another key)."""
+    text, refused = VERL_MORE_EXAMPLES[name]
+    overrides = text.split()
+    lines = error_of(overrides).splitlines()[1:]
+    assert [line.split(": unknown config key")[0].strip() for line in lines] == refused
+    edited = [o for o in overrides if not o.startswith(tuple(refused))]
+    cfg = build_config({}, edited)
+    assert config_from_yaml(config_to_yaml(cfg)) == cfg
+    if name == "grpo_qwen3-4b_lora_merge":
+        assert cfg.trainer.logger == ["console", "tensorboard", "jsonl"]  # verl's file logger
+        assert cfg.actor_rollout_ref.model.lora_rank == 32
+    if name == "grpo_qwen3_0.6b_fsdp":
+        assert cfg.actor_rollout_ref.rollout.free_cache_engine is False
+
+
+def test_a_path_given_from_the_home_folder_is_expanded():
+    """A shell leaves `key=~/x` as typed (the word does not start with ~): before, the data
+    and the model were looked for in a folder named `~`."""
+    home = Path.home()
+    cfg = build_config(
+        {},
+        [
+            "data.train_files=~/data/gsm8k/train.parquet",
+            "actor_rollout_ref.model.path=~/models/Qwen2.5-0.5B",
+            "trainer.default_local_dir=~/runs/a",
+            "reward.custom_function=~/rewards.py:score",
+        ],
+    )
+    assert cfg.data.train_files == [str(home / "data/gsm8k/train.parquet")]
+    assert cfg.actor_rollout_ref.model.path == str(home / "models/Qwen2.5-0.5B")
+    assert cfg.trainer.default_local_dir == str(home / "runs/a")
+    assert cfg.reward.custom_function == str(home / "rewards.py") + ":score"
+    assert build_config({}, ["trainer.experiment_name=~x"]).trainer.experiment_name == "~x"
+
+
+def test_verls_short_dtype_names_and_warmup_default_read_as_they_mean():
+    cfg = build_config(
+        {},
+        [
+            "actor_rollout_ref.model.dtype=bf16",
+            "actor_rollout_ref.rollout.dtype=fp16",
+            "actor_rollout_ref.actor.optim.lr_warmup_steps=-1",  # verl: take the ratio, 0
+            "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.0",
+        ],
+    )
+    assert cfg.actor_rollout_ref.model.dtype == "bfloat16"
+    assert cfg.actor_rollout_ref.rollout.dtype == "float16"
+    assert cfg.actor_rollout_ref.actor.optim.lr_warmup_steps == 0
+    assert "lr_warmup_steps_ratio: unknown config key" in error_of(
+        ["actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1"]
+    )
+    assert "lr_warmup_steps: Input should be greater than or equal to 0" in error_of(
+        ["actor_rollout_ref.actor.optim.lr_warmup_steps=-2"]
+    )

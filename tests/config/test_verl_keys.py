@@ -32,7 +32,9 @@ def first_unknown_prefix(dotted: str) -> str:
     raise AssertionError(f"{dotted} is a schema key")
 
 
-@pytest.mark.parametrize("key", sorted(VERL_KEYS))
+@pytest.mark.parametrize(
+    "key", sorted(k for k, e in VERL_KEYS.items() if not (e.any_value or e.moves_to))
+)
 def test_each_verl_key_is_refused_with_its_hint(key):
     assert not schema_has(key)
     value = 2 if 1 in VERL_KEYS[key].same_here else 1  # 1 there asks for what we do
@@ -60,3 +62,33 @@ def test_every_meshrl_key_a_hint_names_exists(key):
     ]
     for name in named:
         assert schema_has(name), f"{key}'s hint names {name}, which is not a config key"
+
+
+@pytest.mark.parametrize("key", sorted(k for k, entry in VERL_KEYS.items() if entry.any_value))
+def test_a_knob_of_verls_machinery_is_accepted_with_any_value_and_dropped(key):
+    assert not schema_has(key)
+    for value in (0, 8, "x", True):
+        assert build_config({}, [f"{key}={value}"]) == build_config({}, [])
+
+
+def test_verls_sleep_mode_is_free_cache_engine_under_its_other_name():
+    sleep, free = "actor_rollout_ref.rollout.enable_sleep_mode", "actor_rollout_ref.rollout"
+    assert not build_config({}, [f"{sleep}=false"]).actor_rollout_ref.rollout.free_cache_engine
+    # verl's Qwen3-0.6B example gives both, agreeing: accepted
+    both = [f"+{sleep}=False", f"{free}.free_cache_engine=False"]
+    assert not build_config({}, both).actor_rollout_ref.rollout.free_cache_engine
+    with pytest.raises(ConfigError, match=f"{sleep}: unknown config key"):  # disagreeing
+        build_config({}, [f"{sleep}=true", f"{free}.free_cache_engine=false"])
+
+
+def test_verls_defaults_that_ask_for_nothing_here_are_accepted():
+    accepted = [
+        "trainer.default_hdfs_dir=null",  # verl's default: no HDFS copy
+        "actor_rollout_ref.actor.fsdp_config.grad_offload=False",  # verl's older examples
+        "critic.model.fsdp_config.grad_offload=False",
+        "data.return_raw_chat=True",  # a rollout server renders the messages the same way
+        "+actor_rollout_ref.model.lora.merge=True",  # rollout gets merged weights
+        "actor_rollout_ref.rollout.multi_turn.enable=False",
+        "actor_rollout_ref.rollout.do_sample=True",
+    ]
+    assert build_config({}, accepted) == build_config({}, [])
