@@ -194,6 +194,13 @@ def combination_problems(cfg: RunConfig) -> list[str]:
             "set trainer.device=cuda, or drop rollout.name for the native engine, which runs "
             "on either"
         )
+    actor_model, critic_tokenizer = cfg.actor_rollout_ref.model, cfg.critic.model.tokenizer_path
+    if critic_tokenizer and critic_tokenizer not in (actor_model.tokenizer_path, actor_model.path):
+        problems.append(
+            f"critic.model.tokenizer_path={critic_tokenizer}: the critic scores the actor's "
+            "tokens and reads no tokenizer of its own (its model must share the actor's "
+            "vocabulary); drop it"
+        )
     if cfg.trainer.val_only and not cfg.data.val_files:
         problems.append(
             "trainer.val_only=true validates and stops, but data.val_files is empty: name the "

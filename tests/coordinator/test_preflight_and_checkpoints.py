@@ -215,3 +215,11 @@ def test_vllm_rollout_on_a_cpu_run_is_refused_naming_the_device():
     check_run_config(
         build_config({}, ["actor_rollout_ref.rollout.name=vllm", "trainer.device=cuda"])
     )
+
+
+def test_a_critic_tokenizer_other_than_the_actors_is_refused_as_unread():
+    """Before, it was accepted and never read: the critic scores the actor's token ids."""
+    model = ["actor_rollout_ref.model.path=/m/actor"]
+    with pytest.raises(ConfigError, match=r"^critic.model.tokenizer_path=/m/other: the critic"):
+        check_run_config(build_config({}, [*model, "critic.model.tokenizer_path=/m/other"]))
+    check_run_config(build_config({}, [*model, "critic.model.tokenizer_path=/m/actor"]))
