@@ -3,6 +3,7 @@ driving them over gRPC, on GPUs (issue 6: one H200, all co-located; issue 9: spl
 
     python3 -m benchmarks.gpu_ppo_step --variants colocated,colocated_keep_cache --out $OUT
     python3 -m benchmarks.gpu_ppo_step --tiny --device cpu --variants colocated   # a dry run
+    python3 -m benchmarks.gpu_ppo_step --verl-defaults --variants colocated_compiled --tag _v
 
 The model has Qwen2.5-0.5B's shape with random weights (no hub here) and no EOS, so every
 response runs to its full length; the prompts are random character strings of the chosen
@@ -78,6 +79,15 @@ VARIANT_ENV: dict[str, dict[str, str]] = {
 }
 
 
+# verl's quick start names no device or dtype, only its placement: here that asks for one
+# GPU (trainer.device=cuda, verl's default) and, with it, bf16 compute (--verl-defaults).
+VERL_PLACEMENT = [
+    "trainer.n_gpus_per_node=1",
+    "trainer.nnodes=1",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+]
+
+
 def write_prompts(path: Path, rows: int, prompt_tokens: int, seed: int = 0) -> None:
     """verl-schema parquet; the chat template adds BOS, so each prompt is exactly
     ``prompt_tokens`` tokens."""
@@ -123,6 +133,7 @@ def step_config(workdir: Path, model: str, args, variant: str):
     write_prompts(data, rows, args.prompt_len)
     micro = args.micro
     dtype = "bfloat16" if args.device == "cuda" else "float32"
+    placement = VERL_PLACEMENT if args.verl_defaults else []
     overrides = [
         f"data.train_files=[{data}]",
         f"data.val_files=[{data}]",
@@ -155,6 +166,7 @@ def step_config(workdir: Path, model: str, args, variant: str):
         f"trainer.default_local_dir={workdir / ('run_' + variant)}",
         "launcher.startup_timeout_s=600",
         "reward.num_workers=4",
+        *placement,
         *VARIANTS[variant],
         *args.override,
     ]
@@ -195,6 +207,11 @@ def run_variant(variant: str, workdir: Path, model: str, args) -> dict:
     return {
         "variant": variant,
         "placement": dict(cfg.launcher.role_gpus) or "all roles on one GPU",
+        "resolved": {
+            "trainer.device": cfg.trainer.device,
+            "actor_rollout_ref.model.dtype": cfg.actor_rollout_ref.model.dtype,
+            "actor_rollout_ref.rollout.dtype": cfg.actor_rollout_ref.rollout.dtype,
+        },
         "wall_s": wall,
         "median_after_first": summarize(steps),
         "steps": steps,
@@ -217,6 +234,11 @@ def main() -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     parser.add_argument("--override", action="append", default=[], help="extra config key=value")
     parser.add_argument("--tag", default="", help="suffix of the output files' names")
+    parser.add_argument(
+        "--verl-defaults",
+        action="store_true",
+        help="no device or dtype given, only verl's quick-start placement keys",
+    )
     args = parser.parse_args()
     out, workdir = Path(args.out), Path(args.workdir)
     out.mkdir(parents=True, exist_ok=True)
