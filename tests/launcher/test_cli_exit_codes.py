@@ -262,6 +262,25 @@ def model_dir(tmp_path_factory):
     return make_tiny_model_dir(tmp_path_factory.mktemp("model"))
 
 
+def _small_run_args(config, model_dir, tmp_path, *extra: str) -> list[str]:
+    """`meshrl run` of the tiny model on 16 arithmetic prompts, its folder tmp_path/run."""
+    from meshrl.demo.arithmetic import write_arithmetic_parquet
+
+    train = write_arithmetic_parquet(tmp_path / "data", n_train=16, n_val=8)["train"]
+    return [
+        "run",
+        config,
+        f"actor_rollout_ref.model.path={model_dir}",
+        f"data.train_files=[{train}]",
+        "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "critic.ppo_mini_batch_size=8",
+        f"trainer.default_local_dir={tmp_path / 'run'}",
+        "trainer.logger=[console]",
+        *extra,
+    ]
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
@@ -276,25 +295,10 @@ def test_data_model_and_checkpoint_paths_are_checked_before_any_server_starts(
 ):
     """Before: each came after every role server had started and loaded its model (15 to
     20 s on two cores), from the run's set-up."""
-    from meshrl.demo.arithmetic import write_arithmetic_parquet
-
     started = []
-    Launcher = _launcher_recording_into(started)
-    monkeypatch.setattr(run_local_module, "make_launcher", Launcher)
-    train = write_arithmetic_parquet(tmp_path / "data", n_train=16, n_val=8)["train"]
+    monkeypatch.setattr(run_local_module, "make_launcher", _launcher_recording_into(started))
     (tmp_path / "not_parquet.parquet").write_text("a,b\n1,2\n")
-    args = [
-        "run",
-        config,
-        f"actor_rollout_ref.model.path={model_dir}",
-        f"data.train_files=[{train}]",
-        "data.train_batch_size=8",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-        "critic.ppo_mini_batch_size=8",
-        f"trainer.default_local_dir={tmp_path / 'run'}",
-        "trainer.logger=[console]",
-        override.format(tmp=tmp_path),
-    ]
+    args = _small_run_args(config, model_dir, tmp_path, override.format(tmp=tmp_path))
     assert cli.main(args) == 2
     assert message in capsys.readouterr().err
     assert started == [], "refused before the launch"
@@ -304,28 +308,15 @@ def test_a_finished_run_run_again_ends_at_once_with_nothing_to_train(
     monkeypatch, tmp_path, config, model_dir, capsys, caplog
 ):
     """Before: every role server started and loaded its model, a warning came, exit 0."""
-    from meshrl.demo.arithmetic import write_arithmetic_parquet
     from services.coordinator.checkpointing import CheckpointManager, CoordinatorState
 
     started = []
     monkeypatch.setattr(run_local_module, "make_launcher", _launcher_recording_into(started))
-    train = write_arithmetic_parquet(tmp_path / "data", n_train=16, n_val=8)["train"]
     run_dir = tmp_path / "run"
     loader = {"epoch": 0, "batch_in_epoch": 2, "seed": 1}
     state = CoordinatorState.capture(2, loader, {"type": "fixed", "value": 0.001}, 2)
     CheckpointManager(run_dir).save(2, state, "", lambda tmp: (tmp / "actor").mkdir())
-    args = [
-        "run",
-        config,
-        f"actor_rollout_ref.model.path={model_dir}",
-        f"data.train_files=[{train}]",
-        "data.train_batch_size=8",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-        "critic.ppo_mini_batch_size=8",
-        "trainer.total_training_steps=2",
-        f"trainer.default_local_dir={run_dir}",
-        "trainer.logger=[console]",
-    ]
+    args = _small_run_args(config, model_dir, tmp_path, "trainer.total_training_steps=2")
     with caplog.at_level("WARNING"):
         assert cli.main(args) == 0
     said = "nothing to train: the run's checkpoint is at step 2, and the run has 2 steps"
