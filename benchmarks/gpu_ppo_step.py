@@ -63,6 +63,8 @@ VARIANTS: dict[str, list[str]] = {
     # As colocated_compiled, one step off policy: the next batch generated while the step
     # trains (rollout keeps its KV cache meanwhile).
     "colocated_compiled_one_step_off": ["trainer.one_step_off_policy=true"],
+    # As colocated_compiled, the reference's weights in CPU memory between its passes.
+    "colocated_compiled_ref_offload": ["actor_rollout_ref.ref.param_offload=true"],
     # LoRA actor and critic, eager and compiled: rollout receives the merged weights.
     "colocated_lora": LORA,
     "colocated_compiled_lora": LORA,
@@ -74,6 +76,7 @@ VARIANTS: dict[str, list[str]] = {
 VARIANT_ENV: dict[str, dict[str, str]] = {
     "colocated_compiled": {"MESHRL_COMPILE_LAYERS": "1"},
     "colocated_compiled_one_step_off": {"MESHRL_COMPILE_LAYERS": "1"},
+    "colocated_compiled_ref_offload": {"MESHRL_COMPILE_LAYERS": "1"},
     "colocated_fast": {"MESHRL_COMPILE_LAYERS": "1"},
     "colocated_compiled_lora": {"MESHRL_COMPILE_LAYERS": "1"},
 }

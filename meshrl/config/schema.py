@@ -349,6 +349,12 @@ class RefConfig(Section):
     """Token budget of a reference forward; None = actor.ppo_max_token_len_per_gpu."""
     world_size: int = Field(1, ge=1)
     """Ranks behind the ref endpoint."""
+    param_offload: bool = False
+    """Keep the reference's weights in (pinned) CPU memory between its passes, copied to the
+    GPU for each pass and freed after it (FSDP2's CPU offload; verl's
+    ``ref.fsdp_config.param_offload``, which is accepted as this key): the GPU memory of a
+    whole model stays free while the actor and critic update, for a host-to-device copy of
+    the weights every step. With trainer.device=cpu they are in CPU memory anyway."""
 
 
 class ActorRolloutRefConfig(Section):

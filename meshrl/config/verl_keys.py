@@ -162,7 +162,11 @@ VERL_KEYS: dict[str, VerlKey] = {
     "actor_rollout_ref.ref.fsdp_config": VerlKey(
         why=f"{_FSDP}; the compute dtype is actor_rollout_ref.model.dtype"
     ),
-    "actor_rollout_ref.ref.fsdp_config.param_offload": VerlKey(why=_FSDP, same_here=(False,)),
+    "actor_rollout_ref.ref.fsdp_config.param_offload": VerlKey(
+        use="actor_rollout_ref.ref.param_offload",
+        why="the same setting; this config gives both, with different values",
+        moves_to="actor_rollout_ref.ref.param_offload",
+    ),
     "actor_rollout_ref.ref.fsdp_config.model_dtype": VerlKey(
         use="actor_rollout_ref.model.dtype", why=_MASTERS
     ),

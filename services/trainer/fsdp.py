@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,7 @@ def shard_model(
     reshard_after_forward: bool | None = None,
     compile_layers: bool | None = None,
     units: str | None = None,
+    offload: bool = False,
 ) -> nn.Module:
     """Applies ``fully_shard`` to every decoder layer, then to the root; returns ``model``.
 
@@ -53,6 +54,10 @@ def shard_model(
     anyway; on the H200 the actor update ran 1.25x faster) and "layer" on several. Parameter names are unchanged (FSDP2 swaps
     parameters for DTensors in place), so ``named_parameters()`` still gives Hugging Face
     names with full shapes.
+
+    ``offload`` keeps the sharded parameters in pinned CPU memory (``CPUOffloadPolicy``):
+    each unit's are copied to the GPU when it is gathered and freed when it reshards. For a
+    frozen, forward-only role (the reference); on a CPU mesh it changes nothing.
     """
     if compile_layers is None:
         compile_layers = os.environ.get("MESHRL_COMPILE_LAYERS", "") == "1"
@@ -66,6 +71,8 @@ def shard_model(
     kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
     if mp_policy is not None:
         kwargs["mp_policy"] = mp_policy
+    if offload and mesh.device_type == "cuda":
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
     layer_types = _decoder_layer_types(model)
     for module in model.modules():
         if type(module).__name__ in layer_types:

@@ -35,7 +35,12 @@ class RefRole:
             )
         )
         # Frozen weights still shard: the reference is as large as the actor.
-        model = shard_model(model, world.mesh, mixed_precision(arr.model.dtype))
+        model = shard_model(
+            model,
+            world.mesh,
+            mixed_precision(arr.model.dtype),
+            offload=arr.ref.param_offload,
+        )
         return RefRole(model, rollout_temperature(cfg), log_prob_settings(cfg, arr.ref), world)
 
     @property

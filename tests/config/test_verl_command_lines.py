@@ -367,19 +367,20 @@ trainer.total_epochs=15
 
 def test_verls_grpo_example_is_refused_only_where_it_asks_for_something_else():
     """Its no-offload, critic_warmup=0 and nnodes=1 settings ask for what meshrl does and
-    pass; what is left is what meshrl would do otherwise: two GPUs for one rollout server, a
-    reference offloaded to the CPU, eight GPUs a node placed by verl. Before, six keys."""
+    pass, and its reference offloaded to the CPU is actor_rollout_ref.ref.param_offload;
+    what is left is what meshrl would do otherwise: two GPUs for one rollout server, eight
+    GPUs a node placed by verl. Before, six keys, then three."""
     message = error_of(VERL_GRPO_EXAMPLE)
     refused = [line.split(":")[0].strip() for line in message.splitlines()[1:]]
     assert refused == [
         "actor_rollout_ref.rollout.tensor_model_parallel_size",
-        "actor_rollout_ref.ref.fsdp_config.param_offload",
         "trainer.n_gpus_per_node",
     ]
     edited = [o for o in VERL_GRPO_EXAMPLE if not o.startswith(tuple(refused))]
     cfg = build_config({}, edited)
     assert cfg.algorithm.adv_estimator == "grpo" and cfg.actor_rollout_ref.rollout.n == 5
     assert cfg.critic.critic_warmup == 0 and cfg.trainer.logger == ["console", "wandb"]
+    assert cfg.actor_rollout_ref.ref.param_offload
 
 
 # Three more of verl's examples (GRPO on Qwen3-0.6B, PPO with sequence balancing, GRPO with
@@ -407,7 +408,7 @@ trainer.n_gpus_per_node=4 trainer.nnodes=1 trainer.save_freq=20 trainer.test_fre
 +actor_rollout_ref.rollout.enable_sleep_mode=False actor_rollout_ref.rollout.free_cache_engine=False
 trainer.total_epochs=15
 """,
-        ["actor_rollout_ref.ref.fsdp_config.param_offload", "trainer.n_gpus_per_node"],
+        ["trainer.n_gpus_per_node"],
     ),
     "ppo_qwen2-7b_seq_balance": (
         """
@@ -465,7 +466,6 @@ trainer.save_freq=20 trainer.test_freq=5 trainer.total_epochs=1
         [
             "actor_rollout_ref.actor.fsdp_config.model_dtype",
             "actor_rollout_ref.rollout.tensor_model_parallel_size",
-            "actor_rollout_ref.ref.fsdp_config.param_offload",
             "actor_rollout_ref.ref.fsdp_config.model_dtype",
             "trainer.n_gpus_per_node",
         ],
@@ -493,6 +493,7 @@ def test_more_of_verls_examples_are_refused_only_where_they_ask_for_something_el
         assert cfg.actor_rollout_ref.model.lora_rank == 32
     if name == "grpo_qwen3_0.6b_fsdp":
         assert cfg.actor_rollout_ref.rollout.free_cache_engine is False
+        assert cfg.actor_rollout_ref.ref.param_offload  # verl's ref.fsdp_config.param_offload
 
 
 def test_a_path_given_from_the_home_folder_is_expanded():

@@ -476,3 +476,14 @@ def test_kl_cov_penalises_the_log_ratio_and_accumulates_like_one_micro_batch(wor
         torch.testing.assert_close(p_big[name], p_small[name], atol=1e-5, rtol=0)
     assert max((p_small[n] - p_free[n]).abs().max().item() for n in p_free) > 1e-5
     assert m_small["actor/ppo_kl"] == pytest.approx(0.1, abs=1e-4)
+
+
+def test_a_reference_offloaded_on_the_cpu_is_the_same_reference(world, tiny_model_dir):
+    """trainer.device=cpu: its weights are in CPU memory anyway; nothing changes."""
+    batch = make_batch(5, seed=6)
+    plain = RefRole.build(trainer_config(tiny_model_dir), world)
+    offload = ["actor_rollout_ref.ref.param_offload=true"]
+    offloaded = RefRole.build(trainer_config(tiny_model_dir, offload), world)
+    torch.testing.assert_close(
+        offloaded.compute_log_probs(batch)[0].values, plain.compute_log_probs(batch)[0].values
+    )
