@@ -94,8 +94,12 @@ def verify(folder: Path, checksums: bool = True) -> None:
         path = folder / name
         if not path.is_file():
             raise CheckpointError(f"{folder}: file {name} is missing")
-        altered = path.stat().st_size != meta["bytes"]
-        if altered or (checksums and _sha256(path) != meta["sha256"]):
+        size = path.stat().st_size
+        if size != meta["bytes"]:  # cut short (a full disk, a copy broken off) or grown
+            raise CheckpointError(
+                f"{folder}: file {name} is {size} bytes, its manifest says {meta['bytes']}"
+            )
+        if checksums and _sha256(path) != meta["sha256"]:
             raise CheckpointError(f"{folder}: file {name} does not match its checksum")
 
 
