@@ -49,7 +49,7 @@ class ExportError(ValueError):
     pass
 
 
-def _read_shards(state: dict, reader) -> None:
+def read_shards(state: dict, reader) -> None:
     """``dcp.load`` in this one process. torch warns "torch.distributed is disabled ..."
     on every call, even when told ``no_dist=True``: the warning says nothing to a user."""
     with warnings.catch_warnings():
@@ -292,7 +292,7 @@ def _merge_adapters(
             )
             for k in factors
         }
-        _read_shards({"model": loaded}, reader)
+        read_shards({"model": loaded}, reader)
         a, b = loaded.values()
         state[key] = merged_weight(base, a, b, scaling)
 
@@ -324,7 +324,7 @@ def _write_weights(
                 k[len("model.") :]: torch.empty(m.size, dtype=m.properties.dtype) for k, m in group
             }
         }
-        _read_shards(state, reader)
+        read_shards(state, reader)
         _merge_adapters(state["model"], reader, metadata, scaling)
         name = (
             "model.safetensors"

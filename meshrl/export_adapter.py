@@ -24,6 +24,7 @@ from meshrl.export import (
     check_output,
     configured_path,
     publish,
+    read_shards,
     saved_run_config,
     staging_folder,
 )
@@ -64,7 +65,7 @@ def export_adapter(checkpoint: str | Path, out_dir: str | Path) -> Path:
             for k in keys
         }
     }
-    dcp.load(state, storage_reader=reader, no_dist=True)
+    read_shards(state, reader)  # without torch's "torch.distributed is disabled" warning
     tensors = {peft_key(name): t.contiguous() for name, t in state["model"].items()}
     # The layers that carry adapters, by the suffix peft matches (q_proj, down_proj, ...).
     targets = sorted({k.split(".lora_")[0].rsplit(".", 1)[-1] for k in state["model"]})
