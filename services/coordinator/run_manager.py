@@ -196,7 +196,10 @@ class ManagedRun:
             self.update(line=str(done))
             return RunState.SUCCEEDED, str(done)
         sinks = self._sinks()
-        self.update(line=f"starting role servers ({self.cfg.launcher.kind} launcher)")
+        kind = self.cfg.launcher.kind
+        # an external launcher starts nothing: it checks the servers named in the config
+        doing = "connecting to the role servers" if kind == "external" else "starting role servers"
+        self.update(line=f"{doing} ({kind} launcher)")
         try:
             try:
                 endpoints = self.launcher.start()

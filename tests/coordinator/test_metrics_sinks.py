@@ -26,7 +26,7 @@ from services.coordinator.metrics_sinks import (  # noqa: E402
     file_sinks,
 )
 from services.coordinator.preflight import check_run_config  # noqa: E402
-from services.coordinator.run_types import ended_exit_code  # noqa: E402
+from services.coordinator.run_types import RunEvent, ended_exit_code  # noqa: E402
 
 
 def scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
@@ -582,3 +582,18 @@ def test_only_a_refusal_of_the_settings_is_a_wrong_request():
     assert not _is_refusal(MlflowException("busy", error_code=TEMPORARILY_UNAVAILABLE))
     assert not _is_refusal(CommError("timed out"))
     assert not _is_refusal(OSError("No space left on device"))
+
+
+@pytest.mark.parametrize(("kind", "line"), [
+    ("local", "starting role servers (local launcher)"),
+    ("external", "connecting to the role servers (external launcher)"),  # it starts none
+])  # fmt: skip
+def test_a_runs_status_line_says_what_its_launcher_does(tmp_path, kind, line):
+    from services.coordinator.run_manager import ManagedRun
+
+    cfg = build_config({}, [f"trainer.default_local_dir={tmp_path}", f"launcher.kind={kind}"])
+    run = ManagedRun("r1", cfg, tmp_path, _IdleLauncher(), _no_ppo_run, _no_data)
+    with pytest.raises(RuntimeError, match="no PPO run"):
+        run._run()
+    run.events.append(RunEvent(run.status, {}, "end"), close=True)
+    assert line in [event.log_line for event in run.events.follow()]
