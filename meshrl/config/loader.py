@@ -45,7 +45,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {item!r} has an empty key part")
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = load_yaml(raw, f"override {key}") if raw != "" else ""
     except yaml.YAMLError as e:
         raise ConfigError(f"override {key}: cannot parse value {raw!r}: {e}") from None
     return key.split("."), value
@@ -172,40 +172,60 @@ def build_config(tree: dict | None = None, overrides: list[str] | None = None) -
     return cfg
 
 
-class _ConfigLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key given twice in one mapping: plain YAML keeps the
-    last, so a setting edited further down a long config would silently undo one above."""
+_MERGE = "tag:yaml.org,2002:merge"
 
-    def construct_mapping(self, node, deep=False):
-        lines: dict = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`, merged below
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            line = key_node.start_mark.line + 1
-            try:
-                first = lines.setdefault(key, line)
-            except TypeError:  # an unhashable key: YAML's own error says so below
-                continue
-            if first != line:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} is given twice (lines {first} and {line})",
-                    key_node.start_mark,
-                )  # fmt: skip
-        return super().construct_mapping(node, deep)
+
+def _refuse_repeated_keys(node: yaml.Node, seen: set[int] | None = None) -> None:
+    """Raises a YAML error at a key given twice in one mapping of the composed document:
+    plain YAML keeps the last, so a setting edited further down a long config would
+    silently undo one above. Checked on the nodes as written, before anything is built
+    (building merges ``<<: *anchor`` keys into their mappings, in place). Keys are compared
+    as written: scalars by tag and text."""
+    seen = set() if seen is None else seen
+    if id(node) in seen:  # an alias: the anchored node is checked once
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        lines: dict[tuple[str, str], int] = {}
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != _MERGE:
+                line = key.start_mark.line + 1
+                first = lines.get((key.tag, key.value))
+                if first is not None:
+                    where = f"line {line}" if first == line else f"lines {first} and {line}"
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key.value!r} is given twice ({where})", key.start_mark
+                    )
+                lines[(key.tag, key.value)] = line
+            _refuse_repeated_keys(key, seen)
+            _refuse_repeated_keys(value, seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _refuse_repeated_keys(item, seen)
+
+
+def load_yaml(text: str, name: str) -> Any:
+    """``yaml.safe_load`` that refuses a key given twice in one mapping; its errors' marks
+    name ``name``, not "<unicode string>"."""
+    loader = yaml.SafeLoader(text)
+    loader.name = name
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_repeated_keys(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def config_tree(text: str, name: str) -> dict:
     """The YAML mapping of a config's text; ``name`` says where it came from in errors
     (``config file run.yaml``), its line and column marks included."""
-    loader = _ConfigLoader(text)
-    loader.name = name  # the marks' source: else "<unicode string>"
     try:
-        tree = loader.get_single_data()
+        tree = load_yaml(text, name)
     except yaml.YAMLError as e:
         raise ConfigError(f"{name} is not valid YAML: {e}") from None
-    finally:
-        loader.dispose()
     if tree is None:  # empty, or comments only
         return {}
     if not isinstance(tree, dict):

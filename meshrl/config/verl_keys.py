@@ -160,7 +160,9 @@ VERL_KEYS: dict[str, VerlKey] = {
         use="actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", why=_PER_RANK
     ),
     "actor_rollout_ref.ref.fsdp_config": VerlKey(
-        why=f"{_FSDP}; the compute dtype is actor_rollout_ref.model.dtype"
+        why="the reference is always FSDP2-sharded over its world_size ranks; its weights in "
+        "CPU memory: actor_rollout_ref.ref.param_offload; the compute dtype is "
+        "actor_rollout_ref.model.dtype"
     ),
     "actor_rollout_ref.ref.fsdp_config.param_offload": VerlKey(
         use="actor_rollout_ref.ref.param_offload",
@@ -301,7 +303,8 @@ def _moved(tree: dict, value: object, parts: list[str]) -> bool:
     _set_unless_given(tree, parts, value)
     *parents, name = parts
     path = _sections_along(tree, parents)
-    return path is not None and _same(path[-1].get(name), (value,))
+    # plain equality: `true` and `1` agree, as the schema reads both
+    return path is not None and path[-1].get(name) == value
 
 
 def _set_unless_given(tree: dict, parts: list[str], value: object) -> None:

@@ -187,7 +187,9 @@ def combination_problems(cfg: RunConfig) -> list[str]:
             "critic or pick a critic-free estimator (grpo, rloo, reinforce_plus_plus, "
             "reinforce_plus_plus_baseline, remax)"
         )
-    if cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.trainer.device != "cuda":
+    # (servers of one's own, launcher.kind=external, are started as their owner chose)
+    vllm = cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.launcher.kind != "external"
+    if vllm and cfg.trainer.device != "cuda":
         problems.append(
             f"actor_rollout_ref.rollout.name=vllm generates on a CUDA GPU, but trainer.device="
             f"{cfg.trainer.device} puts the run on the CPU (meshrl's default; verl's is cuda): "

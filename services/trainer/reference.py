@@ -25,6 +25,7 @@ class RefRole:
         self.forward = forward
         self.world = world
         self.weight_version = 0  # never changes
+        self.offload = False  # weights in CPU memory between passes (ref.param_offload)
 
     @staticmethod
     def build(cfg: RunConfig, world: World) -> RefRole:
@@ -35,13 +36,19 @@ class RefRole:
             )
         )
         # Frozen weights still shard: the reference is as large as the actor.
-        model = shard_model(
-            model,
-            world.mesh,
-            mixed_precision(arr.model.dtype),
-            offload=arr.ref.param_offload,
-        )
-        return RefRole(model, rollout_temperature(cfg), log_prob_settings(cfg, arr.ref), world)
+        offload = arr.ref.param_offload and world.device.type == "cuda"
+        model = shard_model(model, world.mesh, mixed_precision(arr.model.dtype), offload=offload)
+        role = RefRole(model, rollout_temperature(cfg), log_prob_settings(cfg, arr.ref), world)
+        role.offload = offload
+        role.release_gpu_memory()  # the weights passed through the GPU on their way to it
+        return role
+
+    def release_gpu_memory(self) -> None:
+        """With its weights offloaded, gives the GPU blocks they (or a pass's gathered copy)
+        took back to the device: the caching allocator would keep them reserved for this
+        process, and the actor and critic beside it would gain nothing."""
+        if self.offload:
+            torch.cuda.empty_cache()
 
     @property
     def num_parameters(self) -> int:
@@ -56,11 +63,14 @@ class RefRole:
     ) -> tuple[Ragged, Ragged | None]:
         """Log-probs (and entropies) of every response token under the frozen policy.
         ``base_model`` changes nothing: the reference is the base model."""
-        return policy_log_probs(
-            self.model,
-            batch,
-            temperature or self.temperature,
-            with_entropy,
-            self.forward,
-            self.world,
-        )
+        try:
+            return policy_log_probs(
+                self.model,
+                batch,
+                temperature or self.temperature,
+                with_entropy,
+                self.forward,
+                self.world,
+            )
+        finally:
+            self.release_gpu_memory()

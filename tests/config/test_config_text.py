@@ -59,3 +59,25 @@ def test_a_key_given_twice_is_refused_naming_both_lines():
     # the same key in two sections is two keys; an anchor merged in is no repetition
     assert config_tree("a: {x: 1}\nb: {x: 2}\n", "x") == {"a": {"x": 1}, "b": {"x": 2}}
     assert config_tree("a: &d {x: 1}\nb: {<<: *d, y: 2}\n", "x")["b"] == {"x": 1, "y": 2}
+
+
+def test_keys_given_twice_on_one_line_or_in_an_override_are_refused_too():
+    with pytest.raises(ConfigError, match=r"key 'x' is given twice \(line 1\)"):
+        config_tree("a: {x: 1, x: 2}\n", "x")
+    from meshrl.config import build_config
+
+    with pytest.raises(ConfigError, match=r"optim: cannot parse value .* 'lr' is given twice"):
+        build_config({}, ["actor_rollout_ref.actor.optim={lr: 1, lr: 2}"])
+
+
+def test_an_anchor_merged_in_deeper_than_where_it_is_used_is_no_repetition():
+    """The first check ran as mappings were built, after YAML had merged `<<: *anchor`
+    keys into the anchored mapping in place: a key over a merged one read as given twice."""
+    text = (
+        "actor_rollout_ref:\n  actor:\n    optim: &actor_optim\n"
+        "      <<: {lr: 1.0e-6, weight_decay: 0.0}\n      lr: 5.0e-7\n"
+        "critic:\n  optim:\n    <<: *actor_optim\n    lr: 1.0e-5\n"
+    )
+    tree = config_tree(text, "x")
+    assert tree["actor_rollout_ref"]["actor"]["optim"] == {"lr": 5.0e-7, "weight_decay": 0.0}
+    assert tree["critic"]["optim"] == {"lr": 1.0e-5, "weight_decay": 0.0}

@@ -30,8 +30,10 @@ def _shards(role: RefRole) -> list[torch.Tensor]:
 
 
 def _gpu_bytes() -> int:
+    """What this process holds of the GPU: reserved, not only allocated (the caching
+    allocator keeps freed blocks for itself, and other processes cannot use them)."""
     torch.cuda.synchronize()
-    return torch.cuda.memory_allocated()
+    return torch.cuda.memory_reserved()
 
 
 def test_an_offloaded_reference_scores_as_a_resident_one_from_cpu_memory(model_of_40_mb):
@@ -45,6 +47,7 @@ def test_an_offloaded_reference_scores_as_a_resident_one_from_cpu_memory(model_o
     assert all(t.device.type == "cuda" for t in _shards(resident))
     assert _gpu_bytes() - start >= weights
     del resident
+    torch.cuda.empty_cache()
     before = _gpu_bytes()
     offload = [*EXACT, "actor_rollout_ref.ref.param_offload=true"]
     offloaded = RefRole.build(trainer_config(model_of_40_mb, offload), world)
