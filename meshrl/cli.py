@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from services.coordinator.run_types import INTERRUPTED_EXIT_CODE, RunState
 
@@ -52,7 +53,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     result = run_local(cfg)
     run_dir = cfg.trainer.default_local_dir
     ended = "finished" if result.finished else "stopped (resumes from its checkpoint)"
-    print(f"meshrl: run {ended}; run folder {run_dir} (metrics.jsonl, checkpoints/)")
+    kept = (
+        "metrics.jsonl, checkpoints/" if Path(run_dir, "checkpoints").is_dir() else "metrics.jsonl"
+    )
+    print(f"meshrl: run {ended}; run folder {run_dir} ({kept})")
     return EXIT_SUCCEEDED if result.finished else EXIT_STOPPED
 
 

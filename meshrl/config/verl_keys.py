@@ -203,7 +203,7 @@ VERL_KEYS: dict[str, VerlKey] = {
         why="the reward model is reward.reward_model, DAPO's overlong penalty "
         "reward.overlong_buffer"
     ),
-    "reward_model.enable": VerlKey(use="reward.reward_model.enable"),
+    "reward_model.enable": VerlKey(use="reward.reward_model.enable", same_here=(False,)),
     "reward_model.model.path": VerlKey(use="reward.reward_model.path"),
     "reward_model.micro_batch_size_per_gpu": VerlKey(use="reward.reward_model.micro_batch_size"),
     "reward_model.max_length": VerlKey(use="reward.reward_model.max_length"),

@@ -203,6 +203,15 @@ def combination_problems(cfg: RunConfig) -> list[str]:
             "tokens and reads no tokenizer of its own (its model must share the actor's "
             "vocabulary); drop it"
         )
+    rm = cfg.reward.reward_model
+    if rm.enable and not rm.path:
+        problems.append(
+            "reward.reward_model.enable=true, but reward.reward_model.path is empty: name the "
+            "reward model's folder"
+        )
+    elif rm.enable and _names_a_local_path(rm.path) and not Path(rm.path).is_dir():
+        where = "is a file, not a folder" if Path(rm.path).exists() else "does not exist"
+        problems.append(f"reward.reward_model.path={rm.path} {where}")
     if cfg.trainer.val_only and not cfg.data.val_files:
         problems.append(
             "trainer.val_only=true validates and stops, but data.val_files is empty: name the "
@@ -372,3 +381,31 @@ def check_data_sources(datasets: dict[str, list[str]], known: list[str]) -> None
                 f"reward server scores {', '.join(known)}. Set reward.custom_function to score "
                 "it yourself, or enable reward.reward_model"
             )
+
+
+def check_filter_metric(cfg: RunConfig, datasets: dict[str, list[str]], known: list[str]) -> None:
+    """Dynamic sampling by ``acc`` (its default) with rows that the reward model alone
+    scores: a reward model gives a score, no acc, so no group would ever differ in it and
+    every step would end after ``max_num_gen_batches`` generation batches. ConfigError
+    naming the data_source and the metric to use; ``known``: the rule scorers' data_sources
+    (and ANY_SOURCE) the reward server lists."""
+    fg, reward = cfg.algorithm.filter_groups, cfg.reward
+    if not (fg.enable and fg.metric == "acc" and reward.reward_model.enable):
+        return
+    if reward.custom_function:  # its results may carry an acc of their own
+        return
+    for key, sources in datasets.items():
+        model_only = Counter(s for s in sources if s not in known)
+        if model_only:
+            name, rows = model_only.most_common(1)[0]
+            raise ConfigError(
+                f"algorithm.filter_groups.metric=acc: {key} data_source {name!r} ({rows} rows) "
+                "is scored by the reward model alone, which gives a score and no acc, so no "
+                "group would differ in it; set algorithm.filter_groups.metric=score"
+            )
+
+
+def _names_a_local_path(path: str) -> bool:
+    """Whether ``path`` can only be a local folder (absolute, ./ or ../), not a Hugging
+    Face Hub id, which the reward server may still load."""
+    return path.startswith(("/", "./", "../", "~"))

@@ -41,7 +41,7 @@ from services.coordinator.metrics_sinks import (
 )
 from services.coordinator.plot import plot_metrics
 from services.coordinator.ppo_step import PPOStep, Roles, WeightSyncFailed
-from services.coordinator.preflight import check_data_sources
+from services.coordinator.preflight import check_data_sources, check_filter_metric
 from services.coordinator.recovery import STATEFUL_ROLES, Restarter, find_dead, recovery_plan
 from services.coordinator.rollout_ahead import RolloutAhead
 from services.coordinator.run_data import RunData, load_run_data, named_resume_folder
@@ -151,7 +151,9 @@ class PPORun:
         self.train_set, self.val_set, self.loader = data.train_set, data.val_set, data.loader
         self.total_steps = data.total_steps
         self.initialize_roles()
-        check_data_sources(self.data_sources(), self.roles.reward.list_scorers())
+        scorers = self.roles.reward.list_scorers()
+        check_data_sources(self.data_sources(), scorers)
+        check_filter_metric(cfg, self.data_sources(), scorers)
         kl = cfg.algorithm.kl_ctrl
         self.kl_ctrl = make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
         self.checkpoints = CheckpointManager(self.run_dir, cfg.trainer.max_ckpt_to_keep)

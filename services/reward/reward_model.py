@@ -10,6 +10,11 @@ Sequences are left-padded and fed as embeddings, so the head reads position -1, 
 real last token whatever the pad id is (HF's own pooling looks for the rightmost non-pad id,
 which goes wrong when pad == eos and the template ends with eos).
 
+Encoder reward models (BERT, RoBERTa, DeBERTa: :data:`FIRST_TOKEN_HEADS`) read the first
+token instead, where left padding would put a pad: they get the pair as the two texts of a
+text pair (prompt, response), as they are trained (OpenAssistant's DeBERTa reward models),
+right-padded, the longer one shortened first when over ``max_length``.
+
 A path that cannot be loaded, or a model without a classification head of one label (a
 causal LM), raises RewardModelError naming ``reward.reward_model.path`` and saying why.
 """
@@ -41,6 +46,17 @@ CLASSIFICATION_HEADS = ("ForSequenceClassification", "ForTokenClassification")
 LANGUAGE_MODEL_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 """Architecture names of language models: their config's num_labels (2, transformers'
 default) says nothing, and a classification head put on them would be random."""
+
+FIRST_TOKEN_HEADS = frozenset(
+    {
+        "albert", "bert", "camembert", "data2vec-text", "deberta", "deberta-v2",
+        "distilbert", "electra", "ernie", "megatron-bert", "mobilebert", "modernbert",
+        "mpnet", "roberta", "roberta-prelayernorm", "roformer", "xlm-roberta",
+        "xlm-roberta-xl",
+    }
+)  # fmt: skip
+"""``model_type`` of encoders whose sequence-classification head reads the first token
+([CLS]); every other reward model is read at its last token."""
 
 PAD_WARNING = "will not detect padding tokens in `inputs_embeds`"
 """transformers' warning at each first forward of a sequence-classification model given
@@ -96,7 +112,15 @@ class RewardModel:
             raise RewardModelError(f"{path} cannot be loaded: {_one_line(e)}") from e
         self.model = model.to(self.device).eval()
         self.gpus = gpu_names(self.device)  # for the server's info: the run counts its GPUs
-        self.tokenizer.padding_side = "left"
+        self.encoder = getattr(config, "model_type", "") in FIRST_TOKEN_HEADS
+        if self.encoder and self.per_token:
+            raise RewardModelError(
+                f"{path}: a token-classification {config.model_type} is read at its first "
+                "token, and scores here are read at the last; use its sequence-"
+                "classification head"
+            )
+        # decoders: the head reads the last position; encoders: the first ([CLS])
+        self.tokenizer.padding_side = "right" if self.encoder else "left"
         self.tokenizer.truncation_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -137,8 +161,26 @@ class RewardModel:
             if cancelled is not None and cancelled.is_set():
                 raise ScoringCancelled(f"after {i} of {len(pairs)} samples")
             chunk = pairs[i : i + self.micro_batch_size]  # rendered as it is scored
-            out.extend(self._score_batch([self.render(p, r) for p, r in chunk]))
+            if self.encoder:
+                out.extend(self._score_text_pairs(chunk))
+            else:
+                out.extend(self._score_batch([self.render(p, r) for p, r in chunk]))
         return out
+
+    def _score_text_pairs(self, pairs: list[tuple[str, str]]) -> list[float]:
+        """An encoder's scores: (prompt text, response) as a text pair, right-padded, read by
+        the model's own head at [CLS]; over ``max_length``, the longer text is shortened
+        first, from its start."""
+        prompts = ["\n\n".join(m["content"] for m in prompt_messages(p)) for p, _ in pairs]
+        enc = self.tokenizer(
+            prompts,
+            [r for _, r in pairs],
+            padding=True,
+            truncation="longest_first",
+            max_length=self.max_length,
+            return_tensors="pt",
+        ).to(self.device)
+        return self.model(**enc).logits[:, 0].float().tolist()
 
     def _score_batch(self, texts: list[str]) -> list[float]:
         with_template = bool(getattr(self.tokenizer, "chat_template", None))

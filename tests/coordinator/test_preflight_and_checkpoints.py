@@ -223,3 +223,35 @@ def test_a_critic_tokenizer_other_than_the_actors_is_refused_as_unread():
     with pytest.raises(ConfigError, match=r"^critic.model.tokenizer_path=/m/other: the critic"):
         check_run_config(build_config({}, [*model, "critic.model.tokenizer_path=/m/other"]))
     check_run_config(build_config({}, [*model, "critic.model.tokenizer_path=/m/actor"]))
+
+
+def test_dynamic_sampling_by_acc_over_reward_model_rows_is_refused_naming_score():
+    """Before, every step generated its 10 batches and failed, blaming the data."""
+    from services.coordinator.preflight import check_filter_metric
+
+    rm = ["reward.reward_model.enable=true", "reward.reward_model.path=/rm"]
+    on = ["algorithm.filter_groups.enable=true", "actor_rollout_ref.rollout.n=4", *rm]
+    rows = {"data.train_files": ["Dahoas/full-hh-rlhf"] * 3 + ["openai/gsm8k"]}
+    known = ["openai/gsm8k", "*"]  # the rule scorers' sources, and any other (the RM)
+    with pytest.raises(ConfigError, match=r"'Dahoas/full-hh-rlhf' \(3 rows\) is scored by the"):
+        check_filter_metric(build_config({}, on), rows, known)
+    check_filter_metric(
+        build_config({}, [*on, "algorithm.filter_groups.metric=score"]), rows, known
+    )
+    check_filter_metric(build_config({}, on), {"data.train_files": ["openai/gsm8k"]}, known)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (["reward.reward_model.path="], "reward.reward_model.path is empty"),
+        (["reward.reward_model.path=/no/such/rm"], "reward.reward_model.path=/no/such/rm does not"),
+    ],
+)
+def test_a_reward_model_that_is_not_there_is_refused_before_any_server_starts(overrides, says):
+    """Before, 30 to 40 s later, once every role server was up, from the reward server."""
+    cfg = build_config({}, ["reward.reward_model.enable=true", *overrides])
+    with pytest.raises(ConfigError, match=says):
+        check_run_config(cfg)
+    hub_id = ["reward.reward_model.enable=true", "reward.reward_model.path=org/rm"]
+    check_run_config(build_config({}, hub_id))  # the reward server may load it from the Hub

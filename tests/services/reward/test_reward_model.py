@@ -68,6 +68,39 @@ def test_batched_scores_equal_one_by_one(request, fixture, per_token):
     assert len(set(got)) == len(got)  # the pairs really differ
 
 
+@pytest.fixture(scope="module")
+def bert_rm(tmp_path_factory):
+    """An encoder reward model: its head reads the first token ([CLS])."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    path = tmp_path_factory.mktemp("bert_rm")
+    tok = save_char_tokenizer(path)
+    config = BertConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, num_labels=1, pad_token_id=tok.pad_token_id,
+        max_position_embeddings=256,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    BertForSequenceClassification(config).save_pretrained(str(path))
+    return path
+
+
+def test_an_encoder_reward_model_scores_each_pair_as_alone_in_a_batch(bert_rm):
+    """Before, it was left-padded as decoders are: its head read a pad, and a pair's score
+    changed with the lengths of the pairs beside it (3% on this model, silently)."""
+    rm = RewardModel(str(bert_rm), micro_batch_size=4, device="cpu")
+    assert rm.encoder and rm.tokenizer.padding_side == "right"
+    got = rm.score(PROMPTS, RESPONSES)
+    alone = [rm.score([p], [r])[0] for p, r in zip(PROMPTS, RESPONSES, strict=True)]
+    assert got == pytest.approx(alone, abs=1e-6)
+    assert len(set(got)) == len(got)
+    # the prompt and the response as a text pair, as encoder reward models are trained
+    enc = rm.tokenizer("Q: 1+2=", "3", return_tensors="pt")
+    with torch.no_grad():
+        want = float(rm.model(**enc).logits[0, 0])
+    assert rm.score(["Q: 1+2="], ["3"])[0] == pytest.approx(want, abs=1e-6)
+
+
 def test_truncation_keeps_the_end(seq_rm):
     rm = RewardModel(str(seq_rm), max_length=6, device="cpu")
     long_prompt = "Q: " + "1+" * 20 + "1="
