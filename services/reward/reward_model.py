@@ -135,6 +135,19 @@ class RewardModel:
         self.path = path
         self.micro_batch_size = micro_batch_size
         self.max_length = max_length
+        positions = getattr(text_config, "max_position_embeddings", None)
+        if positions and max_length > positions:
+            # past it, learned position tables (BERT's) fail to index and rotary ones run
+            # outside what the model was trained on: pairs are cut to what it can read
+            log.warning(
+                "reward.reward_model.max_length=%d exceeds %s's max_position_embeddings=%d: "
+                "pairs are truncated to %d tokens",
+                max_length,
+                path,
+                positions,
+                positions,
+            )
+            self.max_length = positions
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
 
     def render(self, prompt: str, response: str) -> str:

@@ -101,6 +101,17 @@ def test_an_encoder_reward_model_scores_each_pair_as_alone_in_a_batch(bert_rm):
     assert rm.score(["Q: 1+2="], ["3"])[0] == pytest.approx(want, abs=1e-6)
 
 
+def test_max_length_past_the_models_positions_is_cut_to_them(bert_rm, caplog):
+    """Before, a pair longer than BERT's position table failed to index it (default
+    max_length 2048 against 256 positions here)."""
+    with caplog.at_level("WARNING"):
+        rm = RewardModel(str(bert_rm), device="cpu")
+    assert rm.max_length == 256
+    assert "max_length=2048 exceeds" in caplog.text and "max_position_embeddings=256" in caplog.text
+    (score,) = rm.score(["Q: " + "1+" * 200 + "1="], ["401"])
+    assert score == score  # a number, not an index error
+
+
 def test_truncation_keeps_the_end(seq_rm):
     rm = RewardModel(str(seq_rm), max_length=6, device="cpu")
     long_prompt = "Q: " + "1+" * 20 + "1="
