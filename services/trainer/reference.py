@@ -18,14 +18,19 @@ class RefRole:
     name = "ref"
 
     def __init__(
-        self, model: torch.nn.Module, temperature: float, forward: ForwardSettings, world: World
+        self,
+        model: torch.nn.Module,
+        temperature: float,
+        forward: ForwardSettings,
+        world: World,
+        offload: bool = False,
     ):
         self.model = model
         self.temperature = temperature
         self.forward = forward
         self.world = world
         self.weight_version = 0  # never changes
-        self.offload = False  # weights in CPU memory between passes (ref.param_offload)
+        self.offload = offload  # weights in CPU memory between passes (ref.param_offload)
 
     @staticmethod
     def build(cfg: RunConfig, world: World) -> RefRole:
@@ -38,8 +43,8 @@ class RefRole:
         # Frozen weights still shard: the reference is as large as the actor.
         offload = arr.ref.param_offload and world.device.type == "cuda"
         model = shard_model(model, world.mesh, mixed_precision(arr.model.dtype), offload=offload)
-        role = RefRole(model, rollout_temperature(cfg), log_prob_settings(cfg, arr.ref), world)
-        role.offload = offload
+        settings = log_prob_settings(cfg, arr.ref)
+        role = RefRole(model, rollout_temperature(cfg), settings, world, offload)
         role.release_gpu_memory()  # the weights passed through the GPU on their way to it
         return role
 
