@@ -14,6 +14,7 @@ from pathlib import Path
 
 from meshrl.config import ConfigError, RunConfig
 from meshrl.config.placement import rollout_may_share_trainer_gpus
+from meshrl.config.schema import KLCtrlConfig
 from meshrl.data.dataset import PromptDataset
 from meshrl.data.errors import DataError
 from meshrl.data.loader import PromptLoader
@@ -120,6 +121,8 @@ def plan_warnings(cfg: RunConfig) -> list[str]:
             "(verl's default too); set trainer.save_freq=N for one every N steps and at the "
             "last step"
         )
+    if warning := unused_kl_ctrl_warning(cfg):
+        out.append(warning)
     if trainer.one_step_off_policy and rollout_may_share_trainer_gpus(cfg):
         out.append(
             "trainer.one_step_off_policy=true with rollout on a GPU of the trainer roles: they "
@@ -128,6 +131,33 @@ def plan_warnings(cfg: RunConfig) -> list[str]:
             "its own (launcher.role_gpus, or a Ray pool of its own)"
         )
     return out
+
+
+def unused_kl_ctrl_warning(cfg: RunConfig) -> str | None:
+    """A line when ``algorithm.kl_ctrl`` is moved from its defaults but applies to nothing:
+    its β weighs the KL penalty in the reward only (``use_kl_in_reward``). A user who set
+    it for the KL loss (``actor.use_kl_loss``, as in verl's GRPO recipes) would otherwise
+    train with ``actor.kl_loss_coef`` and never learn that the value they chose is unused."""
+    algorithm = cfg.algorithm
+    ctrl, default = algorithm.kl_ctrl, KLCtrlConfig()
+    if algorithm.use_kl_in_reward or ctrl == default:
+        return None
+    moved = ", ".join(
+        f"algorithm.kl_ctrl.{key}={getattr(ctrl, key)}"
+        for key in type(ctrl).model_fields
+        if getattr(ctrl, key) != getattr(default, key)
+    )
+    actor = cfg.actor_rollout_ref.actor
+    loss = (
+        f"the KL loss (actor.use_kl_loss=true) weighs its term by "
+        f"actor.kl_loss_coef={actor.kl_loss_coef}"
+        if actor.use_kl_loss
+        else "this run has no KL term at all (actor.use_kl_loss=false)"
+    )
+    return (
+        f"{moved} has no effect: kl_ctrl sets the KL penalty in the reward, which "
+        f"algorithm.use_kl_in_reward=false turns off; {loss}"
+    )
 
 
 def make_dataset(cfg: RunConfig, files: list[str], tokenizer) -> PromptDataset:

@@ -329,6 +329,23 @@ def test_a_run_asked_to_validate_without_validation_files_says_so():
     ]
 
 
+def test_a_kl_ctrl_that_applies_to_nothing_says_so():
+    from services.coordinator.run_data import plan_warnings
+
+    base = [*GRPO, "trainer.save_freq=5", "algorithm.kl_ctrl.kl_coef=0.05"]
+    (warning,) = plan_warnings(
+        build_config({}, [*base, "actor_rollout_ref.actor.use_kl_loss=true"])
+    )
+    assert warning.startswith("algorithm.kl_ctrl.kl_coef=0.05 has no effect")
+    assert "actor.kl_loss_coef=0.001" in warning  # the value the run does weigh its KL by
+    (warning,) = plan_warnings(build_config({}, [*base, "algorithm.kl_ctrl.type=adaptive"]))
+    assert "type=adaptive, algorithm.kl_ctrl.kl_coef=0.05 has no effect" in warning
+    assert "no KL term at all" in warning
+    # in use, or left at its defaults: nothing to say
+    assert plan_warnings(build_config({}, [*base, "algorithm.use_kl_in_reward=true"])) == []
+    assert plan_warnings(build_config({}, [*GRPO, "trainer.save_freq=5"])) == []
+
+
 def test_histories_set_aside_within_one_second_go_to_folders_of_their_own(tmp_path):
     manager = CheckpointManager(tmp_path)
     write_checkpoint(tmp_path, 20)
