@@ -97,12 +97,40 @@ def add_serve_arguments(p: argparse.ArgumentParser, default_port: int) -> None:
         default=DEFAULT_NUM_WORKERS,
         help="scorer worker processes (default %(default)s)",
     )
+    add_reward_model_arguments(p)
+    p.add_argument(
+        "--memory-limit-mb",
+        metavar="MB",
+        type=non_negative_int,
+        default=None,
+        help="address-space limit of each scorer worker (default 4096; 0 = none)",
+    )
+    p.add_argument(
+        "--max-calls",
+        metavar="N",
+        type=positive_int,
+        default=DEFAULT_MAX_CALLS,
+        help="Score calls served at once (default %(default)s)",
+    )
+
+
+RM_FLAGS = {
+    "--reward-model-max-length": "max_length",
+    "--reward-model-micro-batch-size": "micro_batch_size",
+    "--reward-model-weight": "weight",
+}
+"""The flags that set `reward.reward_model` fields besides its path."""
+
+
+def add_reward_model_arguments(p: argparse.ArgumentParser, where: str = "") -> None:
+    """--reward-model and its settings, for `serve` and (in process, `where`) `eval`."""
     p.add_argument(
         "--reward-model",
         metavar="DIR",
         type=existing_folder,
         default=None,
-        help="score with this reward model: a local Hugging Face classification model folder",
+        help=f"score with this reward model{where}: a local Hugging Face classification model "
+        "folder",
     )
     # The reward model's other settings (a run sends them by Initialize); defaults None, to
     # tell them given: they are refused without --reward-model.
@@ -130,19 +158,39 @@ def add_serve_arguments(p: argparse.ArgumentParser, default_port: int) -> None:
         help="score = rule + W * model score, or W * model score for a data_source "
         f"without a rule scorer (reward.reward_model.weight; default {DEFAULT_RM_WEIGHT:g})",
     )
-    p.add_argument(
-        "--memory-limit-mb",
-        metavar="MB",
-        type=non_negative_int,
-        default=None,
-        help="address-space limit of each scorer worker (default 4096; 0 = none)",
-    )
-    p.add_argument(
-        "--max-calls",
-        metavar="N",
-        type=positive_int,
-        default=DEFAULT_MAX_CALLS,
-        help="Score calls served at once (default %(default)s)",
+
+
+def reward_model_settings(args: argparse.Namespace) -> dict[str, object]:
+    """The `reward.reward_model` fields given by `RM_FLAGS` (the others keep the config's
+    defaults)."""
+    given = {field: getattr(args, flag[2:].replace("-", "_")) for flag, field in RM_FLAGS.items()}
+    return {field: value for field, value in given.items() if value is not None}
+
+
+def reward_config(
+    custom_function: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    num_workers: int = DEFAULT_NUM_WORKERS,
+    reward_model_path: str | None = None,
+    reward_model_settings: dict[str, object] | None = None,
+):
+    """The RewardConfig the flags describe. `reward_model_settings`: other
+    `reward.reward_model` fields (max_length, micro_batch_size, weight), which need
+    `reward_model_path` (ValueError naming the flags otherwise)."""
+    from meshrl.config.schema import RewardConfig, RewardModelConfig  # pydantic: when used
+
+    settings = reward_model_settings or {}
+    if settings and not reward_model_path:
+        flags = [f for f, field in RM_FLAGS.items() if field in settings]
+        verb = "needs" if len(flags) == 1 else "need"
+        raise ValueError(f"{', '.join(flags) or 'reward-model settings'} {verb} --reward-model DIR")
+    return RewardConfig(
+        custom_function=custom_function,
+        timeout_s=timeout_s,
+        num_workers=num_workers,
+        reward_model=RewardModelConfig(
+            enable=bool(reward_model_path), path=reward_model_path or "", **settings
+        ),
     )
 
 
@@ -158,7 +206,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
         help="score through this reward server (default: in this process)",
     )
     p.add_argument("--output", default=None, help="write the report as JSON here")
-    # The next two build the in-process scorer: a server scores with what it was started
+    # The next ones build the in-process scorer: a server scores with what it was started
     # with, so they are refused with --server (their defaults are None to tell them given).
     p.add_argument(
         "--custom-function",
@@ -174,6 +222,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help=f"scorer worker processes (in process only; default {DEFAULT_NUM_WORKERS})",
     )
+    add_reward_model_arguments(p, where=" (in process only)")
     p.add_argument(
         "--timeout-s",
         metavar="SECONDS",

@@ -1,7 +1,7 @@
 """Offline evaluation: score saved responses against a verl-schema parquet file.
 
     python -m services.reward.evaluate --data test.parquet --responses responses.jsonl \\
-        [--server HOST:PORT] [--output report.json]
+        [--server HOST:PORT | --reward-model DIR] [--output report.json]
 
 responses.jsonl, one JSON object a line: ``{"index": i, "response": "..."}`` or, for n samples
 of one prompt, ``{"index": i, "responses": ["...", "..."]}``; lines for the same index add up.
@@ -30,9 +30,17 @@ from pathlib import Path
 
 from meshrl.config.schema import RewardConfig
 from meshrl.data.rows import RawRow, read_rows
-from services.reward.arguments import EVAL_EXIT_CODES, add_eval_arguments
+from services.reward.arguments import (
+    DEFAULT_NUM_WORKERS,
+    DEFAULT_TIMEOUT_S,
+    EVAL_EXIT_CODES,
+    RM_FLAGS,
+    add_eval_arguments,
+    reward_config,
+    reward_model_settings,
+)
 from services.reward.scorers.custom import CustomFunctionError
-from services.reward.types import ScoreItem, ScoreOutcome
+from services.reward.types import RewardModelError, ScoreItem, ScoreOutcome
 
 EXIT_SCORED, EXIT_FAILED, EXIT_BAD_ARGUMENTS = 0, 1, 2
 """See arguments.EVAL_EXIT_CODES."""
@@ -40,11 +48,12 @@ CHUNK = 512
 """Items per Score call when scoring through a server."""
 NEEDS_A_REWARD_MODEL = (
     'Rows of a data_source with no rule scorer (reward_model.style "model") are scored by a '
-    "reward model, which this process does not load: start `meshrl reward serve "
-    "--reward-model DIR` and pass `--server HOST:PORT` (or score every row with "
+    "reward model: pass `--reward-model DIR` to load one in this process, or `--server "
+    "HOST:PORT` of a `meshrl reward serve --reward-model DIR` (or score every row with "
     "`--custom-function FILE.py:NAME`)"
 )
-"""The hint of an unknown data_source when scoring in this process."""
+"""The hint of an unknown data_source when scoring in this process without a reward
+model."""
 WORKER_RESPAWN_S = 5.0
 """Room per sample for the server's pool to replace a worker killed at its timeout (a spawned
 worker takes 1-3 s to import the scorers)."""
@@ -193,7 +202,8 @@ def _score(
             try:
                 return scorer.score(items)
             except UnknownDataSource as e:
-                raise ValueError(f"{e}. {NEEDS_A_REWARD_MODEL}") from None
+                hint = "" if cfg.reward_model.enable else f". {NEEDS_A_REWARD_MODEL}"
+                raise ValueError(f"{e}{hint}") from None
     import grpc
 
     from services.reward.client import RewardClient
@@ -338,9 +348,14 @@ def failure_lines(report: EvalReport) -> list[str]:
 
 def in_process_flags(args: argparse.Namespace) -> dict[str, object]:
     """The flags given that only build the in-process scorer (flag -> value): a reward server
-    scores with the custom function and workers it was started with. --timeout-s is not
-    one: it is sent with each call."""
-    flags = {"--custom-function": args.custom_function, "--num-workers": args.num_workers}
+    scores with the custom function, workers and reward model it was started with.
+    --timeout-s is not one: it is sent with each call."""
+    flags = {
+        "--custom-function": args.custom_function,
+        "--num-workers": args.num_workers,
+        "--reward-model": args.reward_model,
+        **{flag: getattr(args, flag[2:].replace("-", "_")) for flag in RM_FLAGS},
+    }
     return {flag: value for flag, value in flags.items() if value is not None}
 
 
@@ -358,13 +373,15 @@ def server_conflict(args: argparse.Namespace) -> str | None:
 
 
 def _in_process_config(args: argparse.Namespace) -> RewardConfig:
-    """The flags given; RewardConfig's defaults for the others."""
-    given = {
-        "custom_function": args.custom_function,
-        "num_workers": args.num_workers,
-        "timeout_s": args.timeout_s,
-    }
-    return RewardConfig(**{k: v for k, v in given.items() if v is not None})
+    """The flags given; RewardConfig's defaults for the others (ValueError naming a
+    reward-model setting given without --reward-model)."""
+    return reward_config(
+        args.custom_function,
+        DEFAULT_TIMEOUT_S if args.timeout_s is None else args.timeout_s,
+        DEFAULT_NUM_WORKERS if args.num_workers is None else args.num_workers,
+        args.reward_model,
+        reward_model_settings(args),
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -373,16 +390,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_BAD_ARGUMENTS
     try:
+        cfg = _in_process_config(args)
+    except ValueError as e:  # a reward-model setting without --reward-model
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENTS
+    try:
         report = evaluate(
             args.data,
             args.responses,
             args.server,
             output=args.output,
-            cfg=_in_process_config(args),
+            cfg=cfg,
             sample_timeout_s=args.timeout_s,
         )
     except CustomFunctionError as e:  # --custom-function names nothing loadable: an argument
         print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENTS
+    except RewardModelError as e:  # --reward-model is no loadable reward model: an argument
+        print(f"error: {e.naming('--reward-model')}", file=sys.stderr)
         return EXIT_BAD_ARGUMENTS
     except (ValueError, RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

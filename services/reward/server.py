@@ -26,11 +26,11 @@ import grpc
 
 from meshrl.api.v1 import common_pb2, reward_pb2, reward_pb2_grpc
 from meshrl.config.loader import ConfigError, config_from_yaml
-from meshrl.config.schema import RewardConfig, RewardModelConfig
+from meshrl.config.schema import RewardConfig
 from meshrl.rpc.call_count import CallCount
 from meshrl.rpc.call_markers import CallMarkers
 from meshrl.rpc.server import GrpcServer, ServiceError, StopSignal, exit_at_once, rpc_method
-from services.reward.arguments import add_serve_arguments
+from services.reward.arguments import add_serve_arguments, reward_config, reward_model_settings
 from services.reward.convert import item_from_proto, outcome_to_proto
 from services.reward.scorer_slot import DEFAULT_MAX_CALLS, NotReady, ScorerSlot
 from services.reward.scoring import RewardScorer
@@ -123,38 +123,6 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         return self.slot.abandon(timeout_s) + self.initializing.running
 
 
-RM_FLAGS = {
-    "--reward-model-max-length": "max_length",
-    "--reward-model-micro-batch-size": "micro_batch_size",
-    "--reward-model-weight": "weight",
-}
-"""The serve flags that set `reward.reward_model` fields besides its path."""
-
-
-def build_config(
-    custom_function: str | None = None,
-    timeout_s: float = 10.0,
-    num_workers: int = 2,
-    reward_model_path: str | None = None,
-    reward_model_settings: dict[str, object] | None = None,
-) -> RewardConfig:
-    """`reward_model_settings`: other `reward.reward_model` fields (max_length,
-    micro_batch_size, weight), which need `reward_model_path`."""
-    settings = reward_model_settings or {}
-    if settings and not reward_model_path:
-        flags = [f for f, field in RM_FLAGS.items() if field in settings]
-        verb = "needs" if len(flags) == 1 else "need"
-        raise ValueError(f"{', '.join(flags) or 'reward-model settings'} {verb} --reward-model DIR")
-    return RewardConfig(
-        custom_function=custom_function,
-        timeout_s=timeout_s,
-        num_workers=num_workers,
-        reward_model=RewardModelConfig(
-            enable=bool(reward_model_path), path=reward_model_path or "", **settings
-        ),
-    )
-
-
 def serve(
     host: str = "127.0.0.1",
     port: int = 0,
@@ -168,10 +136,10 @@ def serve(
     max_calls: int = DEFAULT_MAX_CALLS,
 ) -> None:
     """Runs the reward server until SIGTERM/SIGINT. `reward_model_settings`: see
-    `build_config`; `memory_limit_mb` caps each scorer worker's address space (None = 4096);
+    `arguments.reward_config`; `memory_limit_mb` caps each scorer worker's address space (None = 4096);
     `max_calls`: Score calls served at once."""
     with start_up_errors():
-        cfg = build_config(
+        cfg = reward_config(
             custom_function, timeout_s, num_workers, reward_model_path, reward_model_settings
         )
         server = GrpcServer(SERVICE_NAME, host, port)
@@ -279,13 +247,6 @@ def serve_from_args(args: argparse.Namespace) -> None:
         memory_limit_mb=args.memory_limit_mb,
         max_calls=args.max_calls,
     )
-
-
-def reward_model_settings(args: argparse.Namespace) -> dict[str, object]:
-    """The `reward.reward_model` fields given by `RM_FLAGS` (the others keep the config's
-    defaults)."""
-    given = {field: getattr(args, flag[2:].replace("-", "_")) for flag, field in RM_FLAGS.items()}
-    return {field: value for field, value in given.items() if value is not None}
 
 
 def main(argv: list[str] | None = None) -> int:

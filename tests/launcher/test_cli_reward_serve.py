@@ -123,18 +123,18 @@ def test_the_reward_model_flags_set_its_config_and_are_refused_without_one(tmp_p
     """Before, `meshrl reward serve` could not set the reward model's max_length,
     micro_batch_size or weight: a run sends them by Initialize, a server alone kept the
     defaults."""
-    from services.reward.server import build_config, reward_model_settings
+    from services.reward.arguments import reward_config, reward_model_settings
 
     argv = ["reward", "serve", "--reward-model", str(tmp_path), "--reward-model-weight", "-2"]
     args = cli.build_parser().parse_args([*argv, "--reward-model-max-length", "512"])
     settings = reward_model_settings(args)
     assert settings == {"max_length": 512, "weight": -2.0}  # micro_batch_size: not given
-    rm = build_config(reward_model_path=str(tmp_path), reward_model_settings=settings).reward_model
+    rm = reward_config(reward_model_path=str(tmp_path), reward_model_settings=settings).reward_model
     assert (rm.enable, rm.max_length, rm.micro_batch_size, rm.weight) == (True, 512, 16, -2.0)
     with pytest.raises(
         ValueError, match="--reward-model-max-length, --reward-model-weight need --reward-model"
     ):
-        build_config(reward_model_settings=settings)
+        reward_config(reward_model_settings=settings)
 
 
 def test_a_reward_model_flag_without_a_reward_model_is_one_line_and_exit_2(tmp_path):

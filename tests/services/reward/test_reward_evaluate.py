@@ -258,6 +258,10 @@ def test_some_samples_failing_are_named_and_exit_0(files, tmp_path, capsys):
             ["--custom-function", "raises.py", "--num-workers", "4"],
             "--custom-function and --num-workers",
         ),
+        (
+            ["--reward-model", "/", "--reward-model-weight", "2.0"],
+            "--reward-model and --reward-model-weight",
+        ),
     ],
 )
 def test_in_process_flags_are_refused_with_server(files, capsys, flags, named):
@@ -315,8 +319,8 @@ def test_a_data_source_for_a_reward_model_in_process_says_how_to_score_it(tmp_pa
     assert error.startswith("error: unknown data_source 'Dahoas/full-hh-rlhf'; known: ")
     assert error.endswith(
         'Rows of a data_source with no rule scorer (reward_model.style "model") are scored by '
-        "a reward model, which this process does not load: start `meshrl reward serve "
-        "--reward-model DIR` and pass `--server HOST:PORT` (or score every row with "
+        "a reward model: pass `--reward-model DIR` to load one in this process, or `--server "
+        "HOST:PORT` of a `meshrl reward serve --reward-model DIR` (or score every row with "
         "`--custom-function FILE.py:NAME`)"
     )
 
@@ -367,3 +371,47 @@ def test_a_data_source_whose_samples_all_failed_still_counts_them_wrong():
     """No verdict and no score: `acc` 0 as before (not `-`), since the scorer judges."""
     report = summarize([SampleResult(0, 0, "gsm8k", 0.0, 0.0, False, "TypeError: x")])
     assert (report.overall.acc, report.overall.pass_at_n) == (0.0, 0.0)
+
+
+def test_meshrl_reward_eval_loads_a_reward_model_in_process(tmp_path, tiny_rm, capsys):
+    """Before: `unrecognized arguments: --reward-model`; a reward model's rows could be
+    scored only through a server started for them."""
+    rows = [row("openai/gsm8k", "72"), model_row("Dahoas/full-hh-rlhf", "Q: 1+2=")]
+    data = tmp_path / "mixed.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    responses = tmp_path / "r.jsonl"
+    responses.write_text('{"index": 0, "response": "#### 72"}\n{"index": 1, "response": "3"}\n')
+    argv = ["reward", "eval", "--data", str(data), "--responses", str(responses)]
+    argv += ["--num-workers", "1", "--reward-model", str(tiny_rm)]
+    reports = {}
+    for weight in ("1", "-2"):
+        out = tmp_path / f"report_{weight}.json"
+        assert cli_main([*argv, "--reward-model-weight", weight, "--output", str(out)]) == 0
+        reports[weight] = {s["data_source"]: s for s in json.loads(out.read_text())["samples"]}
+    capsys.readouterr()
+    # the same scores as the API with the same reward model
+    cfg = RewardConfig(
+        num_workers=1, reward_model=RewardModelConfig(enable=True, path=str(tiny_rm))
+    )
+    api = {s.data_source: s for s in evaluate(data, responses, cfg=cfg).samples}
+    model_score = api["Dahoas/full-hh-rlhf"].score
+    assert model_score != 0.0
+    assert reports["1"]["Dahoas/full-hh-rlhf"]["score"] == pytest.approx(model_score)
+    assert reports["-2"]["Dahoas/full-hh-rlhf"]["score"] == pytest.approx(-2 * model_score)
+    # gsm8k: the rule's 1 plus the weighted model score of its pair; its verdict the rule's
+    gsm = {w: reports[w]["openai/gsm8k"] for w in reports}
+    assert gsm["1"]["acc"] == gsm["-2"]["acc"] == 1.0
+    rm_part = gsm["1"]["score"] - 1.0
+    assert gsm["-2"]["score"] == pytest.approx(1.0 - 2 * rm_part)
+
+
+def test_reward_model_flags_in_process_that_are_wrong_are_one_line_and_exit_2(
+    files, tmp_path, capsys
+):
+    assert cli_main(eval_argv(files, "--reward-model-weight", "2")) == 2
+    assert capsys.readouterr().err == "error: --reward-model-weight needs --reward-model DIR\n"
+    not_a_model = tmp_path / "empty"
+    not_a_model.mkdir()
+    assert cli_main(eval_argv(files, "--num-workers", "1", "--reward-model", str(not_a_model))) == 2
+    [error] = capsys.readouterr().err.splitlines()
+    assert error.startswith("error: --reward-model: ") and str(not_a_model) in error
