@@ -123,6 +123,13 @@ def plan_warnings(cfg: RunConfig) -> list[str]:
         )
     if warning := unused_kl_ctrl_warning(cfg):
         out.append(warning)
+    reward_model = cfg.reward.reward_model
+    if reward_model.path and not reward_model.enable:
+        out.append(
+            f"reward.reward_model.path={reward_model.path}, but reward.reward_model.enable is "
+            "false: the reward model is not loaded and every row is scored by its rule scorer "
+            "(or reward.custom_function); set reward.reward_model.enable=true to score with it"
+        )
     if trainer.one_step_off_policy and rollout_may_share_trainer_gpus(cfg):
         out.append(
             "trainer.one_step_off_policy=true with rollout on a GPU of the trainer roles: they "

@@ -346,6 +346,18 @@ def test_a_kl_ctrl_that_applies_to_nothing_says_so():
     assert plan_warnings(build_config({}, [*GRPO, "trainer.save_freq=5"])) == []
 
 
+def test_a_reward_model_path_without_enable_says_it_is_not_loaded(tmp_path):
+    """verl's reward_model.model.path without reward_model.enable=true loads no model too;
+    before, nothing said so and the run trained on the rules' scores alone."""
+    from services.coordinator.run_data import plan_warnings
+
+    base = [*GRPO, "trainer.save_freq=5", f"reward.reward_model.path={tmp_path}"]
+    (warning,) = plan_warnings(build_config({}, base))
+    assert warning.startswith(f"reward.reward_model.path={tmp_path}, but ")
+    assert "set reward.reward_model.enable=true" in warning
+    assert plan_warnings(build_config({}, [*base, "reward.reward_model.enable=true"])) == []
+
+
 def test_histories_set_aside_within_one_second_go_to_folders_of_their_own(tmp_path):
     manager = CheckpointManager(tmp_path)
     write_checkpoint(tmp_path, 20)
