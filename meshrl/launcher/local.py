@@ -16,7 +16,7 @@ from pathlib import Path
 
 from meshrl.config import RunConfig
 from meshrl.launcher.ports import free_port
-from meshrl.launcher.server_processes import stop_server
+from meshrl.launcher.server_processes import stop_server, stop_servers
 from meshrl.rpc.client import wait_for_health
 from meshrl.rpc.security import SecuritySettings
 from meshrl.rpc.server import INSTANCE_ENV, instance_health_name
@@ -227,8 +227,9 @@ class LocalLauncher:
             stop_server(proc.popen, proc.instance_id, grace_s)
 
     def stop(self) -> None:
-        for proc in self.processes.values():
-            self._terminate(proc)
+        """Stops every role server side by side (see ``stop_servers``)."""
+        started = [p for p in self.processes.values() if p.popen is not None]
+        stop_servers([(p.popen, p.instance_id) for p in started])
 
     def __enter__(self) -> LocalLauncher:
         return self

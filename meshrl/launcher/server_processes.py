@@ -25,24 +25,34 @@ _PROC = Path("/proc")
 def stop_server(popen: subprocess.Popen, instance_id: str, grace_s: float = 5.0) -> None:
     """SIGTERM to the server's process group, SIGKILL after ``grace_s``; then SIGKILL any
     process left that was started with ``instance_id``."""
-    if popen.poll() is None:
+    stop_servers([(popen, instance_id)], grace_s)
+
+
+def stop_servers(servers: list[tuple[subprocess.Popen, str]], grace_s: float = 5.0) -> None:
+    """:func:`stop_server` for several servers at once: every one gets its SIGTERM first,
+    and they shut down side by side within one ``grace_s``. One after the other, a run's
+    five servers took five shutdowns in turn (about 1.5 s each on two cores) after its
+    last step."""
+    running = [popen for popen, _ in servers if popen.poll() is None]
+    for popen in running:
         _signal_group(popen.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and popen.poll() is None:
-            time.sleep(0.05)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(p.poll() is None for p in running):
+        time.sleep(0.05)
+    for popen in running:
         _signal_group(popen.pid, signal.SIGKILL)  # also any torchrun child left behind
         popen.wait()
-    for pid in leftover_pids(instance_id):
+    for pid in leftover_pids(*(instance_id for _, instance_id in servers)):
         with suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 
 
-def leftover_pids(instance_id: str) -> list[int]:
-    """Running processes started with ``instance_id`` in their environment (Linux /proc;
-    none found elsewhere)."""
-    if not instance_id or not _PROC.is_dir():
+def leftover_pids(*instance_ids: str) -> list[int]:
+    """Running processes started with one of ``instance_ids`` in their environment (Linux
+    /proc; none found elsewhere)."""
+    markers = {f"{INSTANCE_ENV}={i}".encode() for i in instance_ids if i}
+    if not markers or not _PROC.is_dir():
         return []
-    marker = f"{INSTANCE_ENV}={instance_id}".encode()
     found = []
     for entry in _PROC.iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -51,7 +61,7 @@ def leftover_pids(instance_id: str) -> list[int]:
             environ = (entry / "environ").read_bytes()  # empty for a zombie
         except OSError:  # gone meanwhile, or another user's
             continue
-        if marker in environ.split(b"\0"):
+        if markers.intersection(environ.split(b"\0")):
             found.append(int(entry.name))
     return found
 

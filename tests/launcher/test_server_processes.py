@@ -82,3 +82,33 @@ def test_stop_of_a_live_server_stops_its_children(tmp_path):
         assert _gone_within(child, 10)
     finally:
         _kill_if_alive(child)
+
+
+# A "server" that notes when its SIGTERM came, then takes a while to shut down.
+SLOW_TO_STOP = (
+    "import signal, sys, time\n"
+    "def stop(*_):\n"
+    "    open(sys.argv[1], 'w').write(repr(time.time())); time.sleep(1.0); sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, stop)\n"
+    "open(sys.argv[1] + '.up', 'w').write('up')\n"
+    "time.sleep(120)\n"
+)
+
+
+def test_the_servers_of_a_run_are_stopped_side_by_side(tmp_path):
+    """Before, each got its SIGTERM only once the one before it had exited: a run's five
+    servers took five shutdowns in turn after its last step."""
+    launcher = LocalLauncher(build_config({}, []), tmp_path)
+    marks = [tmp_path / f"term{i}" for i in range(3)]
+    for i, mark in enumerate(marks):
+        command = [sys.executable, "-c", SLOW_TO_STOP, str(mark)]
+        launcher._spawn(RoleProcess(f"s{i}", command, "127.0.0.1:1", tmp_path / f"s{i}.log"))
+    deadline = time.monotonic() + 30
+    while not all(m.with_name(m.name + ".up").exists() for m in marks):
+        assert time.monotonic() < deadline, "the servers never started"
+        time.sleep(0.05)
+    launcher.stop()
+    termed = sorted(float(m.read_text()) for m in marks)
+    # every one was told to stop before the first of them (1 s after its signal) had exited
+    assert termed[-1] - termed[0] < 1.0, termed
+    assert all(not p.alive() for p in launcher.processes.values())
