@@ -25,6 +25,7 @@ from services.coordinator.preflight import (
     check_run_config,
     start_run_folder,
     unused_gpu_warning,
+    write_run_config,
 )
 from services.coordinator.run import PPORun, run_sinks
 from services.coordinator.run_data import load_run_data
@@ -92,6 +93,7 @@ def run_local(cfg: RunConfig) -> RunResult:
     except AlreadyTrained as done:  # a finished run run again
         log.warning("%s", done)
         return RunResult({}, finished=True)
+    write_run_config(run_dir, cfg)
     # Before any role server starts: a logger that cannot start (wandb online without an
     # API key, an MLflow server that does not answer) ends the run now, not after the
     # models have loaded.

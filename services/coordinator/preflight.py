@@ -14,6 +14,7 @@ import importlib.util
 import json
 import logging
 import os
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -42,18 +43,28 @@ ANY_SOURCE = "*"
 
 
 def start_run_folder(run_dir: Path, cfg: RunConfig) -> None:
-    """Makes the run folder and writes the resolved config in it; a ConfigError naming
+    """Makes the run folder (and the generation folders it names); a ConfigError naming
     ``trainer.default_local_dir`` when the folder cannot be made or written (a file of that
-    name, a read-only mount, a typo under /proc) instead of an OSError traceback."""
+    name, a read-only mount, a typo under /proc) instead of an OSError traceback. The
+    resolved config is written by :func:`write_run_config` once the run is known to train:
+    a finished run run again leaves the config.yaml of the start that trained it."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
+        # a read-only folder fails here, named, not at the end of the first step
+        with tempfile.TemporaryFile(dir=run_dir):
+            pass
     except OSError as e:
         why = "a file of that name exists" if run_dir.is_file() else (e.strerror or str(e))
         raise ConfigError(
             f"trainer.default_local_dir: cannot use {run_dir} as the run folder: {why}"
         ) from None
     make_generation_folders(run_dir, cfg)
+
+
+def write_run_config(run_dir: Path, cfg: RunConfig) -> None:
+    """Writes the resolved config as the run folder's config.yaml (that of the latest start
+    that trains; each checkpoint keeps its own)."""
+    (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
 
 
 def make_generation_folders(run_dir: Path, cfg: RunConfig) -> None:

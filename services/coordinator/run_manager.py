@@ -28,6 +28,7 @@ from services.coordinator.preflight import (
     check_required_keys_given,
     check_run_config,
     start_run_folder,
+    write_run_config,
 )
 from services.coordinator.run_types import (
     AlreadyTrained,
@@ -195,6 +196,7 @@ class ManagedRun:
         except AlreadyTrained as done:  # a finished run run again: no server starts
             self.update(line=str(done))
             return RunState.SUCCEEDED, str(done)
+        write_run_config(self.run_dir, self.cfg)
         sinks = self._sinks()
         kind = self.cfg.launcher.kind
         # an external launcher starts nothing: it checks the servers named in the config

@@ -114,8 +114,11 @@ def test_a_finished_run_run_again_trains_nothing_and_starts_no_server(
     """Its real last checkpoint (step 3 of 3) says it is done, before any server starts."""
     logged = (straight / "metrics.jsonl").read_text()
     logs = {p.name: p.stat().st_mtime_ns for p in (straight / "logs").iterdir()}
+    config_written = (straight / "config.yaml").stat().st_mtime_ns
     result = run_local(_cfg(tiny_model, arithmetic_data, straight, 3))
     assert result.finished and dict(result) == {}
+    # the config.yaml of the start that trained the run stays
+    assert (straight / "config.yaml").stat().st_mtime_ns == config_written
     assert (straight / "metrics.jsonl").read_text() == logged, "no step, no validation logged"
     assert {p.name: p.stat().st_mtime_ns for p in (straight / "logs").iterdir()} == logs
     assert [p.name for p in CheckpointManager(straight).complete()] == [
