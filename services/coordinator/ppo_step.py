@@ -142,6 +142,14 @@ def reward_failure_summary(results: list, data_sources: list[str]) -> str | None
     )
 
 
+def reward_model_metrics(extras: list[dict[str, float]]) -> dict[str, float]:
+    """``reward/rm_clip_ratio``: the fraction of the samples the reward model scored whose
+    (prompt, response) pair it cut to ``reward.reward_model.max_length`` (the reward
+    service's ``rm_cut`` extra); nothing without a reward model."""
+    cut = [extra["rm_cut"] for extra in extras if "rm_cut" in extra]
+    return {"reward/rm_clip_ratio": sum(cut) / len(cut)} if cut else {}
+
+
 def skipped_update_warnings(metrics: dict[str, float]) -> list[str]:
     """A line per trainer that skipped optimizer steps for a non-finite gradient norm."""
     out = []
@@ -548,6 +556,7 @@ class PPOStep:
             "rollout/weight_lag": float(step - 1 - batch.weight_version),
             "reward/failed_samples": float(batch.reward_failed),
             **self.overlong_metrics(batch),
+            **reward_model_metrics(batch.reward_extra),
         }
 
     def overlong_metrics(self, batch: RolloutBatch) -> dict[str, float]:

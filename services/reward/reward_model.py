@@ -4,7 +4,7 @@ Sequence classification (``AutoModelForSequenceClassification``, num_labels=1) o
 classification read at the last token. The pair is rendered with the reward model's own
 tokenizer and chat template (prompt turns + the response as the assistant turn), truncated
 from the left to ``max_length`` (the end of the response is what the head reads), and scored in
-micro-batches.
+micro-batches; :meth:`RewardModel.score_pairs` also says which pairs were cut.
 
 Sequences are left-padded and fed as embeddings, so the head reads position -1, which is the
 real last token whatever the pad id is (HF's own pooling looks for the rightmost non-pad id,
@@ -26,6 +26,7 @@ import json
 import logging
 import threading
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from huggingface_hub.utils import HFValidationError, validate_repo_id
@@ -79,6 +80,13 @@ def prompt_messages(prompt: str) -> list[dict[str, str]]:
                 {"role": str(m.get("role", "user")), "content": str(m["content"])} for m in messages
             ]
     return [{"role": "user", "content": prompt}]
+
+
+class ScoredPair(NamedTuple):
+    score: float
+    cut: bool
+    """Whether the rendered pair was longer than ``max_length`` and lost tokens (from its
+    start; for an encoder's text pair, from the longer text's start)."""
 
 
 class RewardModel:
@@ -156,20 +164,29 @@ class RewardModel:
             return self.tokenizer.apply_chat_template(messages, tokenize=False)
         return "\n\n".join(m["content"] for m in messages)
 
-    @torch.no_grad()
     def score(
         self,
         prompts: list[str],
         responses: list[str],
         cancelled: threading.Event | None = None,
     ) -> list[float]:
-        """One score per pair, in order.
+        """One score per pair, in order (see :meth:`score_pairs`)."""
+        return [pair.score for pair in self.score_pairs(prompts, responses, cancelled)]
+
+    @torch.no_grad()
+    def score_pairs(
+        self,
+        prompts: list[str],
+        responses: list[str],
+        cancelled: threading.Event | None = None,
+    ) -> list[ScoredPair]:
+        """One score per pair, in order, and whether the pair was cut to ``max_length``.
 
         ``cancelled``: read before each micro-batch; once set, raises ScoringCancelled (a
         forward under way finishes first: a large batch of a large model stops within one
         micro-batch instead of holding the model for the rest of the batch)."""
         pairs = list(zip(prompts, responses, strict=True))
-        out: list[float] = []
+        out: list[ScoredPair] = []
         for i in range(0, len(pairs), self.micro_batch_size):
             if cancelled is not None and cancelled.is_set():
                 raise ScoringCancelled(f"after {i} of {len(pairs)} samples")
@@ -180,31 +197,46 @@ class RewardModel:
                 out.extend(self._score_batch([self.render(p, r) for p, r in chunk]))
         return out
 
-    def _score_text_pairs(self, pairs: list[tuple[str, str]]) -> list[float]:
+    def _cut(self, enc, *texts: list[str], **kwargs) -> list[bool]:
+        """Which rows of ``enc`` (a truncating tokenizer call on ``texts``) lost tokens: a fast
+        tokenizer keeps what it cut as each encoding's ``overflowing``; a slow one has no
+        encodings, and its rows are tokenized again, whole, to count them."""
+        if enc.encodings is not None:
+            return [bool(e.overflowing) for e in enc.encodings]
+        whole = self.tokenizer(*texts, truncation=False, **kwargs)["input_ids"]
+        return [len(ids) > self.max_length for ids in whole]
+
+    def _score_text_pairs(self, pairs: list[tuple[str, str]]) -> list[ScoredPair]:
         """An encoder's scores: (prompt text, response) as a text pair, right-padded, read by
         the model's own head at [CLS]; over ``max_length``, the longer text is shortened
         first, from its start."""
         prompts = ["\n\n".join(m["content"] for m in prompt_messages(p)) for p, _ in pairs]
+        responses = [r for _, r in pairs]
         enc = self.tokenizer(
             prompts,
-            [r for _, r in pairs],
+            responses,
             padding=True,
             truncation="longest_first",
             max_length=self.max_length,
             return_tensors="pt",
-        ).to(self.device)
-        return self.model(**enc).logits[:, 0].float().tolist()
+        )
+        cut = self._cut(enc, prompts, responses)
+        scores = self.model(**enc.to(self.device)).logits[:, 0].float().tolist()
+        return [ScoredPair(*pair) for pair in zip(scores, cut, strict=True)]
 
-    def _score_batch(self, texts: list[str]) -> list[float]:
+    def _score_batch(self, texts: list[str]) -> list[ScoredPair]:
         with_template = bool(getattr(self.tokenizer, "chat_template", None))
+        special = not with_template  # the template wrote them already
         enc = self.tokenizer(
             texts,
-            add_special_tokens=not with_template,  # the template wrote them already
+            add_special_tokens=special,
             padding=True,
             truncation=True,
             max_length=self.max_length,
             return_tensors="pt",
-        ).to(self.device)
+        )
+        cut = self._cut(enc, texts, add_special_tokens=special)
+        enc = enc.to(self.device)
         mask = enc["attention_mask"]  # (b, t), zeros on the left
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # as if each sequence were unpadded
         embeds = self.model.get_input_embeddings()(enc["input_ids"])  # (b, t, h)
@@ -214,7 +246,8 @@ class RewardModel:
             ).logits
         if self.per_token:
             logits = logits[:, -1]  # (b, t, 1) -> (b, 1): left padding puts the last token at -1
-        return logits[:, 0].float().tolist()
+        scores = logits[:, 0].float().tolist()
+        return [ScoredPair(*pair) for pair in zip(scores, cut, strict=True)]
 
 
 def _one_line(e: BaseException) -> str:

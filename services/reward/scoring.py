@@ -4,7 +4,8 @@ Per item: the rule scorer of its data_source (or the custom function, for every 
 runs in a worker process; with a reward model enabled, the model scores the item too and
 ``score = rule + weight * rm`` (items without a rule scorer get ``weight * rm``). Extras:
 ``rule_score`` and ``acc`` (rule score >= 1 - 1e-6, unless the scorer gave its own ``acc``),
-``rm_score``.
+``rm_score`` and ``rm_cut`` (1.0 when the pair was longer than the model's ``max_length`` and
+lost its start, else 0.0).
 
 Thread-safe: the server's Score calls share one RewardScorer. Their samples interleave in the
 worker pool; the reward model (in this process) scores one call's batch at a time.
@@ -16,6 +17,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from meshrl.config.schema import RewardConfig
 from services.reward.pool import DEFAULT_MEMORY_LIMIT_MB, ScorerPool
@@ -27,6 +29,9 @@ from services.reward.types import (
     ScoringCancelled,
     failed,
 )
+
+if TYPE_CHECKING:  # torch + transformers: imported only with a reward model
+    from services.reward.reward_model import ScoredPair
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +58,7 @@ class RewardScorer:
         self._calls: set[threading.Event] = set()
         """The `cancelled` events of the calls under way (set by `abandon`)."""
         self._abandoned = False
+        self._warned_of_cuts = False
         try:
             self.pool.warm_up()
             if self.cfg.custom_function:
@@ -118,9 +124,28 @@ class RewardScorer:
         finally:
             with self._calls_lock:
                 self._calls.discard(cancelled)
+        if rm:
+            self._warn_of_cut_pairs(rm)
         return [
             _combine(rule.get(i), rm[i] if rm else None, self._rm_weight) for i in range(len(items))
         ]
+
+    def _warn_of_cut_pairs(self, scored: list[ScoredPair]) -> None:
+        """Says once (the first call that cuts any) that pairs lose their start to
+        ``max_length``; a run logs how many each step as ``reward/rm_clip_ratio``."""
+        cut = sum(pair.cut for pair in scored)
+        if not cut or self._warned_of_cuts:
+            return
+        self._warned_of_cuts = True
+        log.warning(
+            "reward model: %d of %d (prompt, response) pairs were longer than "
+            "reward.reward_model.max_length=%d tokens and lost their start (the head reads "
+            "the end); raise it to score them whole (said once; a run logs "
+            "reward/rm_clip_ratio each step)",
+            cut,
+            len(scored),
+            self.reward_model.max_length,
+        )
 
     @property
     def _rm_weight(self) -> float:
@@ -128,7 +153,7 @@ class RewardScorer:
 
     def _model_scores(
         self, items: list[ScoreItem], cancelled: threading.Event
-    ) -> list[float] | None:
+    ) -> list[ScoredPair] | None:
         """The reward model's scores, or None without one. Raises ScoringCancelled once
         ``cancelled`` is set, also while waiting for another call's batch to finish."""
         if self.reward_model is None or not items:
@@ -137,7 +162,7 @@ class RewardScorer:
             if cancelled.is_set():
                 raise ScoringCancelled("before the reward model took it")
         try:
-            return self.reward_model.score(
+            return self.reward_model.score_pairs(
                 [it.prompt for it in items], [it.response for it in items], cancelled
             )
         finally:
@@ -187,7 +212,7 @@ def _load_reward_model(cfg: RewardConfig):
     return RewardModel(rm.path, micro_batch_size=rm.micro_batch_size, max_length=rm.max_length)
 
 
-def _combine(rule: ScoreOutcome | None, rm: float | None, weight: float) -> ScoreOutcome:
+def _combine(rule: ScoreOutcome | None, scored: ScoredPair | None, weight: float) -> ScoreOutcome:
     if rule is not None and not rule.ok:
         return rule
     out = ScoreOutcome(score=0.0)
@@ -197,9 +222,11 @@ def _combine(rule: ScoreOutcome | None, rm: float | None, weight: float) -> Scor
         out.extra["rule_score"] = rule.score
         out.extra.setdefault("acc", float(rule.score >= 1.0 - ACC_TOLERANCE))
         out.score += rule.score
-    if rm is not None:
+    if scored is not None:
+        rm = scored.score
         if not math.isfinite(rm):
             return ScoreOutcome(score=0.0, ok=False, reason=f"reward model returned {rm}")
         out.extra["rm_score"] = rm
+        out.extra["rm_cut"] = float(scored.cut)
         out.score += weight * rm
     return out

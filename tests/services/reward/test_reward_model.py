@@ -4,6 +4,7 @@ import json
 import logging
 import threading
 import time
+import types
 
 import pytest
 import torch
@@ -121,6 +122,26 @@ def test_truncation_keeps_the_end(seq_rm):
     )
 
 
+def test_pairs_cut_to_max_length_are_said_to_be(seq_rm, bert_rm):
+    """Before, a pair cut to max_length was scored without a word: a run on long dialogues
+    trained on scores of their ends, and nothing showed it."""
+    long_prompt = "Q: " + "1+" * 20 + "1="
+    decoder = RewardModel(str(seq_rm), max_length=6, device="cpu")
+    # "<s>Q:1=1": 6 tokens, at the limit and whole; the long one loses its start
+    pairs = decoder.score_pairs([long_prompt, "Q:1="], ["21", "1"])
+    assert [pair.cut for pair in pairs] == [True, False]
+    assert [pair.score for pair in pairs] == decoder.score([long_prompt, "Q:1="], ["21", "1"])
+    encoder = RewardModel(str(bert_rm), max_length=16, device="cpu")
+    assert [p.cut for p in encoder.score_pairs([long_prompt, "Q:1="], ["21", "1"])] == [
+        True,
+        False,
+    ]
+    # a slow tokenizer keeps no encodings: its rows are counted whole instead, the same way
+    texts = [decoder.render(long_prompt, "21"), decoder.render("Q:1=", "1")]
+    no_encodings = types.SimpleNamespace(encodings=None)
+    assert decoder._cut(no_encodings, texts, add_special_tokens=False) == [True, False]
+
+
 def test_render_uses_the_rm_chat_template(seq_rm):
     rm = RewardModel(str(seq_rm), device="cpu")
     # the char tokenizer's template: BOS, then the contents
@@ -145,6 +166,25 @@ def test_rule_and_model_scores_combine(seq_rm):
     assert out[0].extra["rule_score"] == 1.0 and out[0].extra["rm_score"] == pytest.approx(rm[0])
     assert out[1].score == pytest.approx(0.5 * rm[1])
     assert "rule_score" not in out[1].extra and out[1].ok
+
+
+def test_scores_carry_whether_the_pair_was_cut_and_the_first_cut_is_logged(seq_rm, caplog):
+    cfg = RewardConfig(
+        num_workers=1,
+        reward_model=RewardModelConfig(enable=True, path=str(seq_rm), max_length=6),
+    )
+    items = [
+        ScoreItem("Dahoas/full-hh-rlhf", "21", "", prompt="Q: " + "1+" * 20 + "1="),
+        ScoreItem("Dahoas/full-hh-rlhf", "1", "", prompt="Q:1="),
+    ]
+    with RewardScorer(cfg) as s, caplog.at_level("WARNING"):
+        whole = s.score(items[1:])
+        first, second = s.score(items), s.score(items)
+    assert whole[0].extra["rm_cut"] == 0.0
+    assert [o.extra["rm_cut"] for o in first] == [o.extra["rm_cut"] for o in second] == [1.0, 0.0]
+    [said] = [r.getMessage() for r in caplog.records if "lost their start" in r.getMessage()]
+    assert said.startswith("reward model: 1 of 2 (prompt, response) pairs were longer than ")
+    assert "reward.reward_model.max_length=6 tokens" in said
 
 
 def test_rm_enabled_without_path():
