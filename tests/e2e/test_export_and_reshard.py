@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -54,11 +55,34 @@ def _hf_logprobs(model, prompts: Ragged, responses: Ragged) -> torch.Tensor:
     return torch.cat(out)
 
 
+@contextmanager
+def _servers(tiny_model, data, tmp_path, world_size: int):
+    """Role servers whose actor and critic have ``world_size`` ranks, and the `launcher`
+    config that points a run at them: the runs on each rank count take turns on one set
+    (trainer ranks cost ~11 s of CPU each to start on the 2-core machine)."""
+    cfg = build_config({}, _overrides(tiny_model, data, tmp_path / "unused", 1, world_size))
+    with LocalLauncher(cfg, tmp_path / f"servers_{world_size}") as launcher:
+        e = launcher.start()
+        addresses = dict(rollout=e.rollout, actor=[e.actor], critic=[e.critic], ref=[e.ref])
+        yield e, {"kind": "external", "addresses": {**addresses, "reward": [e.reward]}}
+
+
 def test_resume_on_other_rank_counts_then_export(tiny_model, arithmetic_data, tmp_path):
+    with (
+        _servers(tiny_model, arithmetic_data, tmp_path, 2) as (_, on_two),
+        _servers(tiny_model, arithmetic_data, tmp_path, 1) as (one, on_one),
+    ):
+        _resume_on_other_rank_counts_then_export(
+            tiny_model, arithmetic_data, tmp_path, {1: on_one, 2: on_two}, one
+        )
+
+
+def _resume_on_other_rank_counts_then_export(tiny_model, arithmetic_data, tmp_path, on, one):
     run_dir = tmp_path / "run"
     # saved with 2 ranks, resumed with 1, then saved with 1 and resumed with 2
     for steps, ws in ((1, 2), (2, 1), (3, 2)):
-        run_local(build_config({}, _overrides(tiny_model, arithmetic_data, run_dir, steps, ws)))
+        overrides = _overrides(tiny_model, arithmetic_data, run_dir, steps, ws)
+        run_local(build_config({"launcher": on[ws]}, overrides))
     steps = [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl") if "critic/score/mean" in r]
     assert steps == [1, 2, 3]
     ckpt = CheckpointManager(run_dir).latest_valid()
@@ -91,16 +115,15 @@ def test_resume_on_other_rank_counts_then_export(tiny_model, arithmetic_data, tm
         [[1, 20, 21, 19, 6, 7, 14, 9, 12, 17], [1, 20, 21, 19, 5, 5, 14, 5, 17]]
     )
     responses = Ragged.from_lists([[6, 9, 14, 9, 12, 17, 8, 5], [5, 5, 14, 2]])
+    # the 1-rank servers, with the checkpoint loaded
     cfg = build_config({}, _overrides(tiny_model, arithmetic_data, tmp_path / "check", 1, 1))
-    with LocalLauncher(cfg, tmp_path / "check") as launcher:
-        endpoints = launcher.start()
-        actor = TrainerClient(endpoints.actor, 120, "actor")
-        critic = TrainerClient(endpoints.critic, 120, "critic")
-        for client, role in ((actor, "actor"), (critic, "critic")):
-            client.initialize(config_to_yaml(cfg))
-            client.load_checkpoint(str(ckpt / role))
-        trainer_lp, _ = actor.compute_log_probs(prompts, responses, 1.0)
-        trainer_values = critic.compute_values(prompts, responses)
+    actor = TrainerClient(one.actor, 120, "actor")
+    critic = TrainerClient(one.critic, 120, "critic")
+    for client, role in ((actor, "actor"), (critic, "critic")):
+        client.initialize(config_to_yaml(cfg))
+        client.load_checkpoint(str(ckpt / role))
+    trainer_lp, _ = actor.compute_log_probs(prompts, responses, 1.0)
+    trainer_values = critic.compute_values(prompts, responses)
 
     exported = AutoModelForCausalLM.from_pretrained(actor_dir)
     with torch.no_grad():
