@@ -49,10 +49,11 @@ def prompts_of(run_dir, step: int) -> list[str]:
 
 
 def test_a_run_one_step_off_policy_trains_on_batches_one_update_behind(
-    tiny_model, arithmetic_data, tmp_path
+    tiny_model, arithmetic_data, tmp_path, shared_mesh
 ):
+    on_shared = {"launcher": shared_mesh}  # both runs on the same servers, in turn
     first = tmp_path / "first"
-    run_local(build_config({}, _overrides(tiny_model, arithmetic_data, first, 4)))
+    run_local(build_config(on_shared, _overrides(tiny_model, arithmetic_data, first, 4)))
     rows = step_rows(first)
     assert sorted(rows) == [1, 2, 3, 4]
     # step 1 generates its own batch with the model's weights (version 0); every later one
@@ -72,7 +73,7 @@ def test_a_run_one_step_off_policy_trains_on_batches_one_update_behind(
     again = tmp_path / "again"
     checkpoint = first / "checkpoints" / "global_step_2"
     resumed = _overrides(tiny_model, arithmetic_data, again, 4, f"trainer.resume_mode={checkpoint}")
-    run_local(build_config({}, resumed))
+    run_local(build_config(on_shared, resumed))
     rows = step_rows(again)
     assert sorted(rows) == [3, 4]
     assert [rows[k]["rollout/weight_version"] for k in (3, 4)] == [2, 2]
