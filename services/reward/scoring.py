@@ -124,27 +124,35 @@ class RewardScorer:
         finally:
             with self._calls_lock:
                 self._calls.discard(cancelled)
-        if rm:
-            self._warn_of_cut_pairs(rm)
         return [
             _combine(rule.get(i), rm[i] if rm else None, self._rm_weight) for i in range(len(items))
         ]
 
     def _warn_of_cut_pairs(self, scored: list[ScoredPair]) -> None:
-        """Says once (the first call that cuts any) that pairs lose their start to
-        ``max_length``; a run logs how many each step as ``reward/rm_clip_ratio``."""
+        """Says once per scorer (each Initialize builds one: once a run), at the first call
+        that cuts any, that pairs lose their start to the model's length limit; a run logs
+        how many each step as ``reward/rm_clip_ratio``. Called under ``_model_lock``."""
         cut = sum(pair.cut for pair in scored)
         if not cut or self._warned_of_cuts:
             return
         self._warned_of_cuts = True
+        limit, asked = self.reward_model.max_length, self.cfg.reward_model.max_length
+        if limit < asked:  # capped at load to what the model's positions can read
+            limit_is = (
+                f"the reward model's max_position_embeddings={limit} tokens (which "
+                f"reward.reward_model.max_length={asked} was cut to at load)"
+            )
+        else:
+            limit_is = (
+                f"reward.reward_model.max_length={limit} tokens (raise it to score them whole)"
+            )
         log.warning(
-            "reward model: %d of %d (prompt, response) pairs were longer than "
-            "reward.reward_model.max_length=%d tokens and lost their start (the head reads "
-            "the end); raise it to score them whole (said once; a run logs "
-            "reward/rm_clip_ratio each step)",
+            "reward model: %d of %d (prompt, response) pairs were longer than %s and lost "
+            "their start (the head reads the end); said once, a run logs reward/rm_clip_ratio "
+            "each step",
             cut,
             len(scored),
-            self.reward_model.max_length,
+            limit_is,
         )
 
     @property
@@ -162,9 +170,11 @@ class RewardScorer:
             if cancelled.is_set():
                 raise ScoringCancelled("before the reward model took it")
         try:
-            return self.reward_model.score_pairs(
+            scored = self.reward_model.score_pairs(
                 [it.prompt for it in items], [it.response for it in items], cancelled
             )
+            self._warn_of_cut_pairs(scored)
+            return scored
         finally:
             self._model_lock.release()
 

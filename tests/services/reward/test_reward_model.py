@@ -187,6 +187,22 @@ def test_scores_carry_whether_the_pair_was_cut_and_the_first_cut_is_logged(seq_r
     assert "reward.reward_model.max_length=6 tokens" in said
 
 
+def test_the_cut_warning_names_the_models_own_limit_when_max_length_was_capped(bert_rm, caplog):
+    """Before, it named reward.reward_model.max_length=256 (the capped value, not the
+    configured 2048) and said to raise it, which would change nothing."""
+    cfg = RewardConfig(
+        num_workers=1, reward_model=RewardModelConfig(enable=True, path=str(bert_rm))
+    )
+    long_pair = ScoreItem("Dahoas/full-hh-rlhf", "401", "", prompt="Q: " + "1+" * 200 + "1=")
+    with RewardScorer(cfg) as s, caplog.at_level("WARNING"):
+        (outcome,) = s.score([long_pair])
+    assert outcome.extra["rm_cut"] == 1.0
+    [said] = [r.getMessage() for r in caplog.records if "lost their start" in r.getMessage()]
+    assert "the reward model's max_position_embeddings=256 tokens (which " in said
+    assert "reward.reward_model.max_length=2048 was cut to at load)" in said
+    assert "raise it" not in said
+
+
 def test_rm_enabled_without_path():
     cfg = RewardConfig(num_workers=1, reward_model=RewardModelConfig(enable=True))
     with pytest.raises(ValueError, match="reward.reward_model.path is empty"):
