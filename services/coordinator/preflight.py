@@ -63,8 +63,15 @@ def start_run_folder(run_dir: Path, cfg: RunConfig) -> None:
 
 def write_run_config(run_dir: Path, cfg: RunConfig) -> None:
     """Writes the resolved config as the run folder's config.yaml (that of the latest start
-    that trains; each checkpoint keeps its own)."""
-    (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
+    that trains; each checkpoint keeps its own); a ConfigError naming the file when it
+    cannot be written (a folder of that name, a full disk)."""
+    path = run_dir / "config.yaml"
+    try:
+        path.write_text(config_to_yaml(cfg))
+    except OSError as e:
+        raise ConfigError(
+            f"trainer.default_local_dir: cannot write {path}: {e.strerror or e}"
+        ) from None
 
 
 def make_generation_folders(run_dir: Path, cfg: RunConfig) -> None:

@@ -255,3 +255,13 @@ def test_a_reward_model_that_is_not_there_is_refused_before_any_server_starts(ov
         check_run_config(cfg)
     hub_id = ["reward.reward_model.enable=true", "reward.reward_model.path=org/rm"]
     check_run_config(build_config({}, hub_id))  # the reward server may load it from the Hub
+
+
+def test_a_run_config_that_cannot_be_written_names_the_file(tmp_path):
+    """config.yaml is written once the run is known to train, after the folder's own check:
+    a folder of that name (or a full disk) is a ConfigError too, not an OSError traceback."""
+    from services.coordinator.preflight import write_run_config
+
+    (tmp_path / "config.yaml").mkdir()
+    with pytest.raises(ConfigError, match=r"trainer.default_local_dir: cannot write .*config.yaml"):
+        write_run_config(tmp_path, build_config({}, []))
