@@ -365,8 +365,10 @@ def server_conflict(args: argparse.Namespace) -> str | None:
     if args.server is None or not ignored:
         return None
     serve_command = " ".join(f"{flag} {value}" for flag, value in ignored.items())
+    *others, last = ignored
+    named = f"{', '.join(others)} and {last}" if others else last
     return (
-        f"{' and '.join(ignored)} cannot be used with --server: the reward server at "
+        f"{named} cannot be used with --server: the reward server at "
         f"{args.server} scores with what it was started with. Start it with them (meshrl "
         f"reward serve {serve_command}), or leave out --server to score in this process"
     )

@@ -19,12 +19,22 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 HH = "Dahoas/full-hh-rlhf"
 
 
+LONG = "Q: 10+10=20 "
+"""Put before every other row's question (each is 9 characters, `Q: 41+17=`; one token a
+character): a rendered pair is then at least 1 + 12 + 9 = 22 tokens (BOS, this, the
+question), and without it at most 1 + 9 + 8 = 18 (with a whole response), so a reward
+model max_length of 20 cuts exactly the long rows' pairs, whatever the policy samples."""
+
+
 def _as_reward_model_rows(src, dest):
-    """The arithmetic rows as a reward model's: HH-RLHF's data_source, no ground truth."""
+    """The arithmetic rows as a reward model's: HH-RLHF's data_source, no ground truth,
+    every other question made longer."""
     table = pq.read_table(src).to_pylist()
-    for row in table:
+    for i, row in enumerate(table):
         row["data_source"] = HH
         row["reward_model"] = {"style": "model", "ground_truth": ""}
+        if i % 2:
+            row["prompt"] = [{**m, "content": LONG + m["content"]} for m in row["prompt"]]
     pq.write_table(pa.Table.from_pylist(table), dest)
     return dest
 
@@ -40,7 +50,7 @@ def test_a_run_scored_by_a_reward_model_alone(tiny_model, arithmetic_data, tmp_p
             f"data.train_files=[{train}]",
             f"data.val_files=[{test}]",
             "data.train_batch_size=8",
-            "data.max_prompt_length=16",
+            "data.max_prompt_length=32",
             "data.max_response_length=8",
             f"actor_rollout_ref.model.path={tiny_model}",
             "actor_rollout_ref.rollout.n=2",
@@ -48,9 +58,7 @@ def test_a_run_scored_by_a_reward_model_alone(tiny_model, arithmetic_data, tmp_p
             "algorithm.adv_estimator=grpo",
             "reward.reward_model.enable=true",
             f"reward.reward_model.path={rm}",
-            # a rendered pair is a BOS, the prompt's ~10 characters and up to 8 of the
-            # response: some pairs are longer than this, some not
-            "reward.reward_model.max_length=16",
+            "reward.reward_model.max_length=20",  # cuts the long rows' pairs (LONG)
             "trainer.total_training_steps=2",
             "trainer.test_freq=2",
             "trainer.rollout_data_dir=rollouts",
@@ -65,12 +73,16 @@ def test_a_run_scored_by_a_reward_model_alone(tiny_model, arithmetic_data, tmp_p
     assert [r["step"] for r in steps] == [1, 2]
     for row in steps:
         assert row["reward/failed_samples"] == 0
-        assert 0.0 < row["reward/rm_clip_ratio"] < 1.0, row["reward/rm_clip_ratio"]
         # logits of a random head: not the zeros of a missing scorer, and not all alike
         assert row["critic/score/max"] > row["critic/score/min"]
+        # each sample's record: the model's score, and whether its pair was cut (exactly
+        # the long rows'), which the step's metric counts
+        samples = read_jsonl(run_dir / "rollouts" / f"{row['step']}.jsonl")
+        assert all(s["score"] == pytest.approx(s["rm_score"]) for s in samples)
+        assert [s["rm_cut"] for s in samples] == [float(LONG in s["input"]) for s in samples]
+        cut = sum(s["rm_cut"] for s in samples) / len(samples)
+        assert row["reward/rm_clip_ratio"] == pytest.approx(cut)
     assert f"val-core/{HH}/reward/mean@1" in steps[-1]
     assert not [k for k in steps[-1] if k.startswith("val-core/") and "/acc/" in k]
-    # each sample's record: the model's score, and whether its pair was cut
-    samples = read_jsonl(run_dir / "rollouts" / "1.jsonl")
-    assert {s["rm_cut"] for s in samples} == {0.0, 1.0}
-    assert all(s["score"] == pytest.approx(s["rm_score"]) for s in samples)
+    every = [s for k in (1, 2) for s in read_jsonl(run_dir / "rollouts" / f"{k}.jsonl")]
+    assert {s["rm_cut"] for s in every} == {0.0, 1.0}, "some pairs cut, some whole"

@@ -109,6 +109,7 @@ def test_the_servers_of_a_run_are_stopped_side_by_side(tmp_path):
         time.sleep(0.05)
     launcher.stop()
     termed = sorted(float(m.read_text()) for m in marks)
-    # every one was told to stop before the first of them (1 s after its signal) had exited
-    assert termed[-1] - termed[0] < 1.0, termed
+    # every one was told to stop before the first of them (1 s after its signal) had
+    # exited; one after the other, the last would have been told 2 s after the first
+    assert termed[-1] - termed[0] < 1.5, termed
     assert all(not p.alive() for p in launcher.processes.values())
