@@ -160,10 +160,15 @@ def add_reward_model_arguments(p: argparse.ArgumentParser, where: str = "") -> N
     )
 
 
+def flag_value(args: argparse.Namespace, flag: str) -> object:
+    """The parsed value of ``flag`` ("--reward-model-weight" -> args.reward_model_weight)."""
+    return getattr(args, flag[2:].replace("-", "_"))
+
+
 def reward_model_settings(args: argparse.Namespace) -> dict[str, object]:
     """The `reward.reward_model` fields given by `RM_FLAGS` (the others keep the config's
     defaults)."""
-    given = {field: getattr(args, flag[2:].replace("-", "_")) for flag, field in RM_FLAGS.items()}
+    given = {field: flag_value(args, flag) for flag, field in RM_FLAGS.items()}
     return {field: value for field, value in given.items() if value is not None}
 
 

@@ -36,6 +36,7 @@ from services.reward.arguments import (
     EVAL_EXIT_CODES,
     RM_FLAGS,
     add_eval_arguments,
+    flag_value,
     reward_config,
     reward_model_settings,
 )
@@ -354,7 +355,7 @@ def in_process_flags(args: argparse.Namespace) -> dict[str, object]:
         "--custom-function": args.custom_function,
         "--num-workers": args.num_workers,
         "--reward-model": args.reward_model,
-        **{flag: getattr(args, flag[2:].replace("-", "_")) for flag in RM_FLAGS},
+        **{flag: flag_value(args, flag) for flag in RM_FLAGS},
     }
     return {flag: value for flag, value in flags.items() if value is not None}
 
