@@ -11,7 +11,7 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from meshrl.rpc.options import GRPC_OPTIONS
+from meshrl.rpc.options import channel_options
 from meshrl.rpc.security import SecuritySettings, channel_credentials, client_interceptor
 
 
@@ -28,9 +28,9 @@ def open_channel(address: str, security: SecuritySettings | None = None) -> grpc
     settings = security if security is not None else SecuritySettings.from_env()
     credentials = channel_credentials(settings)
     if credentials is None:
-        channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        channel = grpc.insecure_channel(address, options=channel_options())
     else:
-        channel = grpc.secure_channel(address, credentials, options=GRPC_OPTIONS)
+        channel = grpc.secure_channel(address, credentials, options=channel_options())
     return grpc.intercept_channel(channel, client_interceptor(settings))
 
 

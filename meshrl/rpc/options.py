@@ -30,22 +30,30 @@ def max_message_bytes(raw: str | None) -> int:
     return int(min(mib * 1024 * 1024, _GRPC_CEILING))
 
 
-MAX_MESSAGE_BYTES = max_message_bytes(os.environ.get(MAX_MESSAGE_ENV))
-"""MESHRL_GRPC_MAX_MESSAGE_MB overrides the limit (same value on every process of a run).
-A message over it is refused with RESOURCE_EXHAUSTED; the receiving server lives on."""
+def message_limit() -> int:
+    """This process's limit: MESHRL_GRPC_MAX_MESSAGE_MB (same value on every process of a
+    run), read when a channel or server is made (a forked server's environment is set
+    after its modules were imported). A message over it is refused with
+    RESOURCE_EXHAUSTED; the receiving server lives on."""
+    return max_message_bytes(os.environ.get(MAX_MESSAGE_ENV))
 
-GRPC_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    # Detect a dead peer on an idle connection within ~30 s instead of TCP's minutes.
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-]
 
-SERVER_OPTIONS: list[tuple[str, int]] = GRPC_OPTIONS + [
-    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-    # Refuse to share a port with a stale server left by a crashed run.
-    ("grpc.so_reuseport", 0),
-]
+def channel_options() -> list[tuple[str, int]]:
+    limit = message_limit()
+    return [
+        ("grpc.max_send_message_length", limit),
+        ("grpc.max_receive_message_length", limit),
+        # Detect a dead peer on an idle connection within ~30 s instead of TCP's minutes.
+        ("grpc.keepalive_time_ms", 20_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
+def server_options() -> list[tuple[str, int]]:
+    return channel_options() + [
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        # Refuse to share a port with a stale server left by a crashed run.
+        ("grpc.so_reuseport", 0),
+    ]

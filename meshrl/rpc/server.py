@@ -25,7 +25,7 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from meshrl.rpc.options import SERVER_OPTIONS
+from meshrl.rpc.options import server_options
 from meshrl.rpc.parent_watch import watch_parent
 from meshrl.rpc.security import SecuritySettings, server_credentials, server_interceptors
 
@@ -91,7 +91,7 @@ class GrpcServer:
         security = security if security is not None else SecuritySettings.from_env()
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers),
-            options=SERVER_OPTIONS,
+            options=server_options(),
             interceptors=server_interceptors(security),
         )
         self.health = health.HealthServicer()

@@ -21,7 +21,7 @@ from meshrl.api.v1 import (
 )
 from meshrl.ragged import Ragged
 from meshrl.rpc.client import open_channel
-from meshrl.rpc.options import MAX_MESSAGE_BYTES
+from meshrl.rpc.options import message_limit
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
 from meshrl.wire import ragged_from_proto, ragged_to_proto, tensor_from_proto, tensor_to_proto
 
@@ -37,7 +37,7 @@ class RoleCallError(RuntimeError):
         hint = ""
         if self.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
             hint = (
-                f" (a message over a gRPC size limit, {MAX_MESSAGE_BYTES >> 20} MiB in this "
+                f" (a message over a gRPC size limit, {message_limit() >> 20} MiB in this "
                 "process: lower data.train_batch_size (data.gen_batch_size) or rollout.n, or raise "
                 "MESHRL_GRPC_MAX_MESSAGE_MB on every process of the run)"
             )

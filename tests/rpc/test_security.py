@@ -20,7 +20,7 @@ from meshrl.config import ConfigError, build_config
 from meshrl.launcher.local import LocalLauncher, RoleProcess
 from meshrl.launcher.ports import free_port
 from meshrl.rpc.client import ServiceUnavailable, open_channel, wait_for_health
-from meshrl.rpc.options import GRPC_OPTIONS
+from meshrl.rpc.options import channel_options
 from meshrl.rpc.security import (
     API_VERSION,
     SecurityConfigError,
@@ -244,7 +244,7 @@ def test_mtls_refuses_a_client_certificate_of_another_ca(pki, mtls_server):
 def test_other_api_version_is_failed_precondition(pki, mtls_server):
     ours, _, _ = pki
     settings = client_settings(ours, mtls=True)
-    raw = grpc.secure_channel(mtls_server.address, channel_credentials(settings), GRPC_OPTIONS)
+    raw = grpc.secure_channel(mtls_server.address, channel_credentials(settings), channel_options())
     with grpc.intercept_channel(raw, client_interceptor(settings, "meshrl.api.v2")) as channel:
         with pytest.raises(grpc.RpcError) as e:
             reward_pb2_grpc.RewardServiceStub(channel).GetInfo(
