@@ -624,6 +624,10 @@ class LauncherConfig(Section):
     (external: to answer again; ray: also to place each resource pool)."""
     max_restarts: int = Field(2, ge=0)
     """Restarts of a dead role server before the run stops."""
+    start_method: Literal["forkserver", "spawn"] = "forkserver"
+    """local: how a role server process starts. forkserver: forked from one process that
+    imported torch, transformers and the servers once (ready in about a second; it never
+    touches CUDA). spawn: a fresh `python -m` each (seconds of imports per server)."""
     addresses: dict[str, OneOrList[str]] = Field(default_factory=dict)
     """external: role -> ["host:port", ...] (rollout may have several; one "host:port" alone
     is a list of one)."""

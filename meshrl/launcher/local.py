@@ -1,7 +1,8 @@
 """Local launcher: every role server is a subprocess on a free loopback port.
 
 Each server runs in its own process session so that stopping it also stops the ranks a
-`torchrun` spawned. `stop()` runs on success, error and Ctrl-C alike and leaves no process.
+`torchrun` spawned. By default servers are forked from a process that imported their
+heavy modules once (``fork_server.py``); ``launcher.start_method: spawn`` execs each. `stop()` runs on success, error and Ctrl-C alike and leaves no process.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshrl.config import RunConfig
+from meshrl.launcher.fork_server import ForkedServer, fork_server_process
 from meshrl.launcher.ports import free_port
 from meshrl.launcher.server_processes import stop_server, stop_servers
 from meshrl.rpc.client import wait_for_health
@@ -33,7 +35,7 @@ class RoleProcess:
     log_path: Path
     threads: int = 1
     gpus: str | None = None  # CUDA_VISIBLE_DEVICES of the server; None: every GPU
-    popen: subprocess.Popen | None = None
+    popen: subprocess.Popen | ForkedServer | None = None
     instance_id: str = ""  # new at every start; the server reports health under it
 
     def alive(self) -> bool:
@@ -190,16 +192,18 @@ class LocalLauncher:
             env["CUDA_VISIBLE_DEVICES"] = proc.gpus
         proc.instance_id = f"{proc.name}-{uuid.uuid4().hex[:12]}"
         env[INSTANCE_ENV] = proc.instance_id
-        log_file = proc.log_path.open("ab")
-        proc.popen = subprocess.Popen(
-            proc.command,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            stdin=subprocess.DEVNULL,
-        )
-        log_file.close()
+        if self.cfg.launcher.start_method == "forkserver":
+            proc.popen = fork_server_process(proc.command, env, proc.log_path)
+        else:
+            with proc.log_path.open("ab") as log_file:
+                proc.popen = subprocess.Popen(
+                    proc.command,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                    stdin=subprocess.DEVNULL,
+                )
         self.processes[proc.name] = proc
         log.info("started %s (pid %d) at %s", proc.name, proc.popen.pid, proc.address)
 

@@ -9,12 +9,12 @@ import subprocess
 import sys
 
 import grpc
-import psutil
 import pytest
 from coordinator_helpers import REPO, ServerProcess, tiny_run_yaml
 
 from meshrl.api.v1 import coordinator_pb2, coordinator_pb2_grpc
 from meshrl.rpc.client import open_channel
+from meshrl.testing.processes import role_server_pids
 from services.coordinator import remote
 from services.coordinator.remote import CoordinatorClient, CoordinatorError
 from services.coordinator.run_types import RunState
@@ -41,19 +41,6 @@ def cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
         text=True,
         timeout=timeout,
     )
-
-
-def role_server_pids(root_pid: int) -> set[int]:
-    """Role servers among the descendants of a process."""
-    kids = psutil.Process(root_pid).children(recursive=True)
-    return {
-        p.pid
-        for p in kids
-        if any(
-            m in " ".join(p.cmdline())
-            for m in ("services.rollout", "services.trainer", "services.reward")
-        )
-    }
 
 
 def test_bad_key_fails_at_start_naming_it(coordinator, tmp_path):

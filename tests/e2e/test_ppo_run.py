@@ -8,11 +8,11 @@ import os
 import subprocess
 import sys
 
-import psutil
 import pytest
 
 from meshrl.config import build_config
 from meshrl.launcher.run_local import run_local
+from meshrl.testing.processes import role_server_pids
 from services.coordinator.metrics_sinks import _cell, read_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -56,13 +56,9 @@ def board_texts(log_dir, tag: str) -> list[tuple[int, str]]:
     ]
 
 
-def _children() -> set[int]:
-    return {p.pid for p in psutil.Process(os.getpid()).children(recursive=True)}
-
-
 def test_ppo_run_end_to_end(tiny_model, arithmetic_data, tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the run folder's own store
-    before = _children()
+    before = role_server_pids(os.getpid())
     cfg = build_config({}, _overrides(tiny_model, arithmetic_data, tmp_path / "run"))
     last = run_local(cfg)
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
@@ -140,7 +136,7 @@ def test_ppo_run_end_to_end(tiny_model, arithmetic_data, tmp_path, monkeypatch):
     assert run.info.status == "FINISHED"
     history = client.get_metric_history(run.info.run_id, "critic/score/mean")
     assert sorted(m.step for m in history) == [1, 2, 3]
-    assert _children() <= before, "role servers must all be stopped"
+    assert role_server_pids(os.getpid()) <= before, "role servers must all be stopped"
 
 
 def test_cli_rejects_bad_key_before_starting_anything(tmp_path):

@@ -29,8 +29,9 @@ def test_split_placement_sets_each_servers_gpus(tmp_path):
     assert procs["reward"].gpus is None  # unnamed: sees every GPU (none needed)
 
 
-def test_spawned_server_sees_only_its_gpus(tmp_path):
-    cfg = build_config({}, SPLIT)
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_spawned_server_sees_only_its_gpus(tmp_path, start_method):
+    cfg = build_config({}, [*SPLIT, f"launcher.start_method={start_method}"])
     launcher = LocalLauncher(cfg, tmp_path)
     proc = next(p for p in launcher.plan() if p.name == "rollout0")
     # The same spawn path as a role server, running a command that prints its view.

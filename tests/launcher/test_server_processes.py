@@ -59,11 +59,15 @@ def _start(launcher: LocalLauncher, tmp_path) -> tuple[RoleProcess, int]:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds leftovers through /proc")
-def test_children_of_a_server_killed_alone_are_stopped(tmp_path):
-    launcher = LocalLauncher(build_config({}, []), tmp_path)
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_children_of_a_server_killed_alone_are_stopped(tmp_path, start_method):
+    launcher = LocalLauncher(build_config({}, [f"launcher.start_method={start_method}"]), tmp_path)
     proc, child = _start(launcher, tmp_path)
     try:
-        assert set(leftover_pids(proc.instance_id)) == {proc.popen.pid, child}
+        # A forked server's /proc environ is its fork server's: it is stopped by its pid.
+        # What it starts by exec (torchrun ranks, spawned scorers) carries its instance id.
+        server = {proc.popen.pid} if start_method == "spawn" else set()
+        assert set(leftover_pids(proc.instance_id)) == server | {child}
         proc.popen.kill()  # the OOM killer takes the server only; its child runs on
         proc.popen.wait()
         assert _alive(child)

@@ -4,6 +4,7 @@ servers. Certificates are made in the test; a second, unrelated CA plays the str
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -391,19 +392,17 @@ def test_config_section_is_validated_and_reaches_the_children(pki, tmp_path, mon
             f"security.auth_token_file={token}",
         ],
     )
-    seen = {}
-
-    class FakePopen:
-        pid = 0
-
-        def __init__(self, command, env, **kwargs):
-            seen.update(env)
-
-    monkeypatch.setattr(subprocess, "Popen", FakePopen)
-    launcher = LocalLauncher(cfg, tmp_path)
-    launcher.log_dir.mkdir(parents=True)
-    launcher._spawn(RoleProcess("reward", ["true"], "127.0.0.1:1", launcher.log_dir / "r.log"))
-    assert SecuritySettings.from_env(seen) == SecuritySettings.from_config(cfg.security)
+    # a real child of each start method prints the environment it was given
+    dump = [sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))"]
+    for method in ("forkserver", "spawn"):
+        launcher = LocalLauncher(cfg.model_copy(deep=True), tmp_path / method)
+        launcher.cfg.launcher.start_method = method
+        launcher.log_dir.mkdir(parents=True)
+        proc = RoleProcess("reward", dump, "127.0.0.1:1", launcher.log_dir / "r.log")
+        launcher._spawn(proc)
+        assert proc.popen.wait(timeout=60) == 0, proc.log_path.read_text()
+        seen = json.loads(proc.log_path.read_text().strip().splitlines()[-1])
+        assert SecuritySettings.from_env(seen) == SecuritySettings.from_config(cfg.security)
 
 
 def test_api_major():
