@@ -192,8 +192,14 @@ class LocalLauncher:
             env["CUDA_VISIBLE_DEVICES"] = proc.gpus
         proc.instance_id = f"{proc.name}-{uuid.uuid4().hex[:12]}"
         env[INSTANCE_ENV] = proc.instance_id
+        forked = None
         if self.cfg.launcher.start_method == "forkserver":
-            proc.popen = fork_server_process(proc.command, env, proc.log_path)
+            try:
+                forked = fork_server_process(proc.command, env, proc.log_path)
+            except (EOFError, OSError) as e:  # a fork server that died and would not come back
+                log.warning("%s: the fork server failed (%r); starting it spawned", proc.name, e)
+        if forked is not None:
+            proc.popen = forked
         else:
             with proc.log_path.open("ab") as log_file:
                 proc.popen = subprocess.Popen(
