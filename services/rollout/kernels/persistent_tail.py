@@ -258,6 +258,142 @@ def _rms_norm_rows(x, cols_ok, w_ptr, cols, hidden, eps, dtype: tl.constexpr):
     return (weight[None, :] * normed).to(dtype)
 
 
+def _o_task(
+    task, attn_ptr, attn_stride, x_ptr, x_stride, wo_ptr, wo_stride, bo_ptr, x1_ptr, o_done,
+    M, HIDDEN, HA, O_COLS,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    """O tile ``task``: x1 = x + attn @ Wo.T (+ bo), o rounded first (F.linear's output)."""
+    block = task // O_COLS
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = (task % O_COLS) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < HIDDEN
+    acc = _tile_dot(
+        attn_ptr, attn_stride, rows, row_ok, wo_ptr, wo_stride, cols, col_ok, 0, HA,
+        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, False, DOT_IN_FP32, PRECISION,
+    )  # fmt: skip
+    if HAS_BIAS:
+        acc += tl.load(bo_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    keep = row_ok[:, None] & col_ok[None, :]
+    x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=keep, other=0.0)
+    dtype = x1_ptr.dtype.element_ty
+    x1 = (x.to(tl.float32) + acc.to(dtype).to(tl.float32)).to(dtype)
+    tl.store(x1_ptr + rows[:, None] * HIDDEN + cols[None, :], x1, mask=keep)
+    _signal(o_done + block)
+
+
+def _norm_task(
+    task, x1_ptr, post_w_ptr, h2_ptr, o_done, n_done, error_ptr, M, HIDDEN, O_COLS, eps,
+    max_spins, NORM_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr,
+):  # fmt: skip
+    """N task ``task`` (relative): h2 = rms_norm(x1) * w_post, once its row block's O
+    tiles are done."""
+    block = (task * NORM_ROWS) // BLOCK_M
+    _wait(o_done + block, O_COLS, max_spins, error_ptr)
+    rows = task * NORM_ROWS + tl.arange(0, NORM_ROWS)
+    cols = tl.arange(0, BLOCK_H)
+    col_ok = cols < HIDDEN
+    keep = (rows < M)[:, None] & col_ok[None, :]
+    offs = rows[:, None] * HIDDEN + cols[None, :]
+    x1 = tl.load(x1_ptr + offs, mask=keep, other=0.0, cache_modifier=".cg")
+    dtype = h2_ptr.dtype.element_ty
+    h2 = _rms_norm_rows(x1.to(tl.float32), col_ok, post_w_ptr, cols, HIDDEN, eps, dtype)
+    tl.store(h2_ptr + offs, h2, mask=keep)
+    _signal(n_done + block)
+
+
+def _gate_up_task(
+    task, h2_ptr, wgu_ptr, wgu_stride, act_ptr, n_done, g_done, error_ptr,
+    M, HIDDEN, INTER, GATE_COLS, CHUNKS, max_spins,
+    NORM_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, DOWN_CHUNK: tl.constexpr, EVEN_K: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """G tile ``task`` (relative): act = silu(h2 @ Wg.T) * (h2 @ Wu.T), once its row
+    block's norms are done."""
+    block = task // GATE_COLS
+    col_tile = task % GATE_COLS
+    block_rows = tl.minimum(M - block * BLOCK_M, BLOCK_M)
+    _wait(n_done + block, (block_rows + NORM_ROWS - 1) // NORM_ROWS, max_spins, error_ptr)
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = col_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < INTER
+    gate, up = _gate_up_dot(
+        h2_ptr, HIDDEN, rows, row_ok, wgu_ptr, wgu_stride, INTER, cols, col_ok, HIDDEN,
+        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, DOT_IN_FP32, PRECISION,
+    )  # fmt: skip
+    # silu.py's rounding: gate and up rounded as F.linear's output, then float32.
+    dtype = act_ptr.dtype.element_ty
+    gate = gate.to(dtype).to(tl.float32)
+    up = up.to(dtype).to(tl.float32)
+    act = (gate / (1.0 + tl.exp(-gate)) * up).to(dtype)
+    keep = row_ok[:, None] & col_ok[None, :]
+    tl.store(act_ptr + rows[:, None] * INTER + cols[None, :], act, mask=keep)
+    _signal(g_done + block * CHUNKS + (col_tile * BLOCK_N) // DOWN_CHUNK)
+
+
+def _down_task(
+    task, act_ptr, wd_ptr, wd_stride, part_ptr, g_done, d_done, error_ptr,
+    M, HIDDEN, INTER, CHUNKS, DOWN_COLS, max_spins,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N_G: tl.constexpr,
+    BLOCK_K: tl.constexpr, DOWN_CHUNK: tl.constexpr, EVEN_K: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """D tile ``task`` (relative): part[chunk] = act[:, chunk] @ Wd[:, chunk].T in
+    float32, once the G tiles of its row block and chunk are done."""
+    per_block = CHUNKS * DOWN_COLS
+    block = task // per_block
+    chunk = (task % per_block) // DOWN_COLS
+    k_begin = chunk * DOWN_CHUNK
+    k_end = tl.minimum(k_begin + DOWN_CHUNK, INTER)
+    tiles = (k_end - k_begin + BLOCK_N_G - 1) // BLOCK_N_G
+    _wait(g_done + block * CHUNKS + chunk, tiles, max_spins, error_ptr)
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = (task % DOWN_COLS) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < HIDDEN
+    acc = _tile_dot(
+        act_ptr, INTER, rows, row_ok, wd_ptr, wd_stride, cols, col_ok, k_begin, k_end,
+        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, True, DOT_IN_FP32, PRECISION,
+    )  # fmt: skip
+    keep = row_ok[:, None] & col_ok[None, :]
+    tl.store(part_ptr + chunk * M * HIDDEN + rows[:, None] * HIDDEN + cols[None, :], acc, mask=keep)
+    _signal(d_done + block)
+
+
+def _reduce_task(
+    task, part_ptr, x1_ptr, bd_ptr, next_w_ptr, x_out_ptr, h_out_ptr, d_done, error_ptr,
+    M, HIDDEN, CHUNKS, DOWN_COLS, eps, max_spins,
+    HAS_BIAS: tl.constexpr, NORM_ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):  # fmt: skip
+    """R task ``task`` (relative): x_out = x1 + sum of the partials (+ bd), h_out =
+    rms_norm(x_out) * w_next, once every D tile of its row block is done."""
+    block = (task * NORM_ROWS) // BLOCK_M
+    _wait(d_done + block, CHUNKS * DOWN_COLS, max_spins, error_ptr)
+    rows = task * NORM_ROWS + tl.arange(0, NORM_ROWS)
+    cols = tl.arange(0, BLOCK_H)
+    col_ok = cols < HIDDEN
+    keep = (rows < M)[:, None] & col_ok[None, :]
+    offs = rows[:, None] * HIDDEN + cols[None, :]
+    down = tl.zeros([NORM_ROWS, BLOCK_H], tl.float32)
+    for chunk in range(0, CHUNKS):  # in chunk order: the same sums every launch
+        down += tl.load(part_ptr + chunk * M * HIDDEN + offs, mask=keep, other=0.0,
+                        cache_modifier=".cg")  # fmt: skip
+    if HAS_BIAS:
+        down += tl.load(bd_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    dtype = x_out_ptr.dtype.element_ty
+    x1 = tl.load(x1_ptr + offs, mask=keep, other=0.0, cache_modifier=".cg")
+    x_out = (x1.to(tl.float32) + down.to(dtype).to(tl.float32)).to(dtype)
+    tl.store(x_out_ptr + offs, x_out, mask=keep)
+    h = _rms_norm_rows(x_out.to(tl.float32), col_ok, next_w_ptr, cols, HIDDEN, eps, dtype)
+    tl.store(h_out_ptr + offs, h, mask=keep)
+
+
 def _layer_tail_kernel(
     attn_ptr, attn_stride, x_ptr, x_stride,
     wo_ptr, wo_stride, bo_ptr, post_w_ptr, wgu_ptr, wgu_stride, wd_ptr, wd_stride, bd_ptr,
@@ -275,10 +411,7 @@ def _layer_tail_kernel(
     """One program's share of the tasks (module docstring). Buffers: x1, h2 (M, HIDDEN),
     act (M, INTER), part (CHUNKS, M, HIDDEN) float32, all contiguous; counters laid out as
     :attr:`TailPlan.counters` says."""
-    dtype = x_out_ptr.dtype.element_ty
-    queue_ptr = counter_ptr
-    exits_ptr = counter_ptr + 1
-    o_done = counter_ptr + 2  # [ROW_BLOCKS]
+    o_done = counter_ptr + 2  # [ROW_BLOCKS]; [0] is the queue, [1] the exits
     n_done = o_done + ROW_BLOCKS  # [ROW_BLOCKS]
     g_done = n_done + ROW_BLOCKS  # [ROW_BLOCKS, CHUNKS]
     d_done = g_done + ROW_BLOCKS * CHUNKS  # [ROW_BLOCKS]
@@ -287,114 +420,57 @@ def _layer_tail_kernel(
     start_d = start_g + ROW_BLOCKS * GATE_COLS
     start_r = start_d + ROW_BLOCKS * CHUNKS * DOWN_COLS
     total = start_r + NORM_TASKS
-    h_cols = tl.arange(0, BLOCK_H)
-    h_ok = h_cols < HIDDEN
-
     if DYNAMIC:
-        task = tl.atomic_add(queue_ptr, 1)
+        task = tl.atomic_add(counter_ptr, 1)
     else:
         task = tl.program_id(0)
     while task < total:
-        if task < start_n:  # O: x1 = x + attn @ Wo.T (+ bo)
-            block = task // O_COLS
-            rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-            cols = (task % O_COLS) * BLOCK_N_O + tl.arange(0, BLOCK_N_O)
-            row_ok = rows < M
-            col_ok = cols < HIDDEN
-            acc = _tile_dot(
-                attn_ptr, attn_stride, rows, row_ok, wo_ptr, wo_stride, cols, col_ok, 0, HA,
-                BLOCK_M, BLOCK_N_O, BLOCK_K, EVEN_HA, False, DOT_IN_FP32, PRECISION,
+        if task < start_n:
+            _o_task(
+                task, attn_ptr, attn_stride, x_ptr, x_stride, wo_ptr, wo_stride, bo_ptr,
+                x1_ptr, o_done, M, HIDDEN, HA, O_COLS, HAS_O_BIAS, BLOCK_M, BLOCK_N_O,
+                BLOCK_K, EVEN_HA, DOT_IN_FP32, PRECISION,
             )  # fmt: skip
-            if HAS_O_BIAS:
-                acc += tl.load(bo_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-            keep = row_ok[:, None] & col_ok[None, :]
-            x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=keep, other=0.0)
-            x1 = (x.to(tl.float32) + acc.to(dtype).to(tl.float32)).to(dtype)
-            tl.store(x1_ptr + rows[:, None] * HIDDEN + cols[None, :], x1, mask=keep)
-            _signal(o_done + block)
-        elif task < start_g:  # N: h2 = rms_norm(x1) * w_post
-            rows = (task - start_n) * NORM_ROWS + tl.arange(0, NORM_ROWS)
-            block = ((task - start_n) * NORM_ROWS) // BLOCK_M
-            _wait(o_done + block, O_COLS, max_spins, error_ptr)
-            keep = (rows < M)[:, None] & h_ok[None, :]
-            offs = rows[:, None] * HIDDEN + h_cols[None, :]
-            x1 = tl.load(x1_ptr + offs, mask=keep, other=0.0, cache_modifier=".cg")
-            h2 = _rms_norm_rows(x1.to(tl.float32), h_ok, post_w_ptr, h_cols, HIDDEN, eps, dtype)
-            tl.store(h2_ptr + offs, h2, mask=keep)
-            _signal(n_done + block)
-        elif task < start_d:  # G: act = silu(h2 @ Wg.T) * (h2 @ Wu.T)
-            block = (task - start_g) // GATE_COLS
-            col_tile = (task - start_g) % GATE_COLS
-            rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-            cols = col_tile * BLOCK_N_G + tl.arange(0, BLOCK_N_G)
-            row_ok = rows < M
-            col_ok = cols < INTER
-            block_rows = tl.minimum(M - block * BLOCK_M, BLOCK_M)
-            _wait(n_done + block, (block_rows + NORM_ROWS - 1) // NORM_ROWS, max_spins, error_ptr)
-            gate, up = _gate_up_dot(
-                h2_ptr, HIDDEN, rows, row_ok, wgu_ptr, wgu_stride, INTER, cols, col_ok, HIDDEN,
-                BLOCK_M, BLOCK_N_G, BLOCK_K, EVEN_H, DOT_IN_FP32, PRECISION,
+        elif task < start_g:
+            _norm_task(
+                task - start_n, x1_ptr, post_w_ptr, h2_ptr, o_done, n_done, error_ptr, M,
+                HIDDEN, O_COLS, eps, max_spins, NORM_ROWS, BLOCK_M, BLOCK_H,
             )  # fmt: skip
-            # silu.py's rounding: gate and up rounded as F.linear's output, then float32.
-            gate = gate.to(dtype).to(tl.float32)
-            up = up.to(dtype).to(tl.float32)
-            act = (gate / (1.0 + tl.exp(-gate)) * up).to(dtype)
-            keep = row_ok[:, None] & col_ok[None, :]
-            tl.store(act_ptr + rows[:, None] * INTER + cols[None, :], act, mask=keep)
-            _signal(g_done + block * CHUNKS + (col_tile * BLOCK_N_G) // DOWN_CHUNK)
-        elif task < start_r:  # D: part[chunk] = act[:, chunk] @ Wd[:, chunk].T
-            per_block = CHUNKS * DOWN_COLS
-            block = (task - start_d) // per_block
-            chunk = ((task - start_d) % per_block) // DOWN_COLS
-            rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-            cols = ((task - start_d) % DOWN_COLS) * BLOCK_N_D + tl.arange(0, BLOCK_N_D)
-            row_ok = rows < M
-            col_ok = cols < HIDDEN
-            k_begin = chunk * DOWN_CHUNK
-            k_end = tl.minimum(k_begin + DOWN_CHUNK, INTER)
-            tiles = (k_end - k_begin + BLOCK_N_G - 1) // BLOCK_N_G
-            _wait(g_done + block * CHUNKS + chunk, tiles, max_spins, error_ptr)
-            acc = _tile_dot(
-                act_ptr, INTER, rows, row_ok, wd_ptr, wd_stride, cols, col_ok, k_begin, k_end,
-                BLOCK_M, BLOCK_N_D, BLOCK_K, EVEN_I, True, DOT_IN_FP32, PRECISION,
+        elif task < start_d:
+            _gate_up_task(
+                task - start_g, h2_ptr, wgu_ptr, wgu_stride, act_ptr, n_done, g_done,
+                error_ptr, M, HIDDEN, INTER, GATE_COLS, CHUNKS, max_spins, NORM_ROWS, BLOCK_M,
+                BLOCK_N_G, BLOCK_K, DOWN_CHUNK, EVEN_H, DOT_IN_FP32, PRECISION,
             )  # fmt: skip
-            keep = row_ok[:, None] & col_ok[None, :]
-            offs = chunk * M * HIDDEN + rows[:, None] * HIDDEN + cols[None, :]
-            tl.store(part_ptr + offs, acc, mask=keep)
-            _signal(d_done + block)
-        else:  # R: x_out = x1 + sum(part) (+ bd); h_out = rms_norm(x_out) * w_next
-            rows = (task - start_r) * NORM_ROWS + tl.arange(0, NORM_ROWS)
-            block = ((task - start_r) * NORM_ROWS) // BLOCK_M
-            _wait(d_done + block, CHUNKS * DOWN_COLS, max_spins, error_ptr)
-            keep = (rows < M)[:, None] & h_ok[None, :]
-            offs = rows[:, None] * HIDDEN + h_cols[None, :]
-            down = tl.zeros([NORM_ROWS, BLOCK_H], tl.float32)
-            for chunk in range(0, CHUNKS):  # in chunk order: the same sums every launch
-                down += tl.load(
-                    part_ptr + chunk * M * HIDDEN + offs, mask=keep, other=0.0,
-                    cache_modifier=".cg",
-                )  # fmt: skip
-            if HAS_D_BIAS:
-                down += tl.load(bd_ptr + h_cols, mask=h_ok, other=0.0).to(tl.float32)[None, :]
-            x1 = tl.load(x1_ptr + offs, mask=keep, other=0.0, cache_modifier=".cg")
-            x_out = (x1.to(tl.float32) + down.to(dtype).to(tl.float32)).to(dtype)
-            tl.store(x_out_ptr + offs, x_out, mask=keep)
-            h = _rms_norm_rows(x_out.to(tl.float32), h_ok, next_w_ptr, h_cols, HIDDEN, eps, dtype)
-            tl.store(h_out_ptr + offs, h, mask=keep)
+        elif task < start_r:
+            _down_task(
+                task - start_d, act_ptr, wd_ptr, wd_stride, part_ptr, g_done, d_done,
+                error_ptr, M, HIDDEN, INTER, CHUNKS, DOWN_COLS, max_spins, BLOCK_M,
+                BLOCK_N_D, BLOCK_N_G, BLOCK_K, DOWN_CHUNK, EVEN_I, DOT_IN_FP32, PRECISION,
+            )  # fmt: skip
+        else:
+            _reduce_task(
+                task - start_r, part_ptr, x1_ptr, bd_ptr, next_w_ptr, x_out_ptr, h_out_ptr,
+                d_done, error_ptr, M, HIDDEN, CHUNKS, DOWN_COLS, eps, max_spins, HAS_D_BIAS,
+                NORM_ROWS, BLOCK_M, BLOCK_H,
+            )  # fmt: skip
         if DYNAMIC:
-            task = tl.atomic_add(queue_ptr, 1)
+            task = tl.atomic_add(counter_ptr, 1)
         else:
             task += num_programs
 
     # The last program out zeroes the counters for the next launch.
     tl.debug_barrier()
-    if tl.atomic_add(exits_ptr, 1, sem="acq_rel", scope="gpu") == num_programs - 1:
+    if tl.atomic_add(counter_ptr + 1, 1, sem="acq_rel", scope="gpu") == num_programs - 1:
         for start in range(0, num_counters, 1024):
             offs = start + tl.arange(0, 1024)
             tl.store(counter_ptr + offs, tl.zeros([1024], tl.int32), mask=offs < num_counters)
 
 
-_HELPERS = ("_wait", "_signal", "_tile_dot", "_gate_up_dot", "_rms_norm_rows")
+_HELPERS = (
+    "_wait", "_signal", "_tile_dot", "_gate_up_dot", "_rms_norm_rows",
+    "_o_task", "_norm_task", "_gate_up_task", "_down_task", "_reduce_task",
+)  # fmt: skip
 
 
 @functools.cache
