@@ -13,6 +13,8 @@ slot), so the position of a token is its index in the slot.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -21,6 +23,7 @@ from meshrl.packed_attention import packed_causal_attention
 from services.rollout import kernels
 from services.rollout.fused_ops import FusedOps
 from services.rollout.fused_weights import FusedLayer, can_fuse, fuse_layer
+from services.rollout.kernels.persistent_tail import default_config as default_tail_config
 from services.rollout.kv_cache import KVShape
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -99,6 +102,8 @@ class StaticDecoder:
         """Decode steps (up to ``LINEAR_KERNEL_ROWS`` rows): each layer's o_proj, residual
         adds, norms and MLP as one persistent launch (:mod:`kernels.persistent_tail`) instead
         of seven. Needs the fused gate/up, SiLU and the Triton kernels."""
+        self.tail_overrides: dict = {}
+        """``TailConfig`` fields set over ``persistent_tail.default_config`` (benchmarks)."""
         self._tail_workspace: kernels.TailWorkspace | None = None
         self._cos = self._sin = torch.empty(0)
 
@@ -300,8 +305,9 @@ class StaticDecoder:
             o = attend(i, q, k, v)  # (bs, H, d)
             if tails is not None:
                 x, h = kernels.layer_tail(
-                    o.reshape(bs, -1), x, tails[i], self.eps, self._tail_workspace
-                )
+                    o.reshape(bs, -1), x, tails[i], self.eps, self._tail_workspace,
+                    config=self._tail_config(bs),
+                )  # fmt: skip
                 continue
             o_proj = layer.self_attn.o_proj
             o = self._linear(o.reshape(bs, -1), o_proj.weight, o_proj.bias)
@@ -335,6 +341,10 @@ class StaticDecoder:
             )
             for i, layer in enumerate(self.layers)
         ]
+
+    def _tail_config(self, rows: int) -> kernels.TailConfig:
+        config = default_tail_config(rows, self.embed.weight.shape[1])
+        return replace(config, **self.tail_overrides)
 
     def check_kernels(self) -> None:
         """Raises if a persistent launch gave up waiting since the last check (a sync)."""

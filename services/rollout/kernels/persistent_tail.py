@@ -46,7 +46,7 @@ from types import SimpleNamespace
 
 import torch
 
-from services.rollout.kernels.runtime import cdiv, is_interpreted, jit, sm_count, tl, triton
+from services.rollout.kernels.runtime import cdiv, is_interpreted, jit, sm_count, tl
 
 MAX_SPINS = 1 << 20
 """Polls of one counter before a wait gives up (a fraction of a second on an H200): far past any
@@ -67,6 +67,7 @@ class TailConfig:
     norm_rows: int = 8  # rows of an N or R task
     num_warps: int = 4
     num_stages: int = 3
+    programs_per_sm: int = 1  # programs a launch starts per SM (more hide load latency)
     dynamic: bool = False  # tasks from an atomic queue instead of a fixed share
 
     def __post_init__(self):
@@ -79,11 +80,15 @@ class TailConfig:
         assert self.down_chunk % self.block_k == 0, "down_chunk: whole K steps"
 
 
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
 def default_config(rows: int, hidden: int) -> TailConfig:
     """Row blocks of 64 (one warpgroup's wgmma) from 33 rows up, else 16 or 32; norm tasks
     of up to 8 rows, fewer for wide rows (a task holds its rows in registers)."""
     block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
-    wide = triton.next_power_of_2(hidden)
+    wide = _next_power_of_2(hidden)
     return TailConfig(block_m=block_m, norm_rows=max(1, min(8, 8192 // wide)))
 
 
@@ -500,8 +505,8 @@ def layer_tail(
     stream entering the layer; both unit column stride. Returns x_out (M, hidden), the
     residual stream leaving the layer, and h_out, its next norm (the next layer's input
     norm, or the final norm), as ``fused_ops.add_rms_norm`` twice around the MLP would.
-    ``programs``: the grid (default: one per SM, at most one per task; one in the
-    interpreter with a fixed share).
+    ``programs``: the grid (default: ``config.programs_per_sm`` per SM, at most one per
+    task; one in the interpreter with a fixed share).
     """
     m, heads_dim = attn.shape
     hidden, inter = x.shape[1], weights.gate_up_weight.shape[0] // 2
@@ -518,7 +523,7 @@ def layer_tail(
     if kernels.interpreted and not config.dynamic and programs is None:
         programs = 1  # the interpreter runs programs one after another: a fixed share
         # of tasks would wait on a program not yet started
-    grid = min(programs or sm_count(x.device), total)
+    grid = min(programs or sm_count(x.device) * config.programs_per_sm, total)
     x1 = torch.empty_like(x_out)
     h2 = torch.empty_like(x_out)
     act = torch.empty((m, inter), dtype=x.dtype, device=x.device)
@@ -536,7 +541,7 @@ def layer_tail(
         HAS_O_BIAS=w.o_bias is not None, HAS_D_BIAS=w.down_bias is not None,
         BLOCK_M=config.block_m, BLOCK_N_O=config.block_n_o, BLOCK_N_G=config.block_n_gate,
         BLOCK_N_D=config.block_n_down, BLOCK_K=config.block_k, DOWN_CHUNK=config.down_chunk,
-        NORM_ROWS=config.norm_rows, BLOCK_H=triton.next_power_of_2(hidden),
+        NORM_ROWS=config.norm_rows, BLOCK_H=_next_power_of_2(hidden),
         EVEN_HA=heads_dim % config.block_k == 0, EVEN_H=hidden % config.block_k == 0,
         EVEN_I=inter % config.block_k == 0,
         DYNAMIC=config.dynamic,
