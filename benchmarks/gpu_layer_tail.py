@@ -195,6 +195,58 @@ def time_ops(deadline: float) -> dict:
     return out
 
 
+def trace_tasks(rows: int, changes: dict) -> dict:
+    """Where one launch's time goes: every task's start (global ns), length (SM cycles at
+    the measured clock) and SM, summarised by stage (first start, last end, mean and max
+    length), after a few untraced launches of the same shape."""
+    from services.rollout.kernels.persistent_tail import plan
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    w = random_layer(gen)
+    attn, x = random_inputs(gen, rows)
+    ws = TailWorkspace("cuda")
+    config = replace(default_config(rows, HIDDEN), **changes)
+    p = plan(rows, HIDDEN, INTER, config)
+    total = p.offsets[-1]
+    trace = torch.zeros(total * 3, dtype=torch.int64, device="cuda")
+    for _ in range(3):
+        layer_tail(attn, x, w, EPS, ws, config=config, trace=trace)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    layer_tail(attn, x, w, EPS, ws, config=config, trace=trace)
+    end.record()
+    end.synchronize()
+    ws.check()
+    # SM clock: cycles of a known spin against events
+    t = trace.view(total, 3).cpu()
+    begin = t[:, 0] - t[:, 0].min()
+    ghz = 1.98  # the H200's boost clock under load (nvidia-smi read 1980 MHz after matmuls)
+    length_us = t[:, 1].double() / (ghz * 1e3)
+    bounds = (0, *p.offsets)
+    stages = {}
+    for name, a, b in zip("ONGDR", bounds[:-1], bounds[1:], strict=True):
+        if b <= a:
+            continue
+        starts = begin[a:b].double() / 1e3
+        lengths = length_us[a:b]
+        stages[name] = {
+            "tasks": b - a,
+            "first_start_us": float(starts.min()),
+            "last_end_us": float((starts + lengths).max()),
+            "mean_task_us": float(lengths.mean()),
+            "max_task_us": float(lengths.max()),
+        }
+    return {
+        "rows": rows,
+        "changes": changes,
+        "launch_us_events": start.elapsed_time(end) * 1e3,
+        "span_us_trace": float((begin.double() / 1e3 + length_us).max()),
+        "distinct_sms": int(t[:, 2].unique().numel()),
+        "stages": stages,
+    }
+
+
 def engine_ab(workdir: str, deadline: float, best: dict | None) -> dict:
     """The whole engine with the tail fused or not: checks (graphs = eager; greedy prefix
     against the unfused path; log-probs against a Hugging Face forward), then new tokens/s
@@ -294,11 +346,19 @@ def main() -> None:
     }
     if "check" in sections:
         _run("check", check_ops, out)
+    if "trace" in sections:
+        for rows in (256, 64):
+            for name, changes in (("default", {}), ("pps2_stages4", dict(programs_per_sm=2,
+                                  num_stages=4))):  # fmt: skip
+                _run(f"trace_m{rows}_{name}", lambda r=rows, c=changes: trace_tasks(r, c), out)
     if "ops" in sections:
         _run("ops", lambda: time_ops(deadline - 240), out)
     if "engine" in sections:
         _run("engine", lambda: engine_ab(args.workdir, deadline, _best_variant()), out)
     print(json.dumps(_summary(), indent=1))
+    for key, value in RESULTS.items():
+        if key.startswith("trace_m") and not key.endswith("wall_s"):
+            print(key, json.dumps(value))
 
 
 def _summary() -> dict:

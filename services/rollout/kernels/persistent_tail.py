@@ -254,6 +254,21 @@ def _gate_up_dot(
     return gate, up
 
 
+def _clock():
+    return tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=tl.int64,
+                                     is_pure=False, pack=1)  # fmt: skip
+
+
+def _global_time():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                     is_pure=False, pack=1)  # fmt: skip
+
+
+def _sm_id():
+    return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32,
+                                     is_pure=True, pack=1)  # fmt: skip
+
+
 def _rms_norm_rows(x, cols_ok, w_ptr, cols, hidden, eps, dtype: tl.constexpr):
     """``fused_ops.rms_norm`` of rows x (R, BLOCK_H) float32 (already rounded to dtype),
     masked columns zero: float32 statistics, normed rows rounded, times the weight, rounded."""
@@ -403,10 +418,10 @@ def _layer_tail_kernel(
     attn_ptr, attn_stride, x_ptr, x_stride,
     wo_ptr, wo_stride, bo_ptr, post_w_ptr, wgu_ptr, wgu_stride, wd_ptr, wd_stride, bd_ptr,
     next_w_ptr, x1_ptr, h2_ptr, act_ptr, part_ptr, x_out_ptr, h_out_ptr,
-    counter_ptr, error_ptr,
+    counter_ptr, error_ptr, trace_ptr,
     M, HIDDEN, HA, INTER, eps, max_spins, num_programs, num_counters,
     ROW_BLOCKS, O_COLS, NORM_TASKS, GATE_COLS, CHUNKS, DOWN_COLS,
-    HAS_O_BIAS: tl.constexpr, HAS_D_BIAS: tl.constexpr,
+    HAS_O_BIAS: tl.constexpr, HAS_D_BIAS: tl.constexpr, TRACE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N_O: tl.constexpr, BLOCK_N_G: tl.constexpr,
     BLOCK_N_D: tl.constexpr, BLOCK_K: tl.constexpr, DOWN_CHUNK: tl.constexpr,
     NORM_ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -430,6 +445,9 @@ def _layer_tail_kernel(
     else:
         task = tl.program_id(0)
     while task < total:
+        if TRACE:
+            began = _clock()
+            began_global = _global_time()
         if task < start_n:
             _o_task(
                 task, attn_ptr, attn_stride, x_ptr, x_stride, wo_ptr, wo_stride, bo_ptr,
@@ -459,6 +477,10 @@ def _layer_tail_kernel(
                 d_done, error_ptr, M, HIDDEN, CHUNKS, DOWN_COLS, eps, max_spins, HAS_D_BIAS,
                 NORM_ROWS, BLOCK_M, BLOCK_H,
             )  # fmt: skip
+        if TRACE:  # (global ns at start, SM cycles taken, SM id) of each task
+            tl.store(trace_ptr + task * 3, began_global)
+            tl.store(trace_ptr + task * 3 + 1, _clock() - began)
+            tl.store(trace_ptr + task * 3 + 2, _sm_id().to(tl.int64))
         if DYNAMIC:
             task = tl.atomic_add(counter_ptr, 1)
         else:
@@ -473,7 +495,8 @@ def _layer_tail_kernel(
 
 
 _HELPERS = (
-    "_wait", "_signal", "_tile_dot", "_gate_up_dot", "_rms_norm_rows",
+    "_wait", "_signal", "_tile_dot", "_gate_up_dot", "_rms_norm_rows", "_clock",
+    "_global_time", "_sm_id",
     "_o_task", "_norm_task", "_gate_up_task", "_down_task", "_reduce_task",
 )  # fmt: skip
 
@@ -498,6 +521,7 @@ def layer_tail(
     config: TailConfig | None = None,
     programs: int | None = None,
     max_spins: int = MAX_SPINS,
+    trace: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x_out, h_out) of one decoder layer from its attention output, in one launch.
 
@@ -506,7 +530,8 @@ def layer_tail(
     residual stream leaving the layer, and h_out, its next norm (the next layer's input
     norm, or the final norm), as ``fused_ops.add_rms_norm`` twice around the MLP would.
     ``programs``: the grid (default: ``config.programs_per_sm`` per SM, at most one per
-    task; one in the interpreter with a fixed share).
+    task; one in the interpreter with a fixed share). ``trace`` (GPU only; int64, 3 per
+    task): each task's global start time (ns), SM cycles taken and SM id, for benchmarks.
     """
     m, heads_dim = attn.shape
     hidden, inter = x.shape[1], weights.gate_up_weight.shape[0] // 2
@@ -535,10 +560,11 @@ def layer_tail(
         w.post_norm_weight, w.gate_up_weight, w.gate_up_weight.stride(0),
         w.down_weight, w.down_weight.stride(0), w.down_bias if w.down_bias is not None else x,
         w.next_norm_weight, x1, h2, act, parts, x_out, h_out,
-        workspace.counters, workspace.errors,
+        workspace.counters, workspace.errors, trace if trace is not None else workspace.errors,
         m, hidden, heads_dim, inter, eps, max_spins, grid, p.counters,
         p.row_blocks, p.o_cols, p.norm_tasks, p.gate_cols, p.chunks, p.down_cols,
         HAS_O_BIAS=w.o_bias is not None, HAS_D_BIAS=w.down_bias is not None,
+        TRACE=trace is not None,
         BLOCK_M=config.block_m, BLOCK_N_O=config.block_n_o, BLOCK_N_G=config.block_n_gate,
         BLOCK_N_D=config.block_n_down, BLOCK_K=config.block_k, DOWN_CHUNK=config.down_chunk,
         NORM_ROWS=config.norm_rows, BLOCK_H=_next_power_of_2(hidden),
