@@ -130,14 +130,13 @@ def _graph_us(fn, replays: int = 30) -> float:
 
 VARIANTS = (
     ("default", {}),
-    ("pps2", dict(programs_per_sm=2)),
-    ("pps2_dynamic", dict(programs_per_sm=2, dynamic=True)),
-    ("pps3_dynamic", dict(programs_per_sm=3, dynamic=True)),
-    ("pps2_stages4", dict(programs_per_sm=2, num_stages=4)),
-    ("pps2_chunk2432", dict(programs_per_sm=2, down_chunk=2432)),
+    ("stages4", dict(num_stages=4)),
+    ("stages6", dict(num_stages=6)),
+    ("stages8", dict(num_stages=8)),
+    ("bk128_stages3", dict(block_k=128, num_stages=3)),
+    ("bk128_stages4", dict(block_k=128, num_stages=4)),
+    ("stages6_chunk2432", dict(num_stages=6, down_chunk=2432)),
     ("pps2_stages4_chunk2432", dict(programs_per_sm=2, num_stages=4, down_chunk=2432)),
-    ("pps3_dynamic_stages4", dict(programs_per_sm=3, num_stages=4, dynamic=True)),
-    ("pps4_dynamic", dict(programs_per_sm=4, dynamic=True)),
 )
 
 
@@ -348,8 +347,7 @@ def main() -> None:
         _run("check", check_ops, out)
     if "trace" in sections:
         for rows in (256, 64):
-            for name, changes in (("default", {}), ("pps2_stages4", dict(programs_per_sm=2,
-                                  num_stages=4))):  # fmt: skip
+            for name, changes in (("default", {}), ("stages6", dict(num_stages=6))):
                 _run(f"trace_m{rows}_{name}", lambda r=rows, c=changes: trace_tasks(r, c), out)
     if "ops" in sections:
         _run("ops", lambda: time_ops(deadline - 240), out)

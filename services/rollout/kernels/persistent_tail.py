@@ -269,12 +269,12 @@ def _sm_id():
                                      is_pure=True, pack=1)  # fmt: skip
 
 
-def _rms_norm_rows(x, cols_ok, w_ptr, cols, hidden, eps, dtype: tl.constexpr):
+def _rms_norm_rows(x, weight, hidden, eps, dtype: tl.constexpr):
     """``fused_ops.rms_norm`` of rows x (R, BLOCK_H) float32 (already rounded to dtype),
-    masked columns zero: float32 statistics, normed rows rounded, times the weight, rounded."""
+    masked columns zero, with ``weight`` (BLOCK_H,) float32: float32 statistics, normed
+    rows rounded, times the weight, rounded."""
     variance = tl.sum(x * x, axis=1) / hidden
     normed = (x * tl.rsqrt(variance + eps)[:, None]).to(dtype).to(tl.float32)
-    weight = tl.load(w_ptr + cols, mask=cols_ok, other=0.0).to(tl.float32)
     return (weight[None, :] * normed).to(dtype)
 
 
@@ -312,15 +312,16 @@ def _norm_task(
     """N task ``task`` (relative): h2 = rms_norm(x1) * w_post, once its row block's O
     tiles are done."""
     block = (task * NORM_ROWS) // BLOCK_M
-    _wait(o_done + block, O_COLS, max_spins, error_ptr)
     rows = task * NORM_ROWS + tl.arange(0, NORM_ROWS)
     cols = tl.arange(0, BLOCK_H)
     col_ok = cols < HIDDEN
+    weight = tl.load(post_w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)  # before
+    _wait(o_done + block, O_COLS, max_spins, error_ptr)  # the wait: not of this launch
     keep = (rows < M)[:, None] & col_ok[None, :]
     offs = rows[:, None] * HIDDEN + cols[None, :]
     x1 = tl.load(x1_ptr + offs, mask=keep, other=0.0, cache_modifier=".cg")
     dtype = h2_ptr.dtype.element_ty
-    h2 = _rms_norm_rows(x1.to(tl.float32), col_ok, post_w_ptr, cols, HIDDEN, eps, dtype)
+    h2 = _rms_norm_rows(x1.to(tl.float32), weight, HIDDEN, eps, dtype)
     tl.store(h2_ptr + offs, h2, mask=keep)
     _signal(n_done + block)
 
@@ -386,31 +387,36 @@ def _down_task(
 
 
 def _reduce_task(
-    task, part_ptr, x1_ptr, bd_ptr, next_w_ptr, x_out_ptr, h_out_ptr, d_done, error_ptr,
-    M, HIDDEN, CHUNKS, DOWN_COLS, eps, max_spins,
+    task, part_ptr, x1_ptr, bd_ptr, next_w_ptr, x_out_ptr, h_out_ptr, o_done, d_done,
+    error_ptr, M, HIDDEN, O_COLS, DOWN_COLS, eps, max_spins,
     HAS_BIAS: tl.constexpr, NORM_ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_H: tl.constexpr,
+    BLOCK_H: tl.constexpr, CHUNKS: tl.constexpr,
 ):  # fmt: skip
     """R task ``task`` (relative): x_out = x1 + sum of the partials (+ bd), h_out =
-    rms_norm(x_out) * w_next, once every D tile of its row block is done."""
+    rms_norm(x_out) * w_next, once every D tile of its row block is done. What is ready
+    earlier (the weights; x1, once its O tiles are) is loaded before the long wait."""
     block = (task * NORM_ROWS) // BLOCK_M
-    _wait(d_done + block, CHUNKS * DOWN_COLS, max_spins, error_ptr)
     rows = task * NORM_ROWS + tl.arange(0, NORM_ROWS)
     cols = tl.arange(0, BLOCK_H)
     col_ok = cols < HIDDEN
     keep = (rows < M)[:, None] & col_ok[None, :]
     offs = rows[:, None] * HIDDEN + cols[None, :]
+    weight = tl.load(next_w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     down = tl.zeros([NORM_ROWS, BLOCK_H], tl.float32)
-    for chunk in range(0, CHUNKS):  # in chunk order: the same sums every launch
+    if HAS_BIAS:
+        bias = tl.load(bd_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    _wait(o_done + block, O_COLS, max_spins, error_ptr)
+    x1 = tl.load(x1_ptr + offs, mask=keep, other=0.0, cache_modifier=".cg")
+    _wait(d_done + block, CHUNKS * DOWN_COLS, max_spins, error_ptr)
+    for chunk in tl.static_range(CHUNKS):  # in chunk order: the same sums every launch
         down += tl.load(part_ptr + chunk * M * HIDDEN + offs, mask=keep, other=0.0,
                         cache_modifier=".cg")  # fmt: skip
     if HAS_BIAS:
-        down += tl.load(bd_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        down += bias[None, :]
     dtype = x_out_ptr.dtype.element_ty
-    x1 = tl.load(x1_ptr + offs, mask=keep, other=0.0, cache_modifier=".cg")
     x_out = (x1.to(tl.float32) + down.to(dtype).to(tl.float32)).to(dtype)
     tl.store(x_out_ptr + offs, x_out, mask=keep)
-    h = _rms_norm_rows(x_out.to(tl.float32), col_ok, next_w_ptr, cols, HIDDEN, eps, dtype)
+    h = _rms_norm_rows(x_out.to(tl.float32), weight, HIDDEN, eps, dtype)
     tl.store(h_out_ptr + offs, h, mask=keep)
 
 
@@ -420,7 +426,7 @@ def _layer_tail_kernel(
     next_w_ptr, x1_ptr, h2_ptr, act_ptr, part_ptr, x_out_ptr, h_out_ptr,
     counter_ptr, error_ptr, trace_ptr,
     M, HIDDEN, HA, INTER, eps, max_spins, num_programs, num_counters,
-    ROW_BLOCKS, O_COLS, NORM_TASKS, GATE_COLS, CHUNKS, DOWN_COLS,
+    ROW_BLOCKS, O_COLS, NORM_TASKS, GATE_COLS, DOWN_COLS, CHUNKS: tl.constexpr,
     HAS_O_BIAS: tl.constexpr, HAS_D_BIAS: tl.constexpr, TRACE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N_O: tl.constexpr, BLOCK_N_G: tl.constexpr,
     BLOCK_N_D: tl.constexpr, BLOCK_K: tl.constexpr, DOWN_CHUNK: tl.constexpr,
@@ -474,8 +480,8 @@ def _layer_tail_kernel(
         else:
             _reduce_task(
                 task - start_r, part_ptr, x1_ptr, bd_ptr, next_w_ptr, x_out_ptr, h_out_ptr,
-                d_done, error_ptr, M, HIDDEN, CHUNKS, DOWN_COLS, eps, max_spins, HAS_D_BIAS,
-                NORM_ROWS, BLOCK_M, BLOCK_H,
+                o_done, d_done, error_ptr, M, HIDDEN, O_COLS, DOWN_COLS, eps, max_spins,
+                HAS_D_BIAS, NORM_ROWS, BLOCK_M, BLOCK_H, CHUNKS,
             )  # fmt: skip
         if TRACE:  # (global ns at start, SM cycles taken, SM id) of each task
             tl.store(trace_ptr + task * 3, began_global)
@@ -562,7 +568,7 @@ def layer_tail(
         w.next_norm_weight, x1, h2, act, parts, x_out, h_out,
         workspace.counters, workspace.errors, trace if trace is not None else workspace.errors,
         m, hidden, heads_dim, inter, eps, max_spins, grid, p.counters,
-        p.row_blocks, p.o_cols, p.norm_tasks, p.gate_cols, p.chunks, p.down_cols,
+        p.row_blocks, p.o_cols, p.norm_tasks, p.gate_cols, p.down_cols, p.chunks,
         HAS_O_BIAS=w.o_bias is not None, HAS_D_BIAS=w.down_bias is not None,
         TRACE=trace is not None,
         BLOCK_M=config.block_m, BLOCK_N_O=config.block_n_o, BLOCK_N_G=config.block_n_gate,
