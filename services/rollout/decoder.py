@@ -13,8 +13,6 @@ slot), so the position of a token is its index in the slot.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,7 +21,6 @@ from meshrl.packed_attention import packed_causal_attention
 from services.rollout import kernels
 from services.rollout.fused_ops import FusedOps
 from services.rollout.fused_weights import FusedLayer, can_fuse, fuse_layer
-from services.rollout.kernels.persistent_tail import default_config as default_tail_config
 from services.rollout.kv_cache import KVShape
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -98,13 +95,6 @@ class StaticDecoder:
         self.pack_prompts = True
         """With the Triton attention, prefill prompts packed back to back
         (:meth:`prefill_packed`); False: right-padded through SDPA (:meth:`prefill`)."""
-        self.layer_tail = False
-        """Decode steps (up to ``LINEAR_KERNEL_ROWS`` rows): each layer's o_proj, residual
-        adds, norms and MLP as one persistent launch (:mod:`kernels.persistent_tail`) instead
-        of seven. Needs the fused gate/up, SiLU and the Triton kernels."""
-        self.tail_overrides: dict = {}
-        """``TailConfig`` fields set over ``persistent_tail.default_config`` (benchmarks)."""
-        self._tail_workspace: kernels.TailWorkspace | None = None
         self._cos = self._sin = torch.empty(0)
 
     def use_compiled_ops(self, on: bool) -> bool:
@@ -299,57 +289,14 @@ class StaticDecoder:
             attend = self._triton_attention(positions, k_cache, v_cache, cos_t, sin_t, width)
         else:
             attend = self._torch_attention(positions, k_cache, v_cache, cos_t, sin_t, width)
-        tails = self._tail_weights() if bs <= LINEAR_KERNEL_ROWS else None
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(i, h, (bs,))  # (bs, h, d)
             o = attend(i, q, k, v)  # (bs, H, d)
-            if tails is not None:
-                x, h = kernels.layer_tail(
-                    o.reshape(bs, -1), x, tails[i], self.eps, self._tail_workspace,
-                    config=self._tail_config(bs),
-                )  # fmt: skip
-                continue
             o_proj = layer.self_attn.o_proj
             o = self._linear(o.reshape(bs, -1), o_proj.weight, o_proj.bias)
             x, h = ops.add_rms_norm(x, o, layer.post_attention_layernorm.weight, self.eps)
             x, h = ops.add_rms_norm(x, self._mlp(i, h), self._next_norm_weight(i), self.eps)
         return self.lm_head(h)
-
-    def _tail_weights(self) -> list[kernels.TailWeights] | None:
-        """Each layer's weights after its attention, when ``layer_tail`` can run (views of
-        the parameters, taken at each call: a graph captures the addresses they have)."""
-        usable = (
-            self.layer_tail
-            and self.triton_mlp
-            and self.silu
-            and self.fused is not None
-            and all(f.gate_up_weight is not None for f in self.fused)
-        )
-        if not usable:
-            return None
-        if self._tail_workspace is None:
-            self._tail_workspace = kernels.TailWorkspace(self.device)
-        return [
-            kernels.TailWeights(
-                o_weight=layer.self_attn.o_proj.weight,
-                o_bias=layer.self_attn.o_proj.bias,
-                post_norm_weight=layer.post_attention_layernorm.weight,
-                gate_up_weight=self.fused[i].gate_up_weight,
-                down_weight=layer.mlp.down_proj.weight,
-                down_bias=layer.mlp.down_proj.bias,
-                next_norm_weight=self._next_norm_weight(i),
-            )
-            for i, layer in enumerate(self.layers)
-        ]
-
-    def _tail_config(self, rows: int) -> kernels.TailConfig:
-        config = default_tail_config(rows, self.embed.weight.shape[1])
-        return replace(config, **self.tail_overrides)
-
-    def check_kernels(self) -> None:
-        """Raises if a persistent launch gave up waiting since the last check (a sync)."""
-        if self._tail_workspace is not None:
-            self._tail_workspace.check()
 
     def _triton_attention(self, positions, k_cache, v_cache, cos_t, sin_t, width):
         """Layer i's attention as two kernels: rope + cache write, then flash-decoding

@@ -198,7 +198,6 @@ class FastEngine(NativeEngine):
                     self._compact(kv, state, sched)
         with record_function("meshrl/finish"):
             responses, logprobs, reasons = harvest.result()
-            self.decoder.check_kernels()
             return GenerationResult(
                 responses=responses,
                 logprobs=logprobs,

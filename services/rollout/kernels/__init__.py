@@ -13,8 +13,6 @@ replaces several torch kernels of :meth:`StaticDecoder.decode` or of the sampler
 - :func:`sample_gumbel` (``sampling.py``): a token and its log-prob per row, one pass.
 - :func:`sample_inverse_cdf` (``sampling_cdf.py``): the same from one uniform per row, in two
   light passes (no random number and no log per column).
-- :func:`layer_tail` (``persistent_tail.py``): everything of a layer after its attention (o_proj,
-  residual adds, norms, gate/up, SiLU x up, down) in one persistent launch.
 - :func:`linear` (``matmul.py``): ``F.linear`` tiled for few rows (split-K for long K).
 - :func:`gate_up_silu` (``matmul.py``): the fused gate/up projection and SiLU(gate) x up in
   one GEMM, the (rows, 2I) projection never written.
@@ -37,13 +35,6 @@ from services.rollout.kernels.matmul import (
     gate_up_silu,
     linear,
 )
-from services.rollout.kernels.persistent_tail import (
-    TailConfig,
-    TailWeights,
-    TailWorkspace,
-    layer_tail,
-    layer_tail_reference,
-)
 from services.rollout.kernels.rope_store import rope_store, rope_store_reference
 from services.rollout.kernels.runtime import available, supports_head_dim
 from services.rollout.kernels.sampling import sample_gumbel
@@ -54,17 +45,12 @@ __all__ = [
     "KEYS_PER_SPLIT_MIN",
     "MAX_SPLITS",
     "MatmulConfig",
-    "TailConfig",
-    "TailWeights",
-    "TailWorkspace",
     "available",
     "decode_attention",
     "decode_attention_reference",
     "decode_attention_rope",
     "default_config",
     "gate_up_silu",
-    "layer_tail",
-    "layer_tail_reference",
     "linear",
     "rope_store",
     "rope_store_reference",
