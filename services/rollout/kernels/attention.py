@@ -69,9 +69,6 @@ class AttentionLaunch:
     # blocks, warps, stages, key splits, or keys loaded as stored then transposed: no
     # better (benchmarks/results/gpu_attention.json).
     num_stages: int = 3
-    kv_eviction: str = ""
-    """The L2 eviction hint of the cached keys/values' loads ("": the default;
-    "evict_first": read once, so let them go before the weights)."""
 
 
 LAUNCH = AttentionLaunch()
@@ -127,7 +124,6 @@ def _decode_attention_kernel(
     ROPE: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    KV_EVICTION: tl.constexpr = "",
 ):
     """One (row, kv head, split): the kv head's GROUPS query heads against keys
     [split * keys_per_split, ...) of the row's slot, up to min(lengths[row], width).
@@ -242,13 +238,11 @@ def _decode_attention_kernel(
             k_base + key[None, :] * k_stride_pos + dim[:, None] * k_stride_dim,
             mask=key_ok[None, :],
             other=0.0,
-            eviction_policy=KV_EVICTION,
         )
         values = tl.load(
             v_base + key[:, None] * v_stride_pos + dim[None, :] * v_stride_dim,
             mask=key_ok[:, None],
             other=0.0,
-            eviction_policy=KV_EVICTION,
         )  # (BLOCK_N, HEAD_DIM)
         if DOT_IN_FP32:
             keys = keys.to(tl.float32)
@@ -506,8 +500,6 @@ def _launch(q, k_cache, v_cache, lengths, rope, scaling, width, out, num_splits)
         num_warps=launch.num_warps,
         num_stages=launch.num_stages,
     )
-    if launch.kv_eviction:
-        constants["KV_EVICTION"] = launch.kv_eviction
     if with_rope:
         # No fused multiply-adds in the rope (rope_store's rule, so both agree bit for bit);
         # the whole kernel goes without: a few more float32 roundings in the softmax.
