@@ -3,15 +3,19 @@
 The cluster test starts a head with `ray start --head` and a second "node" on the same host
 with `ray start --address` (each with 2 CPUs and a custom resource naming it), places the
 co-located rollout + actor pool on the head and the reward pool on node2, checks where the
-actors landed by their node ids, runs a few PPO steps, and stops Ray (`ray stop`).
+actors landed by their node ids, runs a few PPO steps, and stops its own Ray processes
+(not `ray stop`, which would stop every Ray cluster of the host's user).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -82,13 +86,52 @@ def _ray(*args: str, env: dict) -> None:
         )
 
 
+def _processes_of(token: str) -> list[int]:
+    """Processes whose environment holds ``token``, and their descendants (a process may
+    clean its environment, its parent's line still leads to it)."""
+    parents: dict[int, int] = {}
+    marked: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            parents[pid] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if token.encode() in (entry / "environ").read_bytes():
+                marked.add(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    found = set(marked)
+    grew = True
+    while grew:
+        children = {pid for pid, parent in parents.items() if parent in found} - found
+        found |= children
+        grew = bool(children)
+    return sorted(found - {os.getpid()})
+
+
+def _stop_processes_of(token: str, wait_s: float = 10.0) -> None:
+    """SIGKILL to this cluster's processes, as `ray stop --force` sends to every Ray
+    process (its gcs_server outlives a SIGTERM by more than 15 s)."""
+    for pid in _processes_of(token):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + wait_s
+    while _processes_of(token) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 @pytest.fixture(scope="module")
 def two_node_cluster(tmp_path_factory):
-    """A head and a second node on this host; `ray stop` at the end.
+    """A head and a second node on this host; their processes stopped at the end (found by
+    a token in their environment, which every process Ray starts inherits).
 
     127.0.0.2, not 127.0.0.1: Ray swaps 127.0.0.1 for the machine's own network address,
     but leaves the rest of the loopback range alone, so all traffic stays on loopback."""
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    token = f"meshrl-ray-test-{uuid.uuid4().hex}"
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MESHRL_RAY_TEST_CLUSTER": token}
     port = free_port()
     common = [
         "--node-ip-address=127.0.0.2",
@@ -134,7 +177,8 @@ def two_node_cluster(tmp_path_factory):
     finally:
         if ray.is_initialized():
             ray.shutdown()
-        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        _stop_processes_of(token)
+        assert not _processes_of(token), "the test cluster's processes outlived their stop"
 
 
 @pytest.mark.slow
