@@ -50,7 +50,14 @@ def stop_servers(servers: list[tuple[subprocess.Popen, str]], grace_s: float = 5
 def leftover_pids(*instance_ids: str) -> list[int]:
     """Running processes started with one of ``instance_ids`` in their environment (Linux
     /proc; none found elsewhere)."""
-    markers = {f"{INSTANCE_ENV}={i}".encode() for i in instance_ids if i}
+    return pids_with_env(INSTANCE_ENV, *instance_ids)
+
+
+def pids_with_env(name: str, *values: str) -> list[int]:
+    """Running processes (not this one) whose environment sets ``name`` to one of
+    ``values``: what they inherited from whoever started them (Linux /proc; none found
+    elsewhere)."""
+    markers = {f"{name}={v}".encode() for v in values if v}
     if not markers or not _PROC.is_dir():
         return []
     found = []

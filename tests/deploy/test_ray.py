@@ -26,6 +26,7 @@ from meshrl.config import build_config  # noqa: E402
 from meshrl.demo.arithmetic import write_arithmetic_parquet  # noqa: E402
 from meshrl.launcher.ports import free_port  # noqa: E402
 from meshrl.launcher.ray_launcher import RayLauncher, actor_shares, assign_bundles, pools  # noqa: E402
+from meshrl.launcher.server_processes import pids_with_env  # noqa: E402
 from meshrl.testing.tiny_model import make_tiny_model_dir  # noqa: E402
 from services.coordinator.metrics_sinks import read_jsonl  # noqa: E402
 from services.coordinator.run import PPORun  # noqa: E402
@@ -86,27 +87,23 @@ def _ray(*args: str, env: dict) -> None:
         )
 
 
+CLUSTER_ENV = "MESHRL_RAY_TEST_CLUSTER"
+"""Set to a fresh token in the environment of `ray start`: every process Ray starts
+inherits it, so the test stops its own cluster and no other."""
+
+
 def _processes_of(token: str) -> list[int]:
-    """Processes whose environment holds ``token``, and their descendants (a process may
-    clean its environment, its parent's line still leads to it)."""
+    """Processes started with ``token`` in their environment, and their descendants (Ray's
+    agents are found through their raylet)."""
     parents: dict[int, int] = {}
-    marked: set[int] = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            parents[pid] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if token.encode() in (entry / "environ").read_bytes():
-                marked.add(pid)
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue
-    found = set(marked)
-    grew = True
-    while grew:
-        children = {pid for pid, parent in parents.items() if parent in found} - found
+    found = set(pids_with_env(CLUSTER_ENV, token))
+    while children := {pid for pid, parent in parents.items() if parent in found} - found:
         found |= children
-        grew = bool(children)
     return sorted(found - {os.getpid()})
 
 
@@ -131,7 +128,7 @@ def two_node_cluster(tmp_path_factory):
     127.0.0.2, not 127.0.0.1: Ray swaps 127.0.0.1 for the machine's own network address,
     but leaves the rest of the loopback range alone, so all traffic stays on loopback."""
     token = f"meshrl-ray-test-{uuid.uuid4().hex}"
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MESHRL_RAY_TEST_CLUSTER": token}
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", CLUSTER_ENV: token}
     port = free_port()
     common = [
         "--node-ip-address=127.0.0.2",
