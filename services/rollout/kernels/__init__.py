@@ -14,6 +14,9 @@ replaces several torch kernels of :meth:`StaticDecoder.decode` or of the sampler
 - :func:`sample_inverse_cdf` (``sampling_cdf.py``): the same from one uniform per row, in two
   light passes (no random number and no log per column).
 - :func:`linear` (``matmul.py``): ``F.linear`` tiled for few rows (split-K for long K).
+- :func:`linear_partials` (``matmul.py``): the same product as split-K float32 partials.
+- :func:`add_rms_norm_partials` (``add_norm.py``): the residual add and RMSNorm after a
+  projection, summing its split-K partials as it loads them (no reduction kernel).
 - :func:`gate_up_silu` (``matmul.py``): the fused gate/up projection and SiLU(gate) x up in
   one GEMM, the (rows, 2I) projection never written.
 
@@ -21,6 +24,10 @@ The pure-torch ``*_reference`` functions compute what the torch paths compute; t
 check the kernels against them.
 """
 
+from services.rollout.kernels.add_norm import (
+    add_rms_norm_partials,
+    add_rms_norm_partials_reference,
+)
 from services.rollout.kernels.attention import (
     KEYS_PER_SPLIT_MIN,
     MAX_SPLITS,
@@ -34,9 +41,11 @@ from services.rollout.kernels.matmul import (
     default_config,
     gate_up_silu,
     linear,
+    linear_partials,
+    partial_config,
 )
 from services.rollout.kernels.rope_store import rope_store, rope_store_reference
-from services.rollout.kernels.runtime import available, supports_head_dim
+from services.rollout.kernels.runtime import available, sm_count, supports_head_dim
 from services.rollout.kernels.sampling import sample_gumbel
 from services.rollout.kernels.sampling_cdf import sample_inverse_cdf
 from services.rollout.kernels.silu import silu_mul_halves
@@ -45,6 +54,8 @@ __all__ = [
     "KEYS_PER_SPLIT_MIN",
     "MAX_SPLITS",
     "MatmulConfig",
+    "add_rms_norm_partials",
+    "add_rms_norm_partials_reference",
     "available",
     "decode_attention",
     "decode_attention_reference",
@@ -52,11 +63,14 @@ __all__ = [
     "default_config",
     "gate_up_silu",
     "linear",
+    "linear_partials",
+    "partial_config",
     "rope_store",
     "rope_store_reference",
     "sample_gumbel",
     "sample_inverse_cdf",
     "silu_mul_halves",
+    "sm_count",
     "split_count",
     "supports_head_dim",
 ]

@@ -105,6 +105,33 @@ def default_config(m: int, n: int, k: int, device: torch.device | str) -> Matmul
     return MatmulConfig(block_m, block_n, block_k, num_warps=4, num_stages=3, split_k=split_k)
 
 
+PARTIAL_WAVE = 0.85
+"""Programs :func:`partial_config` aims for, as a share of the SMs: one wave, a little
+short of full (so the consumer's first programs find SMs free)."""
+
+
+@functools.cache
+def partial_config(m: int, n: int, k: int, sms: int) -> MatmulConfig:
+    """The tiling of :func:`linear_partials` for an (m, k) x (k, n) projection whose
+    consumer sums the partials (``add_rms_norm_partials``), on a GPU of ``sms`` SMs.
+
+    Tiles of 64 rows (16 or 32 for fewer), K steps of 128, and K split so that the
+    programs make about ``PARTIAL_WAVE`` of one wave: many more programs than a tile per
+    program would make at a few hundred rows, each walking a short stretch of K. Columns a
+    tile: 64; 128 where K is long (>= 2,048, down_proj's) and there are 128 rows or more,
+    with 4 pipeline stages there (3 elsewhere). On the H200 (``benchmarks/gpu_split_k.py``)
+    these were the best configs of a search, or within 6% of it, for o_proj and down_proj
+    at 64 and 256 rows.
+    """
+    block_m = MIN_BLOCK if m <= 16 else 32 if m <= 32 else 64
+    long_k = k >= 2048
+    block_n = 128 if long_k and m >= 128 else 64
+    block_k = 128
+    tiles = cdiv(m, block_m) * cdiv(n, block_n)
+    split = max(1, min(cdiv(k, block_k), int(PARTIAL_WAVE * sms) // tiles))
+    return MatmulConfig(block_m, block_n, block_k, 4, 4 if long_k else 3, split)
+
+
 def split_plan(k: int, config: MatmulConfig) -> tuple[int, int]:
     """(splits, k_per_split): whole block_k steps per split, and no empty split (asking 3
     splits of K=200 at block_k 64 gives 2 of 128 columns: the third would have none)."""
@@ -125,9 +152,11 @@ def _matmul_kernel(
     N,
     K,
     inter,
+    x_up,
     k_per_split,
     HAS_BIAS: tl.constexpr,
     GATE_UP: tl.constexpr,
+    SILU_X: tl.constexpr,
     SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -145,6 +174,8 @@ def _matmul_kernel(
     SPLIT=False: writes the tile in out's dtype (out (M, N)).
     SPLIT=True: writes the float32 sums at out[split, rows, cols] (and the up sums at
     out[split, rows, inter + cols]) for _split_k_reduce_kernel; no bias, no SiLU.
+    SILU_X: x is a fused gate/up projection's output, its up half x_up columns on: each x
+    tile is silu(gate) * up, computed as it is loaded (silu.py's math and rounding).
     """
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -169,12 +200,17 @@ def _matmul_kernel(
         if EVEN_K:
             # Whole blocks only: masks on rows and columns alone, so loads keep their
             # 16-byte vectors along K.
-            x = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0)
+            x_ok = row_ok[:, None]
             w = tl.load(w_ptrs, mask=col_ok[None, :], other=0.0)
         else:
             k_ok = (k0 + tl.arange(0, BLOCK_K)) < k_end
-            x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            x_ok = row_ok[:, None] & k_ok[None, :]
             w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        x = tl.load(x_ptrs, mask=x_ok, other=0.0)
+        if SILU_X:
+            gate = x.to(tl.float32)
+            up = tl.load(x_ptrs + x_up, mask=x_ok, other=0.0).to(tl.float32)
+            x = (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptr.dtype.element_ty)
         if DOT_IN_FP32:
             # The interpreter's tl.dot multiplies bfloat16 as raw uint16 bits: float32
             # operands there (exact: a product of two bf16 is exact in float32). On a GPU
@@ -309,46 +345,92 @@ def gate_up_silu(
     return _launch(x, gate_up_weight, None, inter, gate_up=True, config=config)
 
 
+def linear_partials(
+    x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig, *, silu_halves: bool = False
+) -> torch.Tensor:
+    """``x @ weight.T`` as float32 partial sums over ``config``'s K splits: (splits, M, N).
+
+    Their sum in split order, rounded once, is what :func:`linear` (without bias) returns
+    with the same config. For a consumer that reads the product anyway (a residual add and
+    norm) and can sum the partials where it loads them, instead of a reduction kernel of
+    their own. x and weight as :func:`linear`'s.
+
+    ``silu_halves``: x is a fused gate/up projection's output (M, 2K), and the product is
+    ``silu_mul_halves(x) @ weight.T``, each x tile's SiLU x up computed as it is loaded
+    (the same values, bit for bit, as :func:`kernels.silu_mul_halves` writes), so
+    down_proj needs no SiLU kernel before it.
+    """
+    m, k = x.shape
+    if silu_halves:
+        assert k % 2 == 0, f"x {tuple(x.shape)}: a fused gate/up output has an even width"
+        k //= 2
+    n = weight.shape[0]
+    assert weight.shape == (n, k), f"weight {tuple(weight.shape)} for x {tuple(x.shape)}"
+    _check_operands(x, weight)
+    splits, k_per_split = split_plan(k, config)
+    parts = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+    if m and n:
+        grid = (cdiv(m, config.block_m), cdiv(n, config.block_n), splits)
+        _kernels().matmul[grid](
+            x, x.stride(0), weight, weight.stride(0), x, parts, parts.stride(0),
+            parts.stride(1), m, n, k, n, k if silu_halves else 0, k_per_split,
+            **_constants(x, k, config, has_bias=False, gate_up=False, split=True),
+            SILU_X=silu_halves,
+        )  # fmt: skip
+    return parts
+
+
+def _check_operands(x: torch.Tensor, weight: torch.Tensor) -> None:
+    assert x.stride(1) == 1 and weight.stride(1) == 1, "x and weight need unit column strides"
+    assert x.dtype == weight.dtype and x.device == weight.device, "x and weight must match"
+    assert x.shape[1] > 0, "K must be positive"
+
+
+def _constants(x, k, config, *, has_bias, gate_up, split) -> dict:
+    """The matmul kernel's compile-time arguments and launch options."""
+    return dict(
+        HAS_BIAS=has_bias,
+        GATE_UP=gate_up,
+        SPLIT=split,
+        # Whole K blocks in every split: k_per_split is a multiple of block_k already.
+        EVEN_K=k % config.block_k == 0,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        DOT_IN_FP32=_kernels().interpreted and x.dtype == torch.bfloat16,
+        # float32 models: full-precision dots, as torch.matmul (TF32 off by default) does.
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+
+
 def _launch(x, weight, bias, n, *, gate_up, config):
     """The matmul kernel over (m tiles, n tiles, splits), and the reduction when split.
     ``n`` is the output width: N, or I for gate/up (whose up rows start at row n)."""
     m, k = x.shape
-    assert x.stride(1) == 1 and weight.stride(1) == 1, "x and weight need unit column strides"
-    assert x.dtype == weight.dtype and x.device == weight.device, "x and weight must match"
-    assert k > 0, "K must be positive"
+    _check_operands(x, weight)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
     config = config or default_config(m, n, k, x.device)
     splits, k_per_split = split_plan(k, config)
     kernels = _kernels()
-    constants = dict(
-        HAS_BIAS=bias is not None,
-        GATE_UP=gate_up,
-        SPLIT=splits > 1,
-        # Whole K blocks in every split: k_per_split is a multiple of block_k already.
-        EVEN_K=k % config.block_k == 0,
-        BLOCK_M=config.block_m,
-        BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k,
-        DOT_IN_FP32=kernels.interpreted and x.dtype == torch.bfloat16,
-        # float32 models: full-precision dots, as torch.matmul (TF32 off by default) does.
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
+    constants = _constants(
+        x, k, config, has_bias=bias is not None, gate_up=gate_up, split=splits > 1
     )
     grid = (cdiv(m, config.block_m), cdiv(n, config.block_n), splits)
     bias_arg = bias if bias is not None else x  # not read without HAS_BIAS
     if splits == 1:
         kernels.matmul[grid](
             x, x.stride(0), weight, weight.stride(0), bias_arg, out, 0, out.stride(0),
-            m, n, k, n, k_per_split, **constants,
+            m, n, k, n, 0, k_per_split, SILU_X=False, **constants,
         )  # fmt: skip
         return out
     parts = torch.empty((splits, m, 2 * n if gate_up else n), dtype=torch.float32, device=x.device)
     kernels.matmul[grid](
         x, x.stride(0), weight, weight.stride(0), bias_arg, parts, parts.stride(0),
-        parts.stride(1), m, n, k, n, k_per_split, **constants,
+        parts.stride(1), m, n, k, n, 0, k_per_split, SILU_X=False, **constants,
     )  # fmt: skip
     kernels.reduce[(m, cdiv(n, REDUCE_BLOCK))](
         parts, parts.stride(0), parts.stride(1), bias_arg, out, out.stride(0), n, n,

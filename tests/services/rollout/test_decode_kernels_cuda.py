@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from services.rollout import kernels as td
+from services.rollout.fused_ops import add_rms_norm
 
 pytestmark = [
     pytest.mark.gpu,
@@ -164,3 +165,36 @@ def test_sample_inverse_cdf_logprobs_and_frequencies():
     observed = torch.bincount(bins, minlength=16).double()
     chi2 = float(((observed - expected) ** 2 / expected).sum())
     assert chi2 < 55, chi2  # 15 degrees of freedom: ~15 +- 5.5
+
+
+@pytest.mark.parametrize("rows", [1, 64, 256])
+@pytest.mark.parametrize("n,k", [(896, 896), (896, 4864)])
+def test_split_projection_and_its_add_norm_match_torch(rows, n, k):
+    """The decoder's split o/down projection: partials (kernels.partial_config's tiling) sum
+    to F.linear's product, and the add + norm over them is the torch path's up to a bf16 ulp
+    of the projection (different GEMM kernels round differently)."""
+    g = torch.Generator(device="cuda").manual_seed(rows + k)
+    x = torch.randn(rows, k, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(n, k, device="cuda", generator=g) * k**-0.5).bfloat16()
+    resid = torch.randn(rows, n, device="cuda", generator=g).bfloat16()
+    norm_w = (1 + 0.1 * torch.randn(n, device="cuda", generator=g)).bfloat16()
+    config = td.partial_config(rows, n, k, td.sm_count(torch.device("cuda")))
+    parts = td.linear_partials(x, w, config)
+    assert parts.shape[0] == td.matmul.split_plan(k, config)[0] > 1
+    want = x.float() @ w.float().T
+    torch.testing.assert_close(parts.sum(0), want, atol=1e-3, rtol=1e-3)
+    y, h = td.add_rms_norm_partials(resid, parts, norm_w, 1e-6)
+    ry, rh = td.add_rms_norm_partials_reference(resid, parts, norm_w, 1e-6)
+    assert torch.equal(y, ry)
+    # The norm's mean of squares is summed in another order: an output may round the other
+    # way, one bf16 ulp.
+    torch.testing.assert_close(h.float(), rh.float(), atol=1e-6, rtol=2**-7)
+    if k == 4864:  # down_proj: SiLU x up of the gate/up output computed on load
+        gate_up = torch.randn(rows, 2 * k, device="cuda", generator=g).bfloat16()
+        fused = td.linear_partials(gate_up, w, config, silu_halves=True)
+        torch.testing.assert_close(
+            fused, td.linear_partials(td.silu_mul_halves(gate_up), w, config), atol=1e-5, rtol=1e-5
+        )
+    ty, th = add_rms_norm(resid, torch.nn.functional.linear(x, w), norm_w, 1e-6)
+    torch.testing.assert_close(y.float(), ty.float(), atol=0.05, rtol=2**-7)
+    torch.testing.assert_close(h.float(), th.float(), atol=0.05, rtol=2**-6)

@@ -22,8 +22,13 @@ import torch.nn.functional as F
 from interpreter_cases import needs_triton, report, run_cases, run_child
 
 from services.rollout import kernels as td
-from services.rollout.fused_ops import silu_mul_halves
-from services.rollout.kernels.matmul import MatmulConfig, default_config, split_plan
+from services.rollout.fused_ops import rms_norm, silu_mul_halves
+from services.rollout.kernels.matmul import (
+    MatmulConfig,
+    default_config,
+    partial_config,
+    split_plan,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 BF16_ULP = 2**-7
@@ -229,10 +234,75 @@ def check_rounding(case: dict) -> None:
     _close(got, want, 0, BF16_ULP, "gate_up within an ulp where not equal")
 
 
+# The split projection the decoder feeds to the add + norm after o_proj and down_proj:
+# linear_partials' float32 partials (one per K split) and add_rms_norm_partials over them.
+# Width not a power of two (the norm's masked lanes), x with a wider row stride, a bias.
+PARTIAL_CASES = {
+    "fp32-m5-split3-bias": dict(dtype="float32", m=5, n=72, k=400, split_k=3, bias=True),
+    "fp32-m33-split1": dict(dtype="float32", m=33, n=100, k=136, split_k=1, bias=False),
+    "bf16-m33-split3-wide": dict(dtype="bfloat16", m=33, n=100, k=400, split_k=3, bias=False),
+    "bf16-m1-split2-bias": dict(dtype="bfloat16", m=1, n=48, k=256, split_k=2, bias=True),
+    "bf16-m33-split3-silu": dict(
+        dtype="bfloat16", m=33, n=100, k=400, split_k=3, bias=False, silu=True
+    ),
+    "fp32-m5-split2-silu": dict(dtype="float32", m=5, n=72, k=200, split_k=2, bias=True, silu=True),
+}
+
+
+def check_partials(case: dict) -> None:
+    dtype = DTYPES[case["dtype"]]
+    m, n, k = case["m"], case["n"], case["k"]
+    gen = torch.Generator().manual_seed(m * 1000 + n + k)
+    x = _rows(m, k, dtype, case["dtype"] == "bfloat16", gen)
+    weight, _ = _weight(n, k, dtype, False, gen)
+    config = MatmulConfig(16 if m < 32 else 32, 32, 64, 4, 2, case["split_k"])
+    splits = split_plan(k, config)[0]
+    assert splits == case["split_k"]
+
+    parts = td.linear_partials(x, weight, config)
+
+    assert parts.shape == (splits, m, n) and parts.dtype == torch.float32
+    if case.get("silu"):
+        # x as SiLU x up of a fused gate/up output, computed by the GEMM as it loads it:
+        # the same partials, bit for bit, as from the SiLU kernel's output.
+        gate_up = torch.randn(m, 2 * k, generator=gen).to(dtype)
+        x = td.silu_mul_halves(gate_up)
+        parts = td.linear_partials(gate_up, weight, config, silu_halves=True)
+        assert torch.equal(parts, td.linear_partials(x, weight, config)), "SiLU x up on load"
+    # bf16 products are exact in float32: only the summation order differs.
+    _close(parts.sum(0), F.linear(x.float(), weight.float()), 1e-5, 1e-5, "partials' sum")
+    resid = torch.randn(m, n, generator=gen).to(dtype)
+    norm = (1 + 0.1 * torch.randn(n, generator=gen)).to(dtype)
+    bias = torch.randn(n, generator=gen).to(dtype) if case["bias"] else None
+
+    y, h = td.add_rms_norm_partials(resid, parts, norm, 1e-6, bias)
+
+    assert y.dtype == h.dtype == dtype and not h.isnan().any()
+    if dtype == torch.float32:
+        ry, rh = td.add_rms_norm_partials_reference(resid, parts, norm, 1e-6, bias)
+        _close(y, ry, 1e-6, 1e-6, "residual")
+        _close(h, rh, 1e-5, 1e-5, "norm")
+        return
+    # Bit for bit as the interpreter rounds (toward zero): the partials summed in split
+    # order, plus the bias, rounded; the residual add rounded.
+    delta = parts[0].clone()
+    for split in range(1, splits):
+        delta += parts[split]
+    if bias is not None:
+        delta += bias.float()
+    want_y = _as_interpreter_bf16(resid.float() + _as_interpreter_bf16(delta).float())
+    assert torch.equal(y, want_y), "residual: not the rounded sum of the split-order partials"
+    # The norm of that residual: fused_ops' rounds to nearest at its two roundings, the
+    # interpreter toward zero. (Against ``rh`` a residual near zero, where x and delta
+    # cancel, would differ relatively by much more: its delta was rounded to nearest.)
+    _close(h, rms_norm(y, norm, 1e-6), 1e-6, 2 * BF16_ULP, "norm vs fused_ops.rms_norm")
+
+
 GROUPS = [
     ("linear", LINEAR_CASES, check_linear),
     ("gate_up_silu", GATE_UP_CASES, check_gate_up),
     ("rounding", ROUNDING_CASES, check_rounding),
+    ("partials", PARTIAL_CASES, check_partials),
 ]
 
 
@@ -251,6 +321,12 @@ def test_linear_in_interpreter(interpreter_results, name):
 @pytest.mark.parametrize("name", list(GATE_UP_CASES))
 def test_gate_up_silu_in_interpreter(interpreter_results, name):
     report(interpreter_results, f"gate_up_silu/{name}")
+
+
+@needs_triton
+@pytest.mark.parametrize("name", list(PARTIAL_CASES))
+def test_split_projection_and_add_norm_in_interpreter(interpreter_results, name):
+    report(interpreter_results, f"partials/{name}")
 
 
 @needs_triton
@@ -287,6 +363,28 @@ def test_default_config_for_qwen_decode(m):
         assert split_plan(4864, down)[0] * 4 * 14 >= 132
     else:
         assert all(c.block_m == 16 for c in configs.values())
+
+
+@pytest.mark.parametrize("m", [1, 16, 32, 64, 96, 128, 192, 256, 512])
+@pytest.mark.parametrize("name", ["o", "down"])
+def test_partial_config_makes_about_a_wave(name, m):
+    n, k = QWEN_SHAPES[name]
+    config = partial_config(m, n, k, 132)
+    assert config.block_m <= max(16, m), f"{config.block_m}-row tiles for {m} rows"
+    splits, _ = split_plan(k, config)
+    programs = -(-m // config.block_m) * -(-n // config.block_n) * splits
+    # Never over one wave; under 0.85 of one only where K has no blocks left to split.
+    assert programs <= 132, (config, programs)
+    assert programs > 0.85 * 132 / 2 or splits == -(-k // config.block_k), (config, programs)
+
+
+def test_partial_config_picks_what_won_on_the_h200():
+    """benchmarks/gpu_split_k.py's search on the H200 (results gpu_split_k_session24_call1):
+    the best configs there, or within 6% of them (o at 64 rows: 7 splits of 128)."""
+    assert partial_config(256, 896, 896, 132) == MatmulConfig(64, 64, 128, 4, 3, 2)
+    assert partial_config(256, 896, 4864, 132) == MatmulConfig(64, 128, 128, 4, 4, 4)
+    assert partial_config(64, 896, 4864, 132) == MatmulConfig(64, 64, 128, 4, 4, 8)
+    assert partial_config(64, 896, 896, 132) == MatmulConfig(64, 64, 128, 4, 3, 7)
 
 
 def test_split_plan_has_no_empty_split():
