@@ -88,6 +88,19 @@ class StaticDecoder:
         self.matmul_configs: dict[tuple[str, int, int, int], object] = {}
         """(kind "linear" or "gate_up", n, k, rows) -> a tuned ``MatmulConfig``, or "torch"
         where cuBLAS won for that shape; missing: the kernel's default config."""
+        self.split_projections = self.triton_mlp
+        """A decode step's o_proj and down_proj (up to ``LINEAR_KERNEL_ROWS`` rows) split over
+        K (``kernels.partial_config``: about a wave of programs, each a short stretch of K),
+        their float32 partials summed by the residual add + norm after them as it loads
+        them (``kernels.add_rms_norm_partials``): no reduction kernel, and one kernel for the
+        add + norm. Off: cuBLAS and the compiled add + norm. On the H200 a step at 256 rows
+        took 3.7% less time, at 64 rows 6.5% (``benchmarks/gpu_split_k.py``)."""
+        self.silu_in_down = False
+        """With ``split_projections``, down_proj's split GEMM computes SiLU x up of the fused
+        gate/up output as it loads it (``linear_partials(silu_halves=True)``): no SiLU
+        kernel of its own. The same values as that kernel's, bit for bit, but on the H200 a
+        step at 256 rows took 2,094 us against 1,526 (the exp and loads of both halves in
+        the GEMM's k loop stall its pipeline); off."""
         self.rope_in_attention = True
         """With the Triton attention, rope and the cache write inside the attention kernel
         (:func:`kernels.decode_attention_rope`, one launch a layer; 2.6% more tokens/s on the
@@ -149,28 +162,68 @@ class StaticDecoder:
 
     def _mlp(self, i: int, h: torch.Tensor) -> torch.Tensor:
         mlp = self.layers[i].mlp
+        if h.dim() == 2 and self._mlp_act_fused(i):
+            return self._linear(self._mlp_act(i, h), mlp.down_proj.weight, mlp.down_proj.bias)
         fused = self.fused[i] if self.fused is not None else None
         if self.silu and fused is not None and fused.gate_up_weight is not None:
-            if self.linear_kernels and h.dim() == 2 and h.shape[0] <= LINEAR_KERNEL_ROWS:
-                w = fused.gate_up_weight
-                config = self.matmul_configs.get(
-                    ("gate_up", w.shape[0] // 2, h.shape[1], h.shape[0])
-                )
-                if config != "torch":
-                    act = kernels.gate_up_silu(h, w, config=config)
-                    return self._linear(act, mlp.down_proj.weight, mlp.down_proj.bias)
             gate_up = F.linear(h, fused.gate_up_weight)
-            if self.triton_mlp:
+            if self.triton_mlp:  # (batch, length, 2I): the right-padded prefill's
                 lead = gate_up.shape[:-1]
                 act = kernels.silu_mul_halves(gate_up.reshape(-1, gate_up.shape[-1]))
-                act = act.view(*lead, -1)
-                if act.dim() == 2:
-                    return self._linear(act, mlp.down_proj.weight, mlp.down_proj.bias)
-                return mlp.down_proj(act)
+                return mlp.down_proj(act.view(*lead, -1))
             return mlp.down_proj(self.ops.silu_mul_halves(gate_up))
         if self.silu:
             return mlp.down_proj(self.ops.silu_mul(mlp.gate_proj(h), mlp.up_proj(h)))
         return mlp(h)
+
+    def _mlp_act_fused(self, i: int) -> bool:
+        """Whether layer i's MLP activation is SiLU x up of a fused gate/up projection on
+        the Triton kernels (what :meth:`_mlp_act` computes)."""
+        fused = self.fused[i] if self.fused is not None else None
+        return (
+            self.silu and self.triton_mlp and fused is not None and fused.gate_up_weight is not None
+        )
+
+    def _mlp_act(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        """silu(h @ Wg.T) * (h @ Wu.T) of layer i, h (rows, hidden) -> (rows, I): down_proj's
+        input. With ``linear_kernels``, one Triton GEMM does both (unless cuBLAS won there)."""
+        w = self.fused[i].gate_up_weight
+        if self.linear_kernels and h.shape[0] <= LINEAR_KERNEL_ROWS:
+            config = self.matmul_configs.get(("gate_up", w.shape[0] // 2, h.shape[1], h.shape[0]))
+            if config != "torch":
+                return kernels.gate_up_silu(h, w, config=config)
+        return kernels.silu_mul_halves(F.linear(h, w))
+
+    def _project_add_norm(self, x, a, proj: nn.Linear, norm_weight) -> tuple:
+        """(x + proj(a), its RMSNorm) for a (rows, in) of a decode step: split over K with
+        the partials summed by the add + norm (``split_projections``), else the projection
+        whole and the compiled add + norm."""
+        config = self._partial_config(a.shape[0], proj.weight)
+        if config is None:
+            delta = self._linear(a, proj.weight, proj.bias)
+            return self.ops.add_rms_norm(x, delta, norm_weight, self.eps)
+        parts = kernels.linear_partials(a, proj.weight, config)
+        return kernels.add_rms_norm_partials(x, parts, norm_weight, self.eps, proj.bias)
+
+    def _mlp_add_norm(self, i: int, x: torch.Tensor, h: torch.Tensor) -> tuple:
+        """(x + layer i's MLP of h, its RMSNorm by the next norm) for a decode step."""
+        down, norm = self.layers[i].mlp.down_proj, self._next_norm_weight(i)
+        if not self._mlp_act_fused(i):
+            return self.ops.add_rms_norm(x, self._mlp(i, h), norm, self.eps)
+        config = self._partial_config(h.shape[0], down.weight)
+        if config is None or not self.silu_in_down or self.linear_kernels:
+            return self._project_add_norm(x, self._mlp_act(i, h), down, norm)
+        gate_up = F.linear(h, self.fused[i].gate_up_weight)
+        parts = kernels.linear_partials(gate_up, down.weight, config, silu_halves=True)
+        return kernels.add_rms_norm_partials(x, parts, norm, self.eps, down.bias)
+
+    def _partial_config(self, rows: int, weight: torch.Tensor):
+        """The split-K tiling of a ``rows``-row projection by ``weight`` (N, K) whose partials
+        the add + norm after it sums, or None: that projection runs whole."""
+        if not self.split_projections or rows > LINEAR_KERNEL_ROWS:
+            return None
+        n, k = weight.shape
+        return kernels.partial_config(rows, n, k, kernels.sm_count(self.device))
 
     def _next_norm_weight(self, i: int) -> torch.Tensor:
         """The norm after layer i's MLP: the next layer's input norm, or the final one."""
@@ -292,10 +345,11 @@ class StaticDecoder:
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(i, h, (bs,))  # (bs, h, d)
             o = attend(i, q, k, v)  # (bs, H, d)
-            o_proj = layer.self_attn.o_proj
-            o = self._linear(o.reshape(bs, -1), o_proj.weight, o_proj.bias)
-            x, h = ops.add_rms_norm(x, o, layer.post_attention_layernorm.weight, self.eps)
-            x, h = ops.add_rms_norm(x, self._mlp(i, h), self._next_norm_weight(i), self.eps)
+            o = o.reshape(bs, -1)
+            x, h = self._project_add_norm(
+                x, o, layer.self_attn.o_proj, layer.post_attention_layernorm.weight
+            )
+            x, h = self._mlp_add_norm(i, x, h)
         return self.lm_head(h)
 
     def _triton_attention(self, positions, k_cache, v_cache, cos_t, sin_t, width):

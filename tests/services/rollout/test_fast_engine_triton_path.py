@@ -1,6 +1,7 @@
 """The fast engine end to end on its Triton path (packed prefill, rope + cache write,
 flash-decoding, SiLU, one-pass sampling), run on CPU by Triton's interpreter: greedy tokens
-and log-probs equal the plain engine's and the right-padded prefill's, seeded sampling repeats and its log-probs match scoring, and a model
+and log-probs equal the plain engine's, the right-padded prefill's and those of whole (not
+split) o/down projections, seeded sampling repeats and its log-probs match scoring, and a model
 whose head size the kernels cannot tile takes the torch attention path.
 
 The interpreter must be on before triton first launches a kernel, so the engine runs in a
@@ -67,7 +68,13 @@ two_kernels = fast.generate(prompts, short)
 fast.decoder.rope_in_attention, fast.decoder.linear_kernels = True, True
 gemms = fast.generate(prompts, short)
 fast.decoder.linear_kernels = False
-for other, k in ((padded, 2), (chunked, 2), (two_kernels, 2), (gemms, 2)):
+# o_proj and down_proj whole, and the compiled add + norm after them, instead of split over
+# K with the partials summed by the add + norm (the default).
+assert fast.decoder.split_projections
+fast.decoder.split_projections = False
+whole = fast.generate(prompts, short)
+fast.decoder.split_projections = True
+for other, k in ((padded, 2), (chunked, 2), (two_kernels, 2), (gemms, 2), (whole, 2)):
     tokens, logprobs = first_tokens(other, k)
     want_tokens, want_logprobs = first_tokens(got, k)
     assert tokens == want_tokens
