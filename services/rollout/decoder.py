@@ -95,12 +95,6 @@ class StaticDecoder:
         them (``kernels.add_rms_norm_partials``): no reduction kernel, and one kernel for the
         add + norm. Off: cuBLAS and the compiled add + norm. On the H200 a step at 256 rows
         took 3.7% less time, at 64 rows 6.5% (``benchmarks/gpu_split_k.py``)."""
-        self.silu_in_down = False
-        """With ``split_projections``, down_proj's split GEMM computes SiLU x up of the fused
-        gate/up output as it loads it (``linear_partials(silu_halves=True)``): no SiLU
-        kernel of its own. The same values as that kernel's, bit for bit, but on the H200 a
-        step at 256 rows took 2,094 us against 1,526 (the exp and loads of both halves in
-        the GEMM's k loop stall its pipeline); off."""
         self.rope_in_attention = True
         """With the Triton attention, rope and the cache write inside the attention kernel
         (:func:`kernels.decode_attention_rope`, one launch a layer; 2.6% more tokens/s on the
@@ -210,12 +204,7 @@ class StaticDecoder:
         down, norm = self.layers[i].mlp.down_proj, self._next_norm_weight(i)
         if not self._mlp_act_fused(i):
             return self.ops.add_rms_norm(x, self._mlp(i, h), norm, self.eps)
-        config = self._partial_config(h.shape[0], down.weight)
-        if config is None or not self.silu_in_down or self.linear_kernels:
-            return self._project_add_norm(x, self._mlp_act(i, h), down, norm)
-        gate_up = F.linear(h, self.fused[i].gate_up_weight)
-        parts = kernels.linear_partials(gate_up, down.weight, config, silu_halves=True)
-        return kernels.add_rms_norm_partials(x, parts, norm, self.eps, down.bias)
+        return self._project_add_norm(x, self._mlp_act(i, h), down, norm)
 
     def _partial_config(self, rows: int, weight: torch.Tensor):
         """The split-K tiling of a ``rows``-row projection by ``weight`` (N, K) whose partials

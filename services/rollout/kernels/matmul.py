@@ -120,8 +120,8 @@ def partial_config(m: int, n: int, k: int, sms: int) -> MatmulConfig:
     program would make at a few hundred rows, each walking a short stretch of K. Columns a
     tile: 64; 128 where K is long (>= 2,048, down_proj's) and there are 128 rows or more,
     with 4 pipeline stages there (3 elsewhere). On the H200 (``benchmarks/gpu_split_k.py``)
-    these were the best configs of a search, or within 6% of it, for o_proj and down_proj
-    at 64 and 256 rows.
+    these were the best configs of a search for o_proj and down_proj at 256 rows and
+    down_proj at 64 (for o_proj at 64 rows the best had 4 splits of 32-column tiles).
     """
     block_m = MIN_BLOCK if m <= 16 else 32 if m <= 32 else 64
     long_k = k >= 2048
@@ -152,11 +152,9 @@ def _matmul_kernel(
     N,
     K,
     inter,
-    x_up,
     k_per_split,
     HAS_BIAS: tl.constexpr,
     GATE_UP: tl.constexpr,
-    SILU_X: tl.constexpr,
     SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -174,8 +172,6 @@ def _matmul_kernel(
     SPLIT=False: writes the tile in out's dtype (out (M, N)).
     SPLIT=True: writes the float32 sums at out[split, rows, cols] (and the up sums at
     out[split, rows, inter + cols]) for _split_k_reduce_kernel; no bias, no SiLU.
-    SILU_X: x is a fused gate/up projection's output, its up half x_up columns on: each x
-    tile is silu(gate) * up, computed as it is loaded (silu.py's math and rounding).
     """
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -207,10 +203,6 @@ def _matmul_kernel(
             x_ok = row_ok[:, None] & k_ok[None, :]
             w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
         x = tl.load(x_ptrs, mask=x_ok, other=0.0)
-        if SILU_X:
-            gate = x.to(tl.float32)
-            up = tl.load(x_ptrs + x_up, mask=x_ok, other=0.0).to(tl.float32)
-            x = (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptr.dtype.element_ty)
         if DOT_IN_FP32:
             # The interpreter's tl.dot multiplies bfloat16 as raw uint16 bits: float32
             # operands there (exact: a product of two bf16 is exact in float32). On a GPU
@@ -345,9 +337,7 @@ def gate_up_silu(
     return _launch(x, gate_up_weight, None, inter, gate_up=True, config=config)
 
 
-def linear_partials(
-    x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig, *, silu_halves: bool = False
-) -> torch.Tensor:
+def linear_partials(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig) -> torch.Tensor:
     """``x @ weight.T`` as float32 partial sums over ``config``'s K splits: (splits, M, N).
 
     Their sum in split order, rounded once, is what :func:`linear` (without bias) returns
@@ -355,15 +345,11 @@ def linear_partials(
     norm) and can sum the partials where it loads them, instead of a reduction kernel of
     their own. x and weight as :func:`linear`'s.
 
-    ``silu_halves``: x is a fused gate/up projection's output (M, 2K), and the product is
-    ``silu_mul_halves(x) @ weight.T``, each x tile's SiLU x up computed as it is loaded
-    (the same values, bit for bit, as :func:`kernels.silu_mul_halves` writes), so
-    down_proj needs no SiLU kernel before it.
+    (SiLU x up computed as each x tile is loaded, so that down_proj would need no SiLU
+    kernel before it, was bit for bit right and 1.37x slower a step: the exp and both
+    halves' loads in the k loop stall its pipeline. Code at 2445eaa.)
     """
     m, k = x.shape
-    if silu_halves:
-        assert k % 2 == 0, f"x {tuple(x.shape)}: a fused gate/up output has an even width"
-        k //= 2
     n = weight.shape[0]
     assert weight.shape == (n, k), f"weight {tuple(weight.shape)} for x {tuple(x.shape)}"
     _check_operands(x, weight)
@@ -373,9 +359,8 @@ def linear_partials(
         grid = (cdiv(m, config.block_m), cdiv(n, config.block_n), splits)
         _kernels().matmul[grid](
             x, x.stride(0), weight, weight.stride(0), x, parts, parts.stride(0),
-            parts.stride(1), m, n, k, n, k if silu_halves else 0, k_per_split,
+            parts.stride(1), m, n, k, n, k_per_split,
             **_constants(x, k, config, has_bias=False, gate_up=False, split=True),
-            SILU_X=silu_halves,
         )  # fmt: skip
     return parts
 
@@ -424,13 +409,13 @@ def _launch(x, weight, bias, n, *, gate_up, config):
     if splits == 1:
         kernels.matmul[grid](
             x, x.stride(0), weight, weight.stride(0), bias_arg, out, 0, out.stride(0),
-            m, n, k, n, 0, k_per_split, SILU_X=False, **constants,
+            m, n, k, n, k_per_split, **constants,
         )  # fmt: skip
         return out
     parts = torch.empty((splits, m, 2 * n if gate_up else n), dtype=torch.float32, device=x.device)
     kernels.matmul[grid](
         x, x.stride(0), weight, weight.stride(0), bias_arg, parts, parts.stride(0),
-        parts.stride(1), m, n, k, n, 0, k_per_split, SILU_X=False, **constants,
+        parts.stride(1), m, n, k, n, k_per_split, **constants,
     )  # fmt: skip
     kernels.reduce[(m, cdiv(n, REDUCE_BLOCK))](
         parts, parts.stride(0), parts.stride(1), bias_arg, out, out.stride(0), n, n,

@@ -242,10 +242,6 @@ PARTIAL_CASES = {
     "fp32-m33-split1": dict(dtype="float32", m=33, n=100, k=136, split_k=1, bias=False),
     "bf16-m33-split3-wide": dict(dtype="bfloat16", m=33, n=100, k=400, split_k=3, bias=False),
     "bf16-m1-split2-bias": dict(dtype="bfloat16", m=1, n=48, k=256, split_k=2, bias=True),
-    "bf16-m33-split3-silu": dict(
-        dtype="bfloat16", m=33, n=100, k=400, split_k=3, bias=False, silu=True
-    ),
-    "fp32-m5-split2-silu": dict(dtype="float32", m=5, n=72, k=200, split_k=2, bias=True, silu=True),
 }
 
 
@@ -262,13 +258,6 @@ def check_partials(case: dict) -> None:
     parts = td.linear_partials(x, weight, config)
 
     assert parts.shape == (splits, m, n) and parts.dtype == torch.float32
-    if case.get("silu"):
-        # x as SiLU x up of a fused gate/up output, computed by the GEMM as it loads it:
-        # the same partials, bit for bit, as from the SiLU kernel's output.
-        gate_up = torch.randn(m, 2 * k, generator=gen).to(dtype)
-        x = td.silu_mul_halves(gate_up)
-        parts = td.linear_partials(gate_up, weight, config, silu_halves=True)
-        assert torch.equal(parts, td.linear_partials(x, weight, config)), "SiLU x up on load"
     # bf16 products are exact in float32: only the summation order differs.
     _close(parts.sum(0), F.linear(x.float(), weight.float()), 1e-5, 1e-5, "partials' sum")
     resid = torch.randn(m, n, generator=gen).to(dtype)
@@ -380,7 +369,8 @@ def test_partial_config_makes_about_a_wave(name, m):
 
 def test_partial_config_picks_what_won_on_the_h200():
     """benchmarks/gpu_split_k.py's search on the H200 (results gpu_split_k_session24_call1):
-    the best configs there, or within 6% of them (o at 64 rows: 7 splits of 128)."""
+    its best configs, but for o at 64 rows (best: 4 splits of 32-column tiles, 2.61 us;
+    7 splits of 64 columns at K steps of 64 took 2.76)."""
     assert partial_config(256, 896, 896, 132) == MatmulConfig(64, 64, 128, 4, 3, 2)
     assert partial_config(256, 896, 4864, 132) == MatmulConfig(64, 128, 128, 4, 4, 4)
     assert partial_config(64, 896, 4864, 132) == MatmulConfig(64, 64, 128, 4, 4, 8)
