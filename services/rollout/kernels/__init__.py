@@ -14,7 +14,8 @@ replaces several torch kernels of :meth:`StaticDecoder.decode` or of the sampler
 - :func:`sample_inverse_cdf` (``sampling_cdf.py``): the same from one uniform per row, in two
   light passes (no random number and no log per column).
 - :func:`linear` (``matmul.py``): ``F.linear`` tiled for few rows (split-K for long K).
-- :func:`linear_partials` (``matmul.py``): the same product as split-K float32 partials.
+- :func:`linear_partials` (``matmul.py``): the same product as split-K float32 partials,
+  tiled by :func:`partial_config` (about one wave of programs).
 - :func:`add_rms_norm_partials` (``add_norm.py``): the residual add and RMSNorm after a
   projection, summing its split-K partials as it loads them (no reduction kernel).
 - :func:`gate_up_silu` (``matmul.py``): the fused gate/up projection and SiLU(gate) x up in
