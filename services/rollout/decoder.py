@@ -93,8 +93,9 @@ class StaticDecoder:
         K (``kernels.partial_config``: about a wave of programs, each a short stretch of K),
         their float32 partials summed by the residual add + norm after them as it loads
         them (``kernels.add_rms_norm_partials``): no reduction kernel, and one kernel for the
-        add + norm. Off: cuBLAS and the compiled add + norm. On the H200 a step at 256 rows
-        took 3.7% less time, at 64 rows 6.5% (``benchmarks/gpu_split_k.py``)."""
+        add + norm. Off: cuBLAS and the compiled add + norm. On the H200 a step was 1.02x
+        to 1.07x faster at every row bucket from 16 to 256, 1.04x at 256
+        (``benchmarks/gpu_split_k.py``; docs/benchmarks.md, "Twenty-fourth session")."""
         self.rope_in_attention = True
         """With the Triton attention, rope and the cache write inside the attention kernel
         (:func:`kernels.decode_attention_rope`, one launch a layer; 2.6% more tokens/s on the

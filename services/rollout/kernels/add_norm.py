@@ -18,6 +18,7 @@ import functools
 
 import torch
 
+from services.rollout.fused_ops import add_rms_norm
 from services.rollout.kernels.runtime import jit, tl, triton
 
 
@@ -99,8 +100,6 @@ def add_rms_norm_partials(
 def add_rms_norm_partials_reference(x, parts, weight, eps, bias=None):
     """The torch path: the partials summed in split order and rounded (the projection's
     output), then ``fused_ops.add_rms_norm``."""
-    from services.rollout.fused_ops import add_rms_norm
-
     delta = parts[0].clone()
     for split in range(1, parts.shape[0]):
         delta += parts[split]

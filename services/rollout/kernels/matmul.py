@@ -196,13 +196,12 @@ def _matmul_kernel(
         if EVEN_K:
             # Whole blocks only: masks on rows and columns alone, so loads keep their
             # 16-byte vectors along K.
-            x_ok = row_ok[:, None]
+            x = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0)
             w = tl.load(w_ptrs, mask=col_ok[None, :], other=0.0)
         else:
             k_ok = (k0 + tl.arange(0, BLOCK_K)) < k_end
-            x_ok = row_ok[:, None] & k_ok[None, :]
+            x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        x = tl.load(x_ptrs, mask=x_ok, other=0.0)
         if DOT_IN_FP32:
             # The interpreter's tl.dot multiplies bfloat16 as raw uint16 bits: float32
             # operands there (exact: a product of two bf16 is exact in float32). On a GPU
@@ -357,7 +356,7 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig)
     parts = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
     if m and n:
         grid = (cdiv(m, config.block_m), cdiv(n, config.block_n), splits)
-        _kernels().matmul[grid](
+        _kernels().matmul[grid](  # x in the bias's place: not read without HAS_BIAS
             x, x.stride(0), weight, weight.stride(0), x, parts, parts.stride(0),
             parts.stride(1), m, n, k, n, k_per_split,
             **_constants(x, k, config, has_bias=False, gate_up=False, split=True),
