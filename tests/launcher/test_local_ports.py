@@ -50,6 +50,10 @@ def test_restart_moves_a_server_whose_port_was_taken(tmp_path):
         old_port = int(server.address.rsplit(":", 1)[1])
         server.popen.kill()  # the crash
         server.popen.wait()
+        # The killed server's side of its health-check connections sits in TIME_WAIT on
+        # this port; without SO_REUSEADDR that alone refuses the bind (CI lost a run to it).
+        # A listening socket still refuses it, which is what the restart must meet.
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         taken.bind(("127.0.0.1", old_port))  # someone else takes the port before the restart
         taken.listen()
         address = launcher.restart("rollout0")
