@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from services.rollout.kernels import attention
-from services.rollout.kernels.runtime import tl
+from services.rollout.fast.kernels import attention
+from services.rollout.fast.kernels.runtime import tl
 
 LAYERS, ROWS, HEADS, KV_HEADS, HEAD_DIM, SLOT_LEN = 24, 256, 14, 2, 64, 1024
 

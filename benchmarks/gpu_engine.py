@@ -16,10 +16,10 @@ import torch
 from benchmarks.gpu_models import make_model_dir
 from benchmarks.host_timeline import wait_for_quiet_children
 from meshrl.ragged import Ragged
-from services.rollout import kernels
+from services.rollout.fast import kernels
 from services.rollout.engine import SamplingParams
-from services.rollout.fast_engine import FastEngine
-from services.rollout.native_engine import NativeEngine
+from services.rollout.fast.engine import FastEngine
+from services.rollout.native.engine import NativeEngine
 
 
 def qwen05_engine(workdir: str) -> FastEngine:
@@ -349,7 +349,7 @@ DECODE_VARIANTS = (
 def configure(engine: FastEngine, settings: dict, tuned: dict | None = None) -> None:
     """Puts the engine in one of the variants' settings (``BASE_SETTINGS`` keys); ``tuned``:
     the decoder's ``matmul_configs`` for gemm="tuned"."""
-    from services.rollout import gpu_sampler
+    from services.rollout.fast import gpu_sampler
 
     s = {**BASE_SETTINGS, **settings}
     engine.decoder.use_compiled_ops(s["compiled"])
@@ -430,7 +430,7 @@ def tuned_configs(tune: dict) -> dict:
     """The decoder's ``matmul_configs`` from ``benchmarks.gpu_matmul.tune``'s results: each
     shape's best config in a CUDA graph where it beat cuBLAS's graph, else "torch"."""
     from benchmarks.gpu_matmul import SHAPES
-    from services.rollout.kernels.matmul import MatmulConfig
+    from services.rollout.fast.kernels.matmul import MatmulConfig
 
     configs = {}
     for name, shape in SHAPES.items():
@@ -461,7 +461,7 @@ def sampling_kernel_us(rows: int = 256, vocab: int = 151936, calls: int = 50) ->
     its vocabulary split automatically with blocks of 2048, 1024 and 512 columns, and one
     program a row (the third session's layout). All draw the same tokens (same noise,
     checked)."""
-    from services.rollout import kernels
+    from services.rollout.fast import kernels
 
     logits = torch.randn(rows, vocab, device="cuda").bfloat16()
     out = {}

@@ -20,9 +20,9 @@ import torch
 
 from benchmarks import gpu_engine as ge
 from services.rollout.engine import SamplingParams
-from services.rollout.fast_engine import _SLOT_ALIGN, FastEngine
-from services.rollout.scheduler import Scheduler
-from services.rollout.slots import SlotState
+from services.rollout.fast.engine import _SLOT_ALIGN, FastEngine
+from services.rollout.fast.scheduler import Scheduler
+from services.rollout.fast.slots import SlotState
 
 KINDS = (
     # (kind, any of these in the kernel's name), first match wins
@@ -108,8 +108,8 @@ class Call:
 
     def step_shape(self) -> tuple[int, int]:
         """(rows, attended width) of the next decode step, as ``_decode_step`` picks them."""
-        from services.rollout.cuda_graphs import row_bucket, width_bucket
-        from services.rollout.fast_engine import _WIDTH_STEP
+        from services.rollout.fast.cuda_graphs import row_bucket, width_bucket
+        from services.rollout.fast.engine import _WIDTH_STEP
 
         s = self.sched
         bs = row_bucket(s.rows_needed(), min(self.kv.k.shape[1], self.engine.max_num_seqs))
@@ -168,7 +168,7 @@ def generate_timeline(
     round and check, and the finish. A point the GPU reached right after the host did
     (lag near 0) found the GPU waiting for the host."""
     from benchmarks.host_timeline import Timeline, timed_ranges, wait_for_quiet_children
-    from services.rollout import fast_engine
+    from services.rollout.fast import engine as fast_engine
 
     params = SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=new, seed=1)
     prompts = ge.random_prompts(100 + batch, batch, prompt_len, prompt_len, engine.vocab_size)

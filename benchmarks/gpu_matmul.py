@@ -1,4 +1,4 @@
-"""The few-row Triton GEMMs (``services/rollout/kernels/matmul.py``) against cuBLAS on
+"""The few-row Triton GEMMs (``services/rollout/fast/kernels/matmul.py``) against cuBLAS on
 Qwen2.5-0.5B's decode projections, with a small config search (H200).
 
     python3 -m benchmarks.gpu_matmul --out $OUT [--m 64,256] [--jobs 16]
@@ -37,15 +37,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from services.rollout import kernels
-from services.rollout.kernels.matmul import (
+from services.rollout.fast import kernels
+from services.rollout.fast.kernels.matmul import (
     MatmulConfig,
     default_config,
     gate_up_silu,
     linear,
     split_plan,
 )
-from services.rollout.kernels.runtime import cdiv, sm_count
+from services.rollout.fast.kernels.runtime import cdiv, sm_count
 
 # Qwen2.5-0.5B: hidden 896, 14 query heads + 2 kv heads of 64, intermediate 4864. ``n`` is
 # the output width (I for gate/up, whose weight has 2I rows).

@@ -52,6 +52,9 @@ LORA = [
 VARIANTS: dict[str, list[str]] = {
     # One GPU for all roles; the rollout's KV cache is freed while the trainer roles run.
     "colocated": [],
+    # As colocated, with vLLM as the rollout engine (asleep while the trainers run; the
+    # actor's weights reach its worker by CUDA IPC).
+    "colocated_vllm": ["actor_rollout_ref.rollout.name=vllm"],
     # One GPU, the KV cache (and its CUDA graphs) kept between steps.
     "colocated_keep_cache": ["actor_rollout_ref.rollout.free_cache_engine=false"],
     # One GPU, padding-free.

@@ -45,10 +45,10 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.gpu_matmul import COPIES, DTYPE, SHAPES, SMEM_BYTES, _operands, mismatch, time_graph
-from services.rollout import kernels
-from services.rollout.fused_ops import FusedOps
-from services.rollout.kernels.matmul import MatmulConfig, split_plan
-from services.rollout.kernels.runtime import cdiv
+from services.rollout.fast import kernels
+from services.rollout.fast.fused_ops import FusedOps
+from services.rollout.fast.kernels.matmul import MatmulConfig, split_plan
+from services.rollout.fast.kernels.runtime import cdiv
 
 RESULTS: dict = {}
 SPLIT_SHAPES = ("qkv", "o", "down")

@@ -300,8 +300,11 @@ class ValKwargs(Section):
 
 
 class RolloutConfig(Section):
-    name: Literal["native", "vllm"] = "native"
-    """Engine: the built-in torch engine, or vLLM on GPU nodes."""
+    name: Literal["auto", "native", "fast", "vllm"] = "auto"
+    """Engine (one folder each under services/rollout/): `native`, the plain torch engine
+    (any Hugging Face causal LM, CPU or GPU); `fast`, the CUDA-graph engine with a static KV
+    cache (Llama / Qwen2 / Qwen3 architectures on a GPU); `vllm`, vLLM on GPU nodes; `auto`,
+    the fast engine on a GPU where it serves the model, else the native one."""
     replicas: int = Field(1, ge=1)
     """Rollout servers; prompts are split between them."""
     n: int = Field(1, ge=1)

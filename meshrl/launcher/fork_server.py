@@ -35,7 +35,7 @@ from pathlib import Path
 PRELOAD = [
     "services.trainer.server",
     "services.rollout.server",
-    "services.rollout.native_engine",
+    "services.rollout.native.engine",
     "services.reward.server",
 ]
 

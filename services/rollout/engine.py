@@ -1,14 +1,17 @@
 """The rollout engine interface and the typed containers that cross it.
 
-The server talks to an engine only through :class:`RolloutEngine`, so the native torch
-engine (``native_engine.py``) and a vLLM engine are interchangeable behind the same gRPC API.
-Token batches are :class:`~meshrl.ragged.Ragged` (flat ids + offsets), never padded.
+The server talks to an engine only through :class:`RolloutEngine`, so the plain torch
+engine (``native/``), the CUDA-graph engine (``fast/``) and vLLM (``vllm/``) are
+interchangeable behind the same gRPC API; ``registry.py`` builds the one ``rollout.name``
+asks for. Each engine owns its weight intake (:class:`WeightIntake`): the rollout worker hands
+it the group's spec and each manifest, and never looks inside. Token batches are
+:class:`~meshrl.ragged.Ragged` (flat ids + offsets), never padded.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, runtime_checkable
 
@@ -144,10 +147,6 @@ class RolloutEngine(Protocol):
         """Log-probs (and optionally entropy) of each response token in one forward."""
         ...
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copies tensors into the model by Hugging Face parameter name, as they arrive."""
-        ...
-
     def release_memory(self) -> None:
         """Frees what a co-located trainer needs (the KV cache); generate and score raise
         :class:`MemoryReleasedError` until :meth:`resume_memory`."""
@@ -159,19 +158,45 @@ class RolloutEngine(Protocol):
         """Drops cached prompt prefixes, which are stale after a weight swap."""
         ...
 
+    def join_weight_group(self, spec: GroupSpec) -> WeightIntake:
+        """Joins a formation of the weight-sync group as ``spec.rank`` (blocks until every
+        member joined) and returns the intake that receives its syncs."""
+        ...
+
+
+class ReceivedWeights(NamedTuple):
+    """What one sync took in."""
+
+    tensors: int
+    bytes: int
+
+
+class IntakeFailed(RuntimeError):
+    """A sync failed in an engine's intake; ``progress`` says how far it got (for example
+    "after 3 of 10 tensors"), ``cause`` why. The worker closes the group and reports both."""
+
+    def __init__(self, progress: str, cause: BaseException):
+        super().__init__(f"{progress} ({type(cause).__name__}: {cause})")
+        self.progress = progress
+        self.cause = cause
+
 
 @runtime_checkable
-class GroupMemberEngine(Protocol):
-    """An engine whose own worker process is the weight-sync group's member, instead of the
-    rollout server's process (vLLM: the group lives in its GPU worker). The rollout worker
-    then hands it the spec and the manifest rather than the received tensors."""
+class WeightIntake(Protocol):
+    """An engine's membership of one formation of the weight-sync group (gloo, NCCL or CUDA
+    IPC; see docs/weight_sync.md). Made by :meth:`RolloutEngine.join_weight_group`."""
 
-    def join_weight_group(self, spec: GroupSpec) -> None:
-        """Joins the group as ``spec.rank``; blocks until every member joined."""
+    @property
+    def group_id(self) -> str: ...
+
+    def receive(
+        self, manifest: WeightManifest, exclusive: AbstractContextManager
+    ) -> ReceivedWeights:
+        """Receives the manifest's buckets and swaps them in, holding ``exclusive`` (the
+        worker's engine lock: no generation meanwhile) for as short a time as the transport
+        allows. On success the engine serves ``manifest.version`` with its prefix cache
+        dropped; on failure it raises :class:`IntakeFailed` and leaves ``weight_version``
+        -1 if the weights may be a mix of two versions."""
         ...
 
-    def receive_weights(self, manifest: WeightManifest) -> int:
-        """Receives and loads the manifest's buckets; returns the tensors loaded."""
-        ...
-
-    def close_weight_group(self) -> None: ...
+    def close(self) -> None: ...

@@ -5,7 +5,7 @@ import pytest
 
 from benchmarks.gpu_engine_breakdown import generate_timeline, kind_of
 from meshrl.testing.tiny_model import make_tiny_qwen2_dir
-from services.rollout.fast_engine import FastEngine
+from services.rollout.fast.engine import FastEngine
 
 pytestmark = pytest.mark.timeout(120)
 

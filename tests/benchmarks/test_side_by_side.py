@@ -6,7 +6,7 @@ import pytest
 
 from benchmarks.gpu_engine import hf_speed, pair_ratios, side_by_side
 from meshrl.testing.tiny_model import make_tiny_qwen2_dir
-from services.rollout.fast_engine import FastEngine
+from services.rollout.fast.engine import FastEngine
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -33,7 +33,7 @@ needs_triton = pytest.mark.skipif(
 def run_cases(groups: list[tuple[str, dict, Callable[[dict], None]]], results_path: str) -> None:
     """In the child: ``check(case)`` for every case of every (group, cases, check); writes
     {"results": {"group/name": None or traceback}, "seconds": {...}} to ``results_path``."""
-    from services.rollout import kernels
+    from services.rollout.fast import kernels
 
     assert kernels.available("cpu"), "the child process must run with TRITON_INTERPRET=1"
     results, seconds = {}, {}

@@ -20,7 +20,7 @@ import pytest
 import torch
 from interpreter_cases import needs_triton, report, run_cases, run_child
 
-from services.rollout import kernels as td
+from services.rollout.fast import kernels as td
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}

@@ -20,8 +20,8 @@ import pytest
 import torch
 from interpreter_cases import needs_triton, report, run_cases, run_child
 
-from services.rollout import kernels as td
-from services.rollout.fused_ops import rope
+from services.rollout.fast import kernels as td
+from services.rollout.fast.fused_ops import rope
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -377,9 +377,9 @@ def check_sampling(case: dict) -> None:
                 assert int(tokens[2]) == vocab - 1 and float(logprobs[2]) == 0.0, what
     else:
         assert kind == "sampler"
-        from services.rollout import gpu_sampler
         from services.rollout.engine import SamplingParams
-        from services.rollout.gpu_sampler import sample_rows
+        from services.rollout.fast import gpu_sampler
+        from services.rollout.fast.gpu_sampler import sample_rows
 
         gpu_sampler.SAMPLING_KERNEL = "gumbel"  # this group checks the Gumbel kernel
 
@@ -406,7 +406,7 @@ def check_sampling(case: dict) -> None:
 
 
 def check_sampling_cdf(case: dict) -> None:
-    from services.rollout.kernels.sampling_cdf import sample_inverse_cdf as draw
+    from services.rollout.fast.kernels.sampling_cdf import sample_inverse_cdf as draw
 
     kind = case["kind"]
     gen = torch.Generator().manual_seed(12)
@@ -446,8 +446,8 @@ def check_sampling_cdf(case: dict) -> None:
             other = draw(logits, 1.0, seed, offset, block=16)[0]
             assert not torch.equal(first[0], other), f"seed {seed}, offset {offset}"
     elif kind == "sampler":
-        from services.rollout import gpu_sampler
         from services.rollout.engine import SamplingParams
+        from services.rollout.fast import gpu_sampler
 
         logits = (torch.randn(5, 300, generator=gen) * 2).bfloat16()
         params = SamplingParams(temperature=0.8, seed=3)
@@ -584,8 +584,8 @@ def test_split_count_only_splits_few_long_rows():
 
 
 def test_sample_splits_fill_the_gpu_with_whole_blocks():
-    from services.rollout.kernels.runtime import cdiv
-    from services.rollout.kernels.sampling import SAMPLE_BLOCK, sample_splits
+    from services.rollout.fast.kernels.runtime import cdiv
+    from services.rollout.fast.kernels.sampling import SAMPLE_BLOCK, sample_splits
 
     def check(rows, vocab, block, sms=132, asked=None):
         splits, chunk = sample_splits(rows, vocab, block, sms, asked)

@@ -6,8 +6,8 @@ import importlib.util
 import pytest
 import torch
 
-from services.rollout import kernels as td
-from services.rollout.fused_ops import add_rms_norm
+from services.rollout.fast import kernels as td
+from services.rollout.fast.fused_ops import add_rms_norm
 
 pytestmark = [
     pytest.mark.gpu,
@@ -64,7 +64,7 @@ def test_silu_mul_halves_matches_torch():
 
 
 def test_sample_gumbel_splits_draw_what_one_program_draws():
-    from services.rollout.kernels.sampling import SAMPLE_BLOCK, sample_splits
+    from services.rollout.fast.kernels.sampling import SAMPLE_BLOCK, sample_splits
 
     g = torch.Generator(device="cuda").manual_seed(3)
     rows, vocab, t = 256, 151936, 0.8
@@ -83,7 +83,7 @@ def test_sample_gumbel_splits_draw_what_one_program_draws():
 
 def test_sample_gumbel_logprobs_and_frequencies():
     from services.rollout.engine import SamplingParams
-    from services.rollout.gpu_sampler import sample_rows
+    from services.rollout.fast.gpu_sampler import sample_rows
 
     g = torch.Generator(device="cuda").manual_seed(2)
     rows, vocab, t = 256, 151936, 0.8

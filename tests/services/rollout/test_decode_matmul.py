@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from interpreter_cases import needs_triton, report, run_cases, run_child
 
-from services.rollout import kernels as td
-from services.rollout.fused_ops import rms_norm, silu_mul_halves
-from services.rollout.kernels.matmul import (
+from services.rollout.fast import kernels as td
+from services.rollout.fast.fused_ops import rms_norm, silu_mul_halves
+from services.rollout.fast.kernels.matmul import (
     MatmulConfig,
     default_config,
     partial_config,

@@ -13,9 +13,9 @@ import torch
 from meshrl.ragged import Ragged
 from meshrl.testing.tiny_model import make_tiny_model_dir, make_tiny_qwen2_dir
 from services.rollout.engine import GenerationCancelled, MemoryReleasedError, SamplingParams
-from services.rollout.fast_engine import FastEngine
-from services.rollout.native_engine import NativeEngine
-from services.rollout.scheduler import Scheduler
+from services.rollout.fast.engine import FastEngine
+from services.rollout.fast.scheduler import Scheduler
+from services.rollout.native.engine import NativeEngine
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -146,7 +146,7 @@ def test_loaded_weights_reach_the_fused_projections(model_dir):
 
 
 def test_prefill_plan_puts_each_prompt_in_its_admitted_slots():
-    from services.rollout.fast_engine import _prefill_plan
+    from services.rollout.fast.engine import _prefill_plan
 
     prompts = Ragged.from_lists([[5, 6], [7], [8, 9, 10]])
     # n = 3 samples a prompt; sequences 3..8 sample prompts 1 and 2, admitted out of order.

@@ -7,8 +7,8 @@ import torch
 from meshrl.ragged import Ragged
 from meshrl.testing.tiny_model import make_tiny_model_dir
 from services.rollout.engine import SamplingParams
-from services.rollout.fast_engine import FastEngine
-from services.rollout.native_engine import NativeEngine
+from services.rollout.fast.engine import FastEngine
+from services.rollout.native.engine import NativeEngine
 
 pytestmark = [
     pytest.mark.gpu,

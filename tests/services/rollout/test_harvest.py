@@ -3,8 +3,8 @@ reports, that outputs gathered before a refill survive it, and the flush by size
 
 import torch
 
-from services.rollout.harvest import Harvest, HarvestRings
-from services.rollout.slots import SlotState
+from services.rollout.fast.harvest import Harvest, HarvestRings
+from services.rollout.fast.slots import SlotState
 
 STOP = torch.tensor([7])
 

@@ -10,7 +10,7 @@ from meshrl.ragged import Ragged
 from meshrl.testing.char_tokenizer import save_char_tokenizer
 from meshrl.testing.tiny_model import make_tiny_model_dir, tiny_llama_config
 from services.rollout.engine import MemoryReleasedError, RolloutEngine, SamplingParams
-from services.rollout.native_engine import NativeEngine
+from services.rollout.native.engine import NativeEngine
 
 pytestmark = pytest.mark.timeout(120)
 

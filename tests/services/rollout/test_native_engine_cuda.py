@@ -6,7 +6,7 @@ import torch
 from meshrl.ragged import Ragged
 from meshrl.testing.tiny_model import make_tiny_model_dir
 from services.rollout.engine import SamplingParams
-from services.rollout.native_engine import NativeEngine
+from services.rollout.native.engine import NativeEngine
 
 pytestmark = [
     pytest.mark.gpu,

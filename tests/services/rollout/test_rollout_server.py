@@ -21,7 +21,7 @@ from meshrl.testing.tiny_model import make_tiny_model_dir
 from meshrl.weight_sync import GroupSpec, WeightGroup, WeightManifest, plan_buckets, send_weights
 from meshrl.wire import ragged_from_proto, ragged_to_proto, tensor_from_proto
 from services.rollout.engine import SamplingParams
-from services.rollout.native_engine import NativeEngine
+from services.rollout.native.engine import NativeEngine
 from services.rollout.server import SERVICE_NAME, sampling_from_proto
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

@@ -10,9 +10,9 @@ from meshrl.config import build_config
 from meshrl.ragged import Ragged
 from meshrl.testing.tiny_model import make_tiny_model_dir
 from meshrl.weight_sync import GroupSpec, WeightGroup, WeightManifest, plan_buckets, send_weights
-from services.rollout import worker as worker_module
+from services.rollout import intake as intake_module
 from services.rollout.engine import SamplingParams
-from services.rollout.native_engine import NativeEngine
+from services.rollout.native.engine import NativeEngine
 from services.rollout.worker import (
     NotInitializedError,
     NoWeightGroupError,
@@ -174,11 +174,11 @@ class _FakeGroup:
 
 
 def test_generation_and_weight_swaps_never_overlap(monkeypatch):
-    monkeypatch.setattr(worker_module, "WeightReceiver", _NoBuckets)
+    monkeypatch.setattr(intake_module, "WeightReceiver", _NoBuckets)
     worker = RolloutWorker()
     engine = _SlowEngine()
     worker._engine = engine
-    worker._group = _FakeGroup()
+    worker._group = intake_module.InProcessIntake(engine, _FakeGroup())
     calls = [lambda: worker.generate(PROMPTS, GREEDY)] * 4
     calls += [lambda v=v: worker.receive(WeightManifest(v, [], "g")) for v in range(1, 4)]
     threads = [threading.Thread(target=c) for c in calls]

@@ -3,7 +3,7 @@ compiled for the CPU: the same graph, so the same in-place writes)."""
 
 import torch
 
-from services.rollout.slots import SlotState, record_step
+from services.rollout.fast.slots import SlotState, record_step
 
 
 def _state() -> SlotState:

@@ -1,7 +1,8 @@
 """The vLLM adapter without vLLM (it cannot run here): the clear error when it is missing,
 the pure mappings to and from vLLM's types (fed with stand-ins shaped like vLLM's outputs),
 the worker extension's receive path over a real gloo group with a stand-in model, and the
-rollout worker handing the group to an engine whose own process joins it."""
+engine's intake driven through the rollout worker with a stand-in for ``vllm.LLM`` (sleep,
+wake of the weights alone, the sync in the worker, failure)."""
 
 from __future__ import annotations
 
@@ -14,18 +15,15 @@ import pytest
 import torch
 
 from meshrl.config import build_config
+from meshrl.ragged import Ragged
 from meshrl.testing.tiny_model import make_tiny_model_dir
 from meshrl.weight_sync import GroupSpec, WeightGroup, WeightManifest, plan_buckets, send_weights
-from services.rollout import vllm_engine
 from services.rollout import worker as worker_module
-from services.rollout.engine import GroupMemberEngine, SamplingParams
-from services.rollout.vllm_engine import (
-    MeshrlWorkerExtension,
-    VllmEngine,
-    VllmNotInstalledError,
-    results_from_outputs,
-    sampling_kwargs,
-)
+from services.rollout.engine import MemoryReleasedError, SamplingParams
+from services.rollout.vllm import mapping
+from services.rollout.vllm.engine import VllmEngine, VllmNotInstalledError
+from services.rollout.vllm.extension import MeshrlWorkerExtension
+from services.rollout.vllm.mapping import results_from_outputs, sampling_kwargs
 from services.rollout.worker import RolloutWorker, WeightSyncError
 
 pytestmark = pytest.mark.timeout(60)
@@ -65,14 +63,14 @@ def test_sampling_params_map_to_vllm_keywords():
 
 
 def test_each_prompt_gets_a_seed_of_its_own():
-    seeded = vllm_engine.per_prompt_kwargs(SamplingParams(seed=11, n=2), 3)
+    seeded = mapping.per_prompt_kwargs(SamplingParams(seed=11, n=2), 3)
     seeds = [k["seed"] for k in seeded]
     assert len(set(seeds)) == 3 and {k["n"] for k in seeded} == {2}
     assert all(0 <= s < 2**63 for s in seeds)  # vLLM takes an int64
     # the next step's seed (12) shares no stream with this step's prompts
-    after = [k["seed"] for k in vllm_engine.per_prompt_kwargs(SamplingParams(seed=12), 3)]
+    after = [k["seed"] for k in mapping.per_prompt_kwargs(SamplingParams(seed=12), 3)]
     assert not set(seeds) & set(after)
-    unseeded = vllm_engine.per_prompt_kwargs(SamplingParams(), 2)
+    unseeded = mapping.per_prompt_kwargs(SamplingParams(), 2)
     assert len(unseeded) == 2 and all("seed" not in k for k in unseeded)
 
 
@@ -100,14 +98,14 @@ def test_outputs_become_rows_sample_j_of_prompt_i_at_i_times_n_plus_j():
 def test_prompt_logprobs_give_the_response_tokens():
     ids = [1, 4, 5, 6, 2]
     per_position = [None] + [{t: SimpleNamespace(logprob=-0.1 * t)} for t in ids[1:]]
-    assert vllm_engine.response_logprobs(per_position, ids, 2) == pytest.approx([-0.6, -0.2])
+    assert mapping.response_logprobs(per_position, ids, 2) == pytest.approx([-0.6, -0.2])
 
 
 def test_spec_and_manifest_travel_as_json():
     spec = GroupSpec("nccl", "10.0.0.1", 4321, 3, 2, 30.0, "g")
-    assert vllm_engine.spec_from_json(vllm_engine.spec_to_json(spec)) == spec
+    assert mapping.spec_from_json(mapping.spec_to_json(spec)) == spec
     manifest = WeightManifest(4, plan_buckets([("w", (2, 3)), ("b", (3,))], torch.bfloat16, 8), "g")
-    back = vllm_engine.manifest_from_json(vllm_engine.manifest_to_json(manifest))
+    back = mapping.manifest_from_json(mapping.manifest_to_json(manifest))
     assert back == manifest
 
 
@@ -126,76 +124,118 @@ class _StandInModel(torch.nn.Module):
             params[name].copy_(tensor)
 
 
-def test_worker_extension_joins_receives_and_loads_over_gloo():
+def _gloo_pair(worker):
+    """A gloo group of two: the returned sender (rank 0) and ``worker`` joined as rank 1."""
+    store, spec = WeightGroup.open("127.0.0.1", timeout_s=10, world_size=2)
+    member = mapping.spec_to_json(GroupSpec(**{**spec.__dict__, "rank": 1}))
+    with ThreadPoolExecutor(2) as pool:
+        joined = pool.submit(worker.meshrl_join_weight_group, member)
+        sender = WeightGroup.join(spec, store)
+        assert joined.result() == spec.group_id
+    return sender, spec
+
+
+def _stand_in_worker():
     worker = MeshrlWorkerExtension()  # as vLLM mixes it into its worker: these attributes exist
     worker.model_runner = SimpleNamespace(model=_StandInModel())
     worker.device = torch.device("cpu")
-    assert worker.meshrl_num_parameters() == 28
+    return worker
 
-    store, spec = WeightGroup.open("127.0.0.1", timeout_s=10, world_size=2)
-    member = vllm_engine.spec_to_json(GroupSpec(**{**spec.__dict__, "rank": 1}))
-    with ThreadPoolExecutor(2) as pool:
-        joined = pool.submit(worker.join_weight_group, member)
-        sender = WeightGroup.join(spec, store)
-        assert joined.result() == spec.group_id
+
+def test_worker_extension_joins_receives_and_loads_over_gloo():
+    worker = _stand_in_worker()
+    assert worker.meshrl_num_parameters() == 28
+    sender, spec = _gloo_pair(worker)
     params = {"w": torch.randn(6, 4), "b": torch.randn(4)}
     named = [(n, tuple(t.shape)) for n, t in params.items()]
     manifest = WeightManifest(3, plan_buckets(named, torch.float32, 32), spec.group_id)
     received = {}
     thread = threading.Thread(
         target=lambda: received.update(
-            n=worker.receive_weights(vllm_engine.manifest_to_json(manifest))
+            n=worker.meshrl_receive_weights(mapping.manifest_to_json(manifest))
         )
     )
     thread.start()
     send_weights(sender, iter(params.items()), manifest)
     thread.join(20)
-    assert received["n"] == 2
+    assert received["n"] == [2, 4 * 28]
     assert torch.equal(worker.model_runner.model.w, params["w"])
     assert torch.equal(worker.model_runner.model.b, params["b"])
-    worker.close_weight_group()
+    assert worker.meshrl_weight_checksum('["b"]') == [pytest.approx(float(params["b"].sum()))]
+    worker.meshrl_close_weight_group()
     sender.close()
 
 
-class _MemberEngine:
-    """An engine whose own process is the group member (the vLLM shape), recording calls."""
+class _StandInLLM:
+    """What VllmEngine uses of ``vllm.LLM``: ``collective_rpc`` runs the extension's method on
+    a stand-in worker in this process; sleep, wake-up and cache resets are recorded."""
 
-    def __init__(self, fail: bool = False):
-        self.weight_version = 0
-        self.fail = fail
+    def __init__(self, worker):
+        self.worker = worker
         self.calls: list[str] = []
-        self.device = torch.device("cpu")
 
-    def join_weight_group(self, spec):
-        self.calls.append(f"join:{spec.group_id}")
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        self.calls.append(method)
+        return [getattr(self.worker, method)(*args, **(kwargs or {}))]
 
-    def receive_weights(self, manifest):
-        self.calls.append(f"receive:{manifest.version}")
-        if self.fail:
-            raise RuntimeError("sender gone")
-        return len(manifest.param_names)
+    def sleep(self, level=1):
+        self.calls.append(f"sleep:{level}")
 
-    def close_weight_group(self):
-        self.calls.append("close")
+    def wake_up(self, tags=None):
+        self.calls.append(f"wake:{','.join(tags)}")
 
     def reset_prefix_cache(self):
-        self.calls.append("reset")
+        self.calls.append("reset_prefix_cache")
+
+
+def _engine_on(llm) -> VllmEngine:
+    engine = object.__new__(VllmEngine)  # VllmEngine without vllm: its LLM is the stand-in
+    engine.llm, engine.weight_version, engine.asleep = llm, 0, set()
+    return engine
 
 
 @pytest.mark.parametrize("fail", [False, True])
-def test_rollout_worker_hands_the_group_to_a_member_engine(monkeypatch, fail):
-    engine = _MemberEngine(fail)
-    assert isinstance(engine, GroupMemberEngine)
+def test_rollout_worker_syncs_vllm_through_its_intake(monkeypatch, fail):
+    """Asleep for the trainers, the engine wakes its weights alone for the sync (the KV
+    cache stays released until the next generation); a sync that fails in vLLM's worker
+    leaves version -1 and closes the group there."""
+    stand_in = _stand_in_worker()
+    llm = _StandInLLM(stand_in)
+    engine = _engine_on(llm)
     monkeypatch.setattr(worker_module, "build_engine", lambda cfg: engine)
     worker = RolloutWorker()
     worker.initialize(build_config({}))
-    worker.join_group(GroupSpec(group_id="g1"))
-    manifest = WeightManifest(7, plan_buckets([("w", (2,))], torch.float32, 64), "g1")
-    if fail:
-        with pytest.raises(WeightSyncError, match="weight version -1"):
-            worker.receive(manifest)
-        assert engine.weight_version == -1 and engine.calls[-1] == "close"
-    else:
-        stats = worker.receive(manifest)
-        assert stats.version == 7 and stats.bytes == 8 and engine.weight_version == 7
-        assert engine.calls == ["join:g1", "receive:7", "reset"]
+    worker.set_memory(release=True)
+    params = {"w": torch.randn(6, 4), "b": torch.randn(4)}
+    named = [(n, tuple(t.shape)) for n, t in params.items()]
+
+    store, spec = WeightGroup.open("127.0.0.1", timeout_s=5, world_size=2)
+    with ThreadPoolExecutor(2) as pool:
+        joined = pool.submit(worker.join_group, GroupSpec(**{**spec.__dict__, "rank": 1}))
+        sender = WeightGroup.join(spec, store)
+        assert joined.result() == spec.group_id
+    manifest = WeightManifest(7, plan_buckets(named, torch.float32, 32), spec.group_id)
+    with ThreadPoolExecutor(1) as pool:
+        synced = pool.submit(worker.receive, manifest)
+        if fail:  # the actor dies before sending: the worker's receive times out
+            sender.close()
+            with pytest.raises(WeightSyncError, match="in vLLM's worker .*weight version now -1"):
+                synced.result(30)
+            assert engine.weight_version == -1 and worker._group is None
+            assert llm.calls[-1] == "meshrl_close_weight_group"
+            return
+        send_weights(sender, iter(params.items()), manifest)
+        stats = synced.result(30)
+    assert stats.version == 7 and stats.bytes == 4 * 28 and engine.weight_version == 7
+    assert torch.equal(stand_in.model_runner.model.w, params["w"])
+    assert llm.calls == [
+        "sleep:1", "meshrl_join_weight_group", "wake:weights", "meshrl_receive_weights",
+        "reset_prefix_cache",
+    ]  # fmt: skip
+    assert engine.asleep == {"kv_cache"}
+    with pytest.raises(MemoryReleasedError):
+        worker.generate(Ragged.from_lists([[1, 2]]), SamplingParams())
+    worker.set_memory(release=False)
+    assert llm.calls[-1] == "wake:kv_cache" and not engine.asleep
+    sender.close()
+    worker.close()

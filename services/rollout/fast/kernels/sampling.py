@@ -24,7 +24,7 @@ import functools
 
 import torch
 
-from services.rollout.kernels.runtime import cdiv, jit, sm_count, tl, triton
+from services.rollout.fast.kernels.runtime import cdiv, jit, sm_count, tl, triton
 
 
 def _sample_partial_kernel(

@@ -25,18 +25,21 @@ from transformers import AutoTokenizer
 
 from meshrl.algorithms.entropy import entropy_from_logits, logprobs_from_logits
 from meshrl.ragged import Ragged
+from meshrl.weight_sync.types import GroupSpec
 from meshrl.wire import dtype_from_name
-from services.rollout.batch import DecodeBatch, left_pad
 from services.rollout.engine import (
     FinishReason,
     GenerationResult,
     MemoryReleasedError,
     SamplingParams,
     TokenScores,
+    WeightIntake,
     check_cancelled,
 )
-from services.rollout.model_runner import ModelRunner
-from services.rollout.sampler import sample
+from services.rollout.intake import InProcessIntake
+from services.rollout.native.batch import DecodeBatch, left_pad
+from services.rollout.native.model_runner import ModelRunner
+from services.rollout.native.sampler import sample
 
 log = logging.getLogger(__name__)
 
@@ -261,6 +264,10 @@ class NativeEngine:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         count = self.runner.load_weights(named_tensors)
         log.info("loaded %d tensors", count)
+
+    def join_weight_group(self, spec: GroupSpec) -> WeightIntake:
+        """This process is the group's member: see ``services/rollout/intake.py``."""
+        return InProcessIntake.join(self, spec)
 
     def weight_targets(self) -> dict[str, torch.Tensor]:
         """The model's own tensors by Hugging Face name: a weight sync may receive straight

@@ -25,11 +25,11 @@ The pure-torch ``*_reference`` functions compute what the torch paths compute; t
 check the kernels against them.
 """
 
-from services.rollout.kernels.add_norm import (
+from services.rollout.fast.kernels.add_norm import (
     add_rms_norm_partials,
     add_rms_norm_partials_reference,
 )
-from services.rollout.kernels.attention import (
+from services.rollout.fast.kernels.attention import (
     KEYS_PER_SPLIT_MIN,
     MAX_SPLITS,
     decode_attention,
@@ -37,7 +37,7 @@ from services.rollout.kernels.attention import (
     decode_attention_rope,
     split_count,
 )
-from services.rollout.kernels.matmul import (
+from services.rollout.fast.kernels.matmul import (
     MatmulConfig,
     default_config,
     gate_up_silu,
@@ -45,11 +45,11 @@ from services.rollout.kernels.matmul import (
     linear_partials,
     partial_config,
 )
-from services.rollout.kernels.rope_store import rope_store, rope_store_reference
-from services.rollout.kernels.runtime import available, sm_count, supports_head_dim
-from services.rollout.kernels.sampling import sample_gumbel
-from services.rollout.kernels.sampling_cdf import sample_inverse_cdf
-from services.rollout.kernels.silu import silu_mul_halves
+from services.rollout.fast.kernels.rope_store import rope_store, rope_store_reference
+from services.rollout.fast.kernels.runtime import available, sm_count, supports_head_dim
+from services.rollout.fast.kernels.sampling import sample_gumbel
+from services.rollout.fast.kernels.sampling_cdf import sample_inverse_cdf
+from services.rollout.fast.kernels.silu import silu_mul_halves
 
 __all__ = [
     "KEYS_PER_SPLIT_MIN",

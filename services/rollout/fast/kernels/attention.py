@@ -35,8 +35,8 @@ from types import SimpleNamespace
 
 import torch
 
-from services.rollout.fused_ops import masked_softmax
-from services.rollout.kernels.runtime import (
+from services.rollout.fast.fused_ops import masked_softmax
+from services.rollout.fast.kernels.runtime import (
     cdiv,
     check_head_dim,
     is_interpreted,

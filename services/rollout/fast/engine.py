@@ -28,15 +28,15 @@ import torch
 from torch.profiler import record_function
 
 from meshrl.ragged import Ragged
-from services.rollout.cuda_graphs import DecodeGraphs, row_bucket, width_bucket
-from services.rollout.decoder import StaticDecoder, unsupported_reason
 from services.rollout.engine import GenerationResult, SamplingParams, check_cancelled
-from services.rollout.gpu_sampler import sample_rows
-from services.rollout.harvest import Check, Harvest, HarvestRings
-from services.rollout.kv_cache import KVView, StaticKVCache, cuda_capacity_tokens
-from services.rollout.native_engine import NativeEngine
-from services.rollout.scheduler import Scheduler
-from services.rollout.slots import SlotState
+from services.rollout.fast.cuda_graphs import DecodeGraphs, row_bucket, width_bucket
+from services.rollout.fast.decoder import StaticDecoder, unsupported_reason
+from services.rollout.fast.gpu_sampler import sample_rows
+from services.rollout.fast.harvest import Check, Harvest, HarvestRings
+from services.rollout.fast.kv_cache import KVView, StaticKVCache, cuda_capacity_tokens
+from services.rollout.fast.scheduler import Scheduler
+from services.rollout.fast.slots import SlotState
+from services.rollout.native.engine import NativeEngine
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from services.rollout.decoder import StaticDecoder
-from services.rollout.kv_cache import KVView
+from services.rollout.fast.decoder import StaticDecoder
+from services.rollout.fast.kv_cache import KVView
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ rows a tile, and enough tiles, or split-K programs, to fill the SMs).
 - :func:`linear`: ``F.linear(x, weight, bias)``; the weight as nn.Linear stores it (N, K),
   possibly rows of a fused buffer (any row stride).
 - :func:`gate_up_silu`: ``silu(x @ Wg.T) * (x @ Wu.T)`` from the fused (2I, K) gate/up
-  weight (:mod:`services.rollout.fused_weights`'s layout) without writing the (M, 2I)
+  weight (:mod:`services.rollout.fast.fused_weights`'s layout) without writing the (M, 2I)
   projection: each program keeps a gate and an up accumulator for the same columns.
 
 One kernel computes both (``GATE_UP`` is a constexpr: one accumulator or two, and the
@@ -43,7 +43,7 @@ from types import SimpleNamespace
 
 import torch
 
-from services.rollout.kernels.runtime import cdiv, is_interpreted, jit, sm_count, tl
+from services.rollout.fast.kernels.runtime import cdiv, is_interpreted, jit, sm_count, tl
 
 MIN_BLOCK = 16
 """tl.dot needs at least 16 along each dimension: a tile of one row is 16 rows, 15 masked."""
@@ -299,7 +299,7 @@ def linear(
 
     x (M, K), any row stride, unit column stride; weight (N, K) in x's dtype, any row
     stride, unit column stride (rows of a fused buffer, as the q/k/v views of
-    :mod:`services.rollout.fused_weights`, are fine); bias (N,) contiguous, or None.
+    :mod:`services.rollout.fast.fused_weights`, are fine); bias (N,) contiguous, or None.
     ``config`` (None: :func:`default_config`) sets the tiling and split-K.
     Returns (M, N) in x's dtype: the float32 sum plus the bias, rounded once.
     """

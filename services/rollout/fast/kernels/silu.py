@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from services.rollout.kernels.runtime import cdiv, jit, tl
+from services.rollout.fast.kernels.runtime import cdiv, jit, tl
 
 
 def _silu_mul_halves_kernel(

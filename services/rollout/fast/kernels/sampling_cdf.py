@@ -28,8 +28,8 @@ import functools
 
 import torch
 
-from services.rollout.kernels.runtime import cdiv, jit, tl, triton
-from services.rollout.kernels.sampling import check_logits, philox_words
+from services.rollout.fast.kernels.runtime import cdiv, jit, tl, triton
+from services.rollout.fast.kernels.sampling import check_logits, philox_words
 
 
 def _cdf_partial_kernel(

@@ -18,8 +18,8 @@ import functools
 
 import torch
 
-from services.rollout.fused_ops import add_rms_norm
-from services.rollout.kernels.runtime import jit, tl, triton
+from services.rollout.fast.fused_ops import add_rms_norm
+from services.rollout.fast.kernels.runtime import jit, tl, triton
 
 
 def _add_rms_norm_partials_kernel(

@@ -27,7 +27,7 @@ import torch
 
 from meshrl.ragged import Ragged
 from services.rollout.engine import FinishReason
-from services.rollout.slots import SlotState
+from services.rollout.fast.slots import SlotState
 
 
 class PinnedRing:

@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from meshrl.packed_attention import packed_causal_attention
-from services.rollout import kernels
-from services.rollout.fused_ops import FusedOps
-from services.rollout.fused_weights import FusedLayer, can_fuse, fuse_layer
-from services.rollout.kv_cache import KVShape
+from services.rollout.fast import kernels
+from services.rollout.fast.fused_ops import FusedOps
+from services.rollout.fast.fused_weights import FusedLayer, can_fuse, fuse_layer
+from services.rollout.fast.kv_cache import KVShape
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 LINEAR_KERNEL_ROWS = 512

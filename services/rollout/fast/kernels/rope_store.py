@@ -17,8 +17,8 @@ import functools
 
 import torch
 
-from services.rollout.fused_ops import rope
-from services.rollout.kernels.runtime import cdiv, check_head_dim, jit, tl
+from services.rollout.fast.fused_ops import rope
+from services.rollout.fast.kernels.runtime import cdiv, check_head_dim, jit, tl
 
 
 def _rope_store_kernel(

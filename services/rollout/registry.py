@@ -1,0 +1,98 @@
+"""The rollout engines by ``actor_rollout_ref.rollout.name``: each builder imports its engine
+lazily, so a machine without CUDA or vLLM loads this module (and the others' engines)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from meshrl.config import RunConfig
+from services.rollout.engine import RolloutEngine
+
+log = logging.getLogger(__name__)
+
+
+def build_native(cfg: RunConfig) -> RolloutEngine:
+    """The plain torch engine: any Hugging Face causal LM, on the CPU or a GPU."""
+    from services.rollout.native.engine import NativeEngine  # torch + transformers: heavy
+
+    return NativeEngine(cfg.actor_rollout_ref.model.path, **_native_kwargs(cfg))
+
+
+def build_fast(cfg: RunConfig) -> RolloutEngine:
+    """The CUDA-graph engine; refused off a GPU or for an architecture it does not know."""
+    from services.rollout.fast.engine import FastEngine, fast_path_reason
+
+    model, rollout = cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.rollout
+    if cfg.trainer.device != "cuda":
+        raise ValueError("actor_rollout_ref.rollout.name=fast needs trainer.device=cuda")
+    reason = fast_path_reason(model.path)
+    if reason is not None:
+        raise ValueError(f"actor_rollout_ref.rollout.name=fast cannot serve {model.path}: {reason}")
+    return FastEngine(
+        model.path,
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
+        enforce_eager=rollout.enforce_eager,
+        **_native_kwargs(cfg),
+    )
+
+
+def build_auto(cfg: RunConfig) -> RolloutEngine:
+    """The fast engine on a GPU where it serves the model, else the native one."""
+    if cfg.trainer.device == "cuda":
+        from services.rollout.fast.engine import fast_path_reason
+
+        reason = fast_path_reason(cfg.actor_rollout_ref.model.path)
+        if reason is None:
+            return build_fast(cfg)
+        log.warning("rollout fast path off (%s): using the native engine", reason)
+    return build_native(cfg)
+
+
+def build_vllm(cfg: RunConfig) -> RolloutEngine:
+    from services.rollout.vllm.engine import VllmEngine  # vllm imported inside, lazily
+
+    model, rollout = cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.rollout
+    return VllmEngine(
+        model.path,
+        tokenizer_path=model.tokenizer_path,
+        dtype=rollout.dtype,
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
+        enforce_eager=rollout.enforce_eager,
+        max_num_seqs=rollout.max_num_seqs,
+        max_model_len=_max_model_len(cfg),
+        seed=cfg.trainer.seed,
+    )
+
+
+ENGINES: dict[str, Callable[[RunConfig], RolloutEngine]] = {
+    "auto": build_auto,
+    "native": build_native,
+    "fast": build_fast,
+    "vllm": build_vllm,
+}
+
+
+def build_engine(cfg: RunConfig) -> RolloutEngine:
+    """The engine the run config asks for, loaded and ready."""
+    path = cfg.actor_rollout_ref.model.path
+    if not path or not Path(path).is_dir():
+        raise ValueError(f"actor_rollout_ref.model.path={path!r} is not a model folder")
+    return ENGINES[cfg.actor_rollout_ref.rollout.name](cfg)
+
+
+def _max_model_len(cfg: RunConfig) -> int:
+    return cfg.data.max_prompt_length + cfg.data.max_response_length
+
+
+def _native_kwargs(cfg: RunConfig) -> dict:
+    model, rollout = cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.rollout
+    return dict(
+        tokenizer_path=model.tokenizer_path,
+        dtype=rollout.dtype,
+        device="cuda" if cfg.trainer.device == "cuda" else "cpu",
+        max_num_seqs=rollout.max_num_seqs,
+        logprob_batch_size=rollout.log_prob_micro_batch_size_per_gpu,
+        max_model_len=_max_model_len(cfg),
+    )

@@ -1,0 +1,264 @@
+"""The vLLM engine: ``vllm.LLM`` behind the :class:`RolloutEngine` interface.
+
+Thin on purpose: generation, prompt log-probs, prefix-cache reset and sleep/wake are vLLM's
+own calls; token ids go in and out (``skip_tokenizer_init``: the coordinator tokenizes, so
+the model folder needs no tokenizer). Weights arrive in vLLM's GPU worker process through
+the worker extension (``extension.py``), which this engine's intake drives with
+``LLM.collective_rpc``.
+
+Memory on a GPU shared with the trainers (``release_memory``): vLLM's sleep level 1 moves
+the weights to host memory and drops the KV cache. A weight sync that comes while asleep
+wakes the weights alone first (the intake), so the KV cache comes back only when the next
+generation needs it (``resume_memory``).
+
+Nothing here imports vllm at module import: the module loads on any machine, and building
+the engine without vllm installed fails with a clear message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from contextlib import AbstractContextManager
+
+import torch
+
+from meshrl.ragged import Ragged
+from meshrl.weight_sync.types import GroupSpec, WeightManifest
+from services.rollout.engine import (
+    GenerationResult,
+    IntakeFailed,
+    MemoryReleasedError,
+    ReceivedWeights,
+    SamplingParams,
+    TokenScores,
+    check_cancelled,
+)
+from services.rollout.vllm.extension import EXTENSION_CLS
+from services.rollout.vllm.mapping import (
+    flat,
+    manifest_to_json,
+    per_prompt_kwargs,
+    response_logprobs,
+    results_from_outputs,
+    scoring_kwargs,
+    spec_to_json,
+    token_prompts,
+)
+
+log = logging.getLogger(__name__)
+
+_RPC_SLACK_S = 30.0
+
+
+class VllmNotInstalledError(ImportError):
+    """rollout.name=vllm on a machine without the vllm package."""
+
+
+def import_vllm():
+    """The vllm package, or a :class:`VllmNotInstalledError` that says what to do."""
+    try:
+        import vllm
+    except ImportError as e:
+        raise VllmNotInstalledError(
+            "actor_rollout_ref.rollout.name=vllm needs the vllm package, which is not "
+            f"installed here ({e}). vLLM ships CUDA builds for GPU nodes: install it there "
+            "with `pip install 'meshrl[vllm]'`, or use rollout.name=auto (the built-in "
+            "engines, CPU and GPU)."
+        ) from e
+    return vllm
+
+
+class VllmEngine:
+    """A :class:`~services.rollout.engine.RolloutEngine` on ``vllm.LLM`` (one GPU, TP 1)."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        tokenizer_path: str | None = None,
+        dtype: str | None = "bfloat16",
+        gpu_memory_utilization: float = 0.5,
+        enforce_eager: bool = False,
+        max_num_seqs: int = 256,
+        max_model_len: int | None = None,
+        seed: int = 0,
+    ):
+        # vLLM starts its engine process by fork unless told otherwise; a fork of a process
+        # that runs gRPC's threads is unsafe, so it spawns.
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        vllm = import_vllm()
+        self._vllm = vllm
+        start = time.monotonic()
+        self.llm = vllm.LLM(
+            model=model_path,
+            # Token ids in and out: the coordinator owns the tokenizer and the chat
+            # template, and a model folder without one loads all the same.
+            skip_tokenizer_init=True,
+            dtype=dtype or "auto",
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            seed=seed,
+            tensor_parallel_size=1,
+            enable_prefix_caching=True,
+            enable_sleep_mode=True,  # release_memory / resume_memory
+            logprobs_mode="processed_logprobs",  # after temperature, as the trainer's
+            worker_extension_cls=EXTENSION_CLS,
+        )
+        self.weight_version = 0
+        self.asleep: set[str] = set()  # vLLM's memory tags now released
+        self._num_parameters = int(self.llm.collective_rpc("meshrl_num_parameters")[0])
+        self._vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
+        log.info(
+            "vLLM %s engine: %s (%s) ready in %.1fs",
+            vllm.__version__, model_path, dtype, time.monotonic() - start,
+        )  # fmt: skip
+
+    @property
+    def num_parameters(self) -> int:
+        return self._num_parameters
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda")
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return 0  # vLLM sizes and owns it (gpu_memory_utilization); not reported here
+
+    def generate(
+        self,
+        prompts: Ragged,
+        params: SamplingParams,
+        cancelled: threading.Event | None = None,
+    ) -> GenerationResult:
+        # LLM.generate runs vLLM's loop to the end: a cancelled call is refused before it
+        # starts, not stopped half-way.
+        check_cancelled(cancelled, 0)
+        self._check_awake()
+        sampling = [
+            self._vllm.SamplingParams(**kwargs)
+            for kwargs in per_prompt_kwargs(params, len(prompts))
+        ]
+        outputs = self.llm.generate(token_prompts(prompts), sampling, use_tqdm=False)
+        tokens, logprobs, reasons = results_from_outputs(outputs, params.n)
+        return GenerationResult(
+            responses=Ragged.from_lists(tokens, dtype=torch.int64),
+            logprobs=Ragged.from_lists(logprobs, dtype=torch.float32),
+            finish_reasons=reasons,
+            weight_version=self.weight_version,
+        )
+
+    def compute_logprobs(self, prompts: Ragged, responses: Ragged, temperature: float) -> Ragged:
+        return self.score(prompts, responses, temperature, with_entropy=False).logprobs
+
+    def score(
+        self, prompts: Ragged, responses: Ragged, temperature: float, with_entropy: bool
+    ) -> TokenScores:
+        """Log-probs of given responses through vLLM's prompt log-probs (temperature 1, no
+        entropy: the actor computes those)."""
+        if temperature != 1.0 or with_entropy:
+            raise ValueError(
+                "the vLLM engine scores at temperature 1 without entropy; ask the actor "
+                f"(got temperature={temperature}, with_entropy={with_entropy})"
+            )
+        self._check_awake()
+        rows = [p + r for p, r in zip(prompts.tolist(), responses.tolist(), strict=True)]
+        sampling = self._vllm.SamplingParams(**scoring_kwargs())
+        outputs = self.llm.generate(
+            token_prompts(Ragged.from_lists(rows)), sampling, use_tqdm=False
+        )
+        lengths = responses.lengths.tolist()
+        values = [
+            response_logprobs(out.prompt_logprobs, row, n)
+            for out, row, n in zip(outputs, rows, lengths, strict=True)
+        ]
+        return TokenScores(responses.with_values(flat(values)), None)
+
+    # --- weights ---
+
+    def join_weight_group(self, spec: GroupSpec) -> VllmIntake:
+        """vLLM's worker process joins the group as ``spec.rank`` (blocks until all joined)."""
+        self.llm.collective_rpc(
+            "meshrl_join_weight_group",
+            args=(spec_to_json(spec),),
+            timeout=spec.timeout_s + _RPC_SLACK_S,
+        )
+        return VllmIntake(self, spec)
+
+    def wake_weights(self) -> None:
+        """Brings the weights back to the GPU (alone) so a sync can write into them."""
+        if "weights" in self.asleep:
+            self.llm.wake_up(tags=["weights"])
+            self.asleep.discard("weights")
+
+    def served_checksums(self, names: list[str]) -> list[float]:
+        """Sums of the named parameters as vLLM's worker holds them (checks and tests)."""
+        import json
+
+        return self.llm.collective_rpc("meshrl_weight_checksum", args=(json.dumps(names),))[0]
+
+    # --- memory and caches ---
+
+    def release_memory(self) -> None:
+        if not self.asleep:
+            self.llm.sleep(level=1)  # weights to host memory, KV cache dropped
+            self.asleep = {"weights", "kv_cache"}
+
+    def resume_memory(self) -> None:
+        if self.asleep:
+            self.llm.wake_up(tags=sorted(self.asleep))
+            self.asleep = set()
+
+    def reset_prefix_cache(self) -> None:
+        self.llm.reset_prefix_cache()
+
+    def _check_awake(self) -> None:
+        if self.asleep:
+            raise MemoryReleasedError("rollout memory is released: resume it first")
+
+
+class VllmIntake:
+    """The engine's side of one formation of the group; the member is vLLM's worker."""
+
+    def __init__(self, engine: VllmEngine, spec: GroupSpec):
+        self.engine = engine
+        self.spec = spec
+
+    @property
+    def group_id(self) -> str:
+        return self.spec.group_id
+
+    def receive(
+        self, manifest: WeightManifest, exclusive: AbstractContextManager
+    ) -> ReceivedWeights:
+        """Generation pauses for the whole sync: vLLM's worker cannot load while it
+        generates. Its weights are woken first if the engine sleeps."""
+        engine = self.engine
+        deadline = self.spec.timeout_s * max(1, len(manifest.buckets)) + _RPC_SLACK_S
+        with exclusive:
+            try:
+                engine.wake_weights()
+                tensors, nbytes = engine.llm.collective_rpc(
+                    "meshrl_receive_weights", args=(manifest_to_json(manifest),), timeout=deadline
+                )[0]
+            except Exception as e:
+                engine.weight_version = -1  # how far the worker got is not known here
+                raise IntakeFailed("in vLLM's worker", e) from e
+            engine.reset_prefix_cache()
+            engine.weight_version = manifest.version
+        return ReceivedWeights(int(tensors), int(nbytes))
+
+    def close(self) -> None:
+        try:
+            self.engine.llm.collective_rpc("meshrl_close_weight_group", timeout=_RPC_SLACK_S)
+        except Exception as e:  # noqa: BLE001 - a broken engine may refuse; the group is gone
+            log.warning("closing weight group %s in vLLM's worker: %s", self.group_id, e)
