@@ -70,8 +70,8 @@ def shape_config(shape: str):
             **common,
         )  # fmt: skip
     return Qwen2Config(
-        vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
         tie_word_embeddings=True, **common,
     )  # fmt: skip
 
@@ -215,11 +215,13 @@ def checks(engine_name: str, engine, model: str, args) -> dict:
     return {**result, "greedy_before": before, "greedy_after": after}
 
 
-def speed(engine, batch: int, args) -> dict:
+def speed(engine, batch: int, args, seed: int | None = 1) -> dict:
+    """New tokens/s at ``batch``. ``seed``: the request's (each prompt then gets a seed of its
+    own, as in training runs); None samples unseeded."""
     from benchmarks.gpu_engine import random_prompts
     from services.rollout.engine import SamplingParams
 
-    params = SamplingParams(temperature=1.0, max_tokens=args.new_tokens, seed=1)
+    params = SamplingParams(temperature=1.0, max_tokens=args.new_tokens, seed=seed)
     prompts = random_prompts(100 + batch, batch, args.prompt_len, args.prompt_len, 1000)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     start = time.perf_counter()
@@ -242,6 +244,8 @@ def worker(args) -> None:
     if args.checks:
         result["checks"] = checks(args.engine, engine, args.model, args)
     result["speed"] = {str(b): speed(engine, b, args) for b in args.batches}
+    if args.unseeded:
+        result["speed_unseeded"] = {str(b): speed(engine, b, args, None) for b in args.batches}
     Path(args.result).write_text(json.dumps(result))
 
 
@@ -259,6 +263,8 @@ def run_worker(engine: str, model: str, shape: str, args, out: Path) -> dict:
     ]  # fmt: skip
     if shape == args.check_shape:
         cmd.append("--checks")
+    if args.unseeded:
+        cmd.append("--unseeded")
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.worker_timeout_s)
     wall = time.perf_counter() - start
@@ -305,9 +311,11 @@ def table(report: dict) -> str:
             if "error" in r:
                 lines.append(f"{shape:6} {engine:7} error: {r['error']}")
                 continue
-            for batch, s in r["speed"].items():
-                runs = ", ".join(f"{x:,.0f}" for x in s["tok_s"])
-                lines.append(f"{shape:6} {engine:7} {batch:>5}  {runs:32} {r['startup_s']:.0f}")
+            for kind in ("speed", "speed_unseeded"):
+                name = engine if kind == "speed" else f"{engine}*"
+                for batch, s in r.get(kind, {}).items():
+                    runs = ", ".join(f"{x:,.0f}" for x in s["tok_s"])
+                    lines.append(f"{shape:6} {name:7} {batch:>5}  {runs:32} {r['startup_s']:.0f}")
     return "\n".join(lines)
 
 
@@ -318,6 +326,7 @@ def main() -> None:
     parser.add_argument("--model", default="")
     parser.add_argument("--result", default="")
     parser.add_argument("--checks", action="store_true")
+    parser.add_argument("--unseeded", action="store_true", help="also time unseeded sampling")
     parser.add_argument("--check-shape", default="0.5b", help="the shape the checks run on")
     parser.add_argument("--engines", default="native,vllm")
     parser.add_argument("--shapes", default="0.5b,7b")
@@ -363,6 +372,8 @@ def main() -> None:
         report["shapes"][shape] = per_engine
         (out / "engines_side_by_side.json").write_text(json.dumps(report, indent=1))
     print(table(report))
+    if args.unseeded:
+        print("* unseeded sampling")
     for shape, per_engine in report["shapes"].items():
         print(shape, "checks:", json.dumps(per_engine.get("compare")))
         v = per_engine.get("vllm", {}).get("checks", {})
