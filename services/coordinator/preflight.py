@@ -206,13 +206,14 @@ def combination_problems(cfg: RunConfig) -> list[str]:
             "reinforce_plus_plus_baseline, remax)"
         )
     # (servers of one's own, launcher.kind=external, are started as their owner chose)
-    vllm = cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.launcher.kind != "external"
-    if vllm and cfg.trainer.device != "cuda":
+    engine = cfg.actor_rollout_ref.rollout.name
+    gpu_only = engine in ("vllm", "fast") and cfg.launcher.kind != "external"
+    if gpu_only and cfg.trainer.device != "cuda":
         problems.append(
-            f"actor_rollout_ref.rollout.name=vllm generates on a CUDA GPU, but trainer.device="
-            f"{cfg.trainer.device} puts the run on the CPU (meshrl's default; verl's is cuda): "
-            "set trainer.device=cuda, or drop rollout.name for the native engine, which runs "
-            "on either"
+            f"actor_rollout_ref.rollout.name={engine} generates on a CUDA GPU, but trainer."
+            f"device={cfg.trainer.device} puts the run on the CPU (meshrl's default; verl's is "
+            "cuda): set trainer.device=cuda, or drop rollout.name for the built-in engines, "
+            "which run on either"
         )
     actor_model, critic_tokenizer = cfg.actor_rollout_ref.model, cfg.critic.model.tokenizer_path
     if critic_tokenizer and critic_tokenizer not in (actor_model.tokenizer_path, actor_model.path):

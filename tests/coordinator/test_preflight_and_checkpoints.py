@@ -208,13 +208,13 @@ def test_every_combination_no_run_can_use_is_named_in_one_message():
     ]
 
 
-def test_vllm_rollout_on_a_cpu_run_is_refused_naming_the_device():
+@pytest.mark.parametrize("engine", ["vllm", "fast"])
+def test_a_gpu_engine_on_a_cpu_run_is_refused_naming_the_device(engine):
     """Before, the run started: vLLM took a GPU while every trainer role ran on the CPU."""
-    with pytest.raises(ConfigError, match=r"^actor_rollout_ref.rollout.name=vllm generates on"):
-        check_run_config(build_config({}, ["actor_rollout_ref.rollout.name=vllm"]))
-    check_run_config(
-        build_config({}, ["actor_rollout_ref.rollout.name=vllm", "trainer.device=cuda"])
-    )
+    name = f"actor_rollout_ref.rollout.name={engine}"
+    with pytest.raises(ConfigError, match=rf"^{name} generates on"):
+        check_run_config(build_config({}, [name]))
+    check_run_config(build_config({}, [name, "trainer.device=cuda"]))
 
 
 def test_a_critic_tokenizer_other_than_the_actors_is_refused_as_unread():
