@@ -194,7 +194,7 @@ def summarize(steps: list[dict]) -> dict:
 
 
 def run_variant(variant: str, workdir: Path, model: str, args) -> dict:
-    from meshrl.launcher.run_local import run_local
+    from meshrl_app.run_local import run_local
 
     cfg = step_config(workdir, model, args, variant)
     shutil.rmtree(cfg.trainer.default_local_dir, ignore_errors=True)

@@ -52,7 +52,7 @@ def overrides(model: Path, data: dict, run_dir: Path, steps: int, off_policy: bo
 
 def one_run(model: Path, data: dict, run_dir: Path, steps: int, off_policy: bool) -> dict:
     from meshrl.config import build_config
-    from meshrl.launcher.run_local import run_local
+    from meshrl_app.run_local import run_local
     from services.coordinator.metrics_sinks import read_jsonl
 
     start = time.perf_counter()
@@ -81,8 +81,8 @@ def main() -> None:
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-    from meshrl.demo.arithmetic import write_arithmetic_parquet
     from meshrl.testing.tiny_model import make_tiny_model_dir
+    from meshrl_app.demo.arithmetic import write_arithmetic_parquet
 
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -42,9 +42,9 @@ FIGURES = ("start_s", "init_s", "restart_s", "second_start_s", "stop_s")
 def measure(method: str) -> dict:
     """One process's figures (run in a fresh interpreter by ``main``)."""
     from meshrl.config import build_config
-    from meshrl.demo.arithmetic import write_arithmetic_parquet
     from meshrl.launcher.local import LocalLauncher
     from meshrl.testing.tiny_model import make_tiny_model_dir
+    from meshrl_app.demo.arithmetic import write_arithmetic_parquet
     from services.coordinator.run import PPORun
 
     root = Path(tempfile.mkdtemp(prefix="startup-"))

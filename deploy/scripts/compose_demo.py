@@ -48,10 +48,10 @@ def prepare() -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from meshrl.config import config_to_yaml
-    from meshrl.demo.arithmetic import write_arithmetic_parquet
-    from meshrl.demo.run import WARM_START_ITERATIONS, demo_config
-    from meshrl.demo.warm_start import warm_start
     from meshrl.testing.tiny_model import make_tiny_model_dir
+    from meshrl_app.demo.arithmetic import write_arithmetic_parquet
+    from meshrl_app.demo.run import WARM_START_ITERATIONS, demo_config
+    from meshrl_app.demo.warm_start import warm_start
 
     iterations = int(os.environ.get("MESHRL_DEMO_WARM_START", WARM_START_ITERATIONS))
     paths = write_arithmetic_parquet(DATA / "demo")
@@ -94,7 +94,7 @@ def prepare() -> Path:
 
 
 def submit(overrides: list[str]) -> int:
-    from meshrl.cli import main
+    from meshrl_app.cli import main
 
     coordinator = os.environ.get("MESHRL_COORDINATOR", "127.0.0.1:50050")
     extra = shlex.split(os.environ.get("MESHRL_DEMO_OVERRIDES", ""))

@@ -13,8 +13,8 @@ from grpc_health.v1 import health_pb2
 
 from meshrl.api.v1 import common_pb2, trainer_pb2_grpc
 from meshrl.config import ConfigError, RunConfig
+from meshrl.launcher.endpoints import Endpoints
 from meshrl.rpc.client import health_status, open_channel, wait_for_health
-from services.coordinator.run import Endpoints
 
 ROLES = ("rollout", "actor", "critic", "ref", "reward")
 

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshrl.config import RunConfig
+from meshrl.launcher.endpoints import Endpoints
 from meshrl.launcher.fork_server import ForkedServer, fork_server_process
 from meshrl.launcher.ports import free_port
 from meshrl.launcher.server_processes import stop_server, stop_servers
 from meshrl.rpc.client import wait_for_health
 from meshrl.rpc.security import SecuritySettings
 from meshrl.rpc.server import INSTANCE_ENV, instance_health_name
-from services.coordinator.run import Endpoints
 
 log = logging.getLogger(__name__)
 

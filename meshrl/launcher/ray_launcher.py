@@ -29,8 +29,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from meshrl.config import RunConfig
 from meshrl.config.schema import ResourcePoolConfig
+from meshrl.launcher.endpoints import Endpoints
 from meshrl.rpc.security import SecuritySettings
-from services.coordinator.run import Endpoints
 
 log = logging.getLogger(__name__)
 

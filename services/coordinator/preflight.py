@@ -21,6 +21,7 @@ from pathlib import Path
 from meshrl.config.loader import ConfigError, config_to_yaml
 from meshrl.config.schema import ModelConfig, RunConfig
 from meshrl.data.errors import DataError
+from meshrl.launcher.external import external_endpoints
 from services.coordinator.generations import generations_dir
 
 log = logging.getLogger(__name__)
@@ -176,8 +177,6 @@ def check_run_config(cfg: RunConfig) -> None:
     if cfg.launcher.kind == "external":
         # Here, not when the launcher is made: that came after the loggers had opened, and
         # a wrong address list left a failed wandb or MLflow run behind.
-        from meshrl.launcher.external import external_endpoints  # it imports this module
-
         external_endpoints(cfg)  # a missing, surplus or unknown role's address, named
     actor = cfg.actor_rollout_ref.actor
     mode = actor.policy_loss.loss_mode

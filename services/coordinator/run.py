@@ -18,8 +18,9 @@ from tqdm import tqdm
 
 from meshrl.algorithms.kl import make_kl_controller
 from meshrl.config import ConfigError, RunConfig, config_to_yaml
-from meshrl.export import copy_model_files
 from meshrl.gpus import count_gpus
+from meshrl.launcher.endpoints import Endpoints
+from meshrl.model_files import copy_model_files
 from services.coordinator.checkpointing import (
     CheckpointError,
     CheckpointManager,
@@ -50,28 +51,6 @@ from services.coordinator.validation import validate
 from services.coordinator.weight_sync import WeightSyncer
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Endpoints:
-    """host:port of each role server of a run."""
-
-    rollout: list[str]
-    actor: str
-    reward: str
-    critic: str | None = None
-    ref: str | None = None
-
-    @staticmethod
-    def from_addresses(addresses: dict[str, str]) -> Endpoints:
-        """Launcher names (rollout0, rollout1, actor, critic, ref, reward) -> endpoints."""
-        return Endpoints(
-            rollout=[a for name, a in addresses.items() if name.startswith("rollout")],
-            actor=addresses["actor"],
-            reward=addresses["reward"],
-            critic=addresses.get("critic"),
-            ref=addresses.get("ref"),
-        )
 
 
 @dataclass

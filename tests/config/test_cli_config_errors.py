@@ -8,7 +8,7 @@ from meshrl import cli
 
 @pytest.fixture
 def no_launch(monkeypatch):
-    import meshrl.launcher.run_local as run_local
+    import meshrl_app.run_local as run_local
 
     def refuse(cfg, run_dir):
         raise AssertionError("role servers started for a config that cannot run")

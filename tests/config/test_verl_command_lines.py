@@ -242,7 +242,7 @@ def test_verls_reward_model_section_maps_each_setting():
 
 
 def test_a_verl_grpo_command_line_exits_2_with_every_hint(tmp_path, capsys, monkeypatch):
-    import meshrl.launcher.run_local as run_local
+    import meshrl_app.run_local as run_local
 
     def refuse(cfg, run_dir):
         raise AssertionError("role servers started for a config that cannot run")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from meshrl.demo.arithmetic import write_arithmetic_parquet
 from meshrl.testing.tiny_model import make_tiny_model_dir
+from meshrl_app.demo.arithmetic import write_arithmetic_parquet
 
 
 @pytest.fixture(scope="session")

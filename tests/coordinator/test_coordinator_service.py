@@ -35,7 +35,7 @@ def coordinator(tmp_path_factory):
 
 def cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "meshrl.cli", *args],
+        [sys.executable, "-m", "meshrl_app.cli", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -131,7 +131,7 @@ def test_external_servers_conflict_stop_and_ctrl_c(
             [
                 sys.executable,
                 "-m",
-                "meshrl.cli",
+                "meshrl_app.cli",
                 "run",
                 "--coordinator",
                 coordinator.address,

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from meshrl.config import ConfigError
-from meshrl.demo.run import clear_run_dir, summarize
+from meshrl_app.demo.run import clear_run_dir, summarize
 
 
 def write_metrics(run_dir, rows):

@@ -99,7 +99,7 @@ def test_compose_cpu_profile_runs_the_demo_and_takes_runs_from_the_host(
         [
             sys.executable,
             "-m",
-            "meshrl.cli",
+            "meshrl_app.cli",
             "run",
             "--coordinator",
             address,
@@ -120,7 +120,7 @@ def test_compose_cpu_profile_runs_the_demo_and_takes_runs_from_the_host(
     assert host.stdout.rstrip().endswith("SUCCEEDED step 2/2"), host.stdout
 
     status = subprocess.run(
-        [sys.executable, "-m", "meshrl.cli", "status", "--coordinator", address],
+        [sys.executable, "-m", "meshrl_app.cli", "status", "--coordinator", address],
         cwd=REPO,
         capture_output=True,
         text=True,

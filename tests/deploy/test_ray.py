@@ -23,11 +23,11 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from meshrl.config import build_config  # noqa: E402
-from meshrl.demo.arithmetic import write_arithmetic_parquet  # noqa: E402
 from meshrl.launcher.ports import free_port  # noqa: E402
 from meshrl.launcher.ray_launcher import RayLauncher, actor_shares, assign_bundles, pools  # noqa: E402
 from meshrl.launcher.server_processes import pids_with_env  # noqa: E402
 from meshrl.testing.tiny_model import make_tiny_model_dir  # noqa: E402
+from meshrl_app.demo.arithmetic import write_arithmetic_parquet  # noqa: E402
 from services.coordinator.metrics_sinks import read_jsonl  # noqa: E402
 from services.coordinator.run import PPORun  # noqa: E402
 

@@ -8,9 +8,9 @@ import warnings
 import pytest
 
 from meshrl.config import build_config
-from meshrl.demo.arithmetic import write_arithmetic_parquet
 from meshrl.launcher.local import LocalLauncher
 from meshrl.testing.tiny_model import make_tiny_model_dir
+from meshrl_app.demo.arithmetic import write_arithmetic_parquet
 from tests.e2e.shared_mesh import launcher_section, revive
 
 

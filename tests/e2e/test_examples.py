@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from meshrl.config import build_config
-from meshrl.launcher.run_local import run_local
+from meshrl_app.run_local import run_local
 from services.coordinator.metrics_sinks import read_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 from meshrl.config import build_config, config_to_yaml
 from meshrl.launcher.local import LocalLauncher
-from meshrl.launcher.run_local import run_local
 from meshrl.ragged import Ragged
+from meshrl_app.run_local import run_local
 from services.coordinator.checkpointing import CheckpointManager
 from services.coordinator.clients import TrainerClient
 from services.coordinator.metrics_sinks import read_jsonl
@@ -94,7 +94,7 @@ def _resume_on_other_rank_counts_then_export(tiny_model, arithmetic_data, tmp_pa
             [
                 sys.executable,
                 "-m",
-                "meshrl.cli",
+                "meshrl_app.cli",
                 "export",
                 str(ckpt),
                 "--role",

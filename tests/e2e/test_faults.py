@@ -182,7 +182,7 @@ def test_coordinator_killed_then_resumed_from_cli(tiny_model, arithmetic_data, t
     run_dir = tmp_path / "run"
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({}))
-    cmd = [sys.executable, "-m", "meshrl.cli", "run", str(config),
+    cmd = [sys.executable, "-m", "meshrl_app.cli", "run", str(config),
            *_overrides(tiny_model, arithmetic_data, run_dir)]  # fmt: skip
     # held only in the first run: a few seconds are enough, its servers stop when it dies
     held = {**os.environ, TEST_SLOW_ENV: "actor.UpdatePolicy=8@3"}

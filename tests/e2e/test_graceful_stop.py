@@ -25,7 +25,7 @@ def test_sigterm_checkpoints_and_stops_everything(tiny_model, arithmetic_data, t
     cmd = [
         sys.executable,
         "-m",
-        "meshrl.cli",
+        "meshrl_app.cli",
         "run",
         str(config),
         f"data.train_files=[{arithmetic_data['train']}]",

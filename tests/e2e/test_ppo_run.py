@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from meshrl.config import build_config
-from meshrl.launcher.run_local import run_local
 from meshrl.testing.processes import role_server_pids
+from meshrl_app.run_local import run_local
 from services.coordinator.metrics_sinks import _cell, read_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -143,7 +143,7 @@ def test_cli_rejects_bad_key_before_starting_anything(tmp_path):
     cfg = tmp_path / "run.yaml"
     cfg.write_text("trainer:\n  total_training_step: 3\n")
     out = subprocess.run(
-        [sys.executable, "-m", "meshrl.cli", "run", str(cfg)],
+        [sys.executable, "-m", "meshrl_app.cli", "run", str(cfg)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from meshrl.config import build_config
-from meshrl.launcher.run_local import run_local
+from meshrl_app.run_local import run_local
 from services.coordinator.checkpointing import CheckpointManager
 from services.coordinator.metrics_sinks import read_jsonl
 

@@ -25,7 +25,7 @@ def test_a_reward_function_that_fails_every_sample_stops_the_run(
     run_dir = tmp_path / "run"
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({}))
-    cmd = [sys.executable, "-m", "meshrl.cli", "run", str(config),
+    cmd = [sys.executable, "-m", "meshrl_app.cli", "run", str(config),
            f"data.train_files=[{arithmetic_data['train']}]",
            "data.train_batch_size=8", "data.max_prompt_length=16", "data.max_response_length=8",
            f"actor_rollout_ref.model.path={tiny_model}", "algorithm.adv_estimator=grpo",

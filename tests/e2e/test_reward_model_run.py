@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from meshrl.config import build_config
-from meshrl.launcher.run_local import run_local
 from meshrl.testing.tiny_model import make_tiny_reward_model_dir
+from meshrl_app.run_local import run_local
 from services.coordinator.metrics_sinks import read_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from meshrl import cli
-from meshrl.demo.run import demo_config
+from meshrl_app.demo.run import demo_config
 
 pytestmark = pytest.mark.timeout(120)
 

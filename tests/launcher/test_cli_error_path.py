@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_bad_request_is_told_without_loading_torch():
-    """Before: matching the error imported meshrl.export (torch) and the coordinator's
+    """Before: matching the error imported meshrl_app.export (torch) and the coordinator's
     modules, 4 s before any message, on every error and on Ctrl-C."""
     code = (
         "import sys; from meshrl import cli; "

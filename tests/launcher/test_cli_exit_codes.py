@@ -7,9 +7,9 @@ import grpc
 import pytest
 import torch
 
-import meshrl.launcher.run_local as run_local_module
+import meshrl_app.run_local as run_local_module
 from meshrl import cli
-from meshrl.launcher.run_local import RunResult
+from meshrl_app.run_local import RunResult
 from services.coordinator.checkpointing import CheckpointError
 from services.coordinator.clients import RoleCallError
 from services.coordinator.ppo_step import RewardFailedEverySample
@@ -264,7 +264,7 @@ def model_dir(tmp_path_factory):
 
 def _small_run_args(config, model_dir, tmp_path, *extra: str) -> list[str]:
     """`meshrl run` of the tiny model on 16 arithmetic prompts, its folder tmp_path/run."""
-    from meshrl.demo.arithmetic import write_arithmetic_parquet
+    from meshrl_app.demo.arithmetic import write_arithmetic_parquet
 
     train = write_arithmetic_parquet(tmp_path / "data", n_train=16, n_val=8)["train"]
     return [

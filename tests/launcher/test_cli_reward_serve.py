@@ -25,7 +25,7 @@ from services.reward.types import ScoreItem
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 REPO = Path(__file__).resolve().parents[2]
-MESHRL = [sys.executable, "-m", "meshrl.cli"]
+MESHRL = [sys.executable, "-m", "meshrl_app.cli"]
 SERVER_MODULE = [sys.executable, "-m", "services.reward.server"]
 
 # The scorer workers' address-space limit, as the custom function sees it in its worker.

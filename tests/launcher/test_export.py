@@ -20,11 +20,11 @@ from safetensors import safe_open
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-from meshrl.cli import main
 from meshrl.config.schema import ModelConfig
-from meshrl.export import ExportError, export_checkpoint
-from meshrl.export_adapter import export_adapter
 from meshrl.testing.tiny_model import make_tiny_model_dir, make_tiny_qwen2_dir
+from meshrl_app.cli import main
+from meshrl_app.export import ExportError, export_checkpoint
+from meshrl_app.export_adapter import export_adapter
 from services.coordinator.checkpointing import write_manifest
 from services.trainer.lora import add_lora, iter_merged_params, lora_settings
 from services.trainer.model_loading import load_policy_model, load_value_model
@@ -291,7 +291,7 @@ def test_a_run_without_a_critic_says_so(llama_checkpoint, tmp_path):
 def test_a_separate_tokenizer_folder_gives_its_tokenizer_files_only(tmp_path):
     """`model.tokenizer_path` names another folder: its tokenizer joins the model's config,
     and its own config.json (often another model's) does not replace the model's."""
-    from meshrl.export import copy_model_files
+    from meshrl.model_files import copy_model_files
 
     model, tokenizer, dest = tmp_path / "model", tmp_path / "tok", tmp_path / "hf"
     model.mkdir(), tokenizer.mkdir()

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from meshrl.config import build_config
-from meshrl.demo.arithmetic import write_arithmetic_parquet
-from meshrl.launcher.run_local import run_local
 from meshrl.rpc.security import ENV_VARS
 from meshrl.testing.tiny_model import make_tiny_model_dir
+from meshrl_app.demo.arithmetic import write_arithmetic_parquet
+from meshrl_app.run_local import run_local
 from services.coordinator.metrics_sinks import read_jsonl
 
 pytest.importorskip("cryptography")

@@ -22,6 +22,7 @@ import os
 import threading
 import time
 from contextlib import AbstractContextManager
+from pathlib import Path
 
 import torch
 
@@ -71,6 +72,28 @@ def import_vllm():
     return vllm
 
 
+def model_eos_ids(model_path: str, tokenizer_path: str) -> tuple[int, ...]:
+    """Every id that ends a response, read from the folders (as the native engine reads them
+    from its loaded model): the generation config's, the model config's and the tokenizer's."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    sources: list = [AutoConfig.from_pretrained(model_path, local_files_only=True)]
+    try:
+        sources.append(GenerationConfig.from_pretrained(model_path, local_files_only=True))
+    except OSError:
+        pass  # no generation_config.json
+    if any(
+        (Path(tokenizer_path) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")
+    ):
+        sources.append(AutoTokenizer.from_pretrained(tokenizer_path, local_files_only=True))
+    ids: set[int] = set()
+    for source in sources:
+        eos = getattr(source, "eos_token_id", None)
+        if eos is not None:
+            ids.update([eos] if isinstance(eos, int) else eos)
+    return tuple(sorted(ids))
+
+
 class VllmEngine:
     """A :class:`~services.rollout.engine.RolloutEngine` on ``vllm.LLM`` (one GPU, TP 1)."""
 
@@ -111,6 +134,7 @@ class VllmEngine:
         )
         self.weight_version = 0
         self.asleep: set[str] = set()  # vLLM's memory tags now released
+        self.eos_ids = model_eos_ids(model_path, tokenizer_path or model_path)
         self._num_parameters = int(self.llm.collective_rpc("meshrl_num_parameters")[0])
         self._vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
         log.info(
@@ -146,7 +170,7 @@ class VllmEngine:
         self._check_awake()
         sampling = [
             self._vllm.SamplingParams(**kwargs)
-            for kwargs in per_prompt_kwargs(params, len(prompts))
+            for kwargs in per_prompt_kwargs(params, len(prompts), self.eos_ids)
         ]
         outputs = self.llm.generate(token_prompts(prompts), sampling, use_tqdm=False)
         tokens, logprobs, reasons = results_from_outputs(outputs, params.n)

@@ -14,8 +14,12 @@ from meshrl.weight_sync.types import GroupSpec, WeightManifest
 from services.rollout.engine import FinishReason, SamplingParams
 
 
-def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
+def sampling_kwargs(params: SamplingParams, eos_ids: tuple[int, ...] = ()) -> dict[str, Any]:
     """Keyword arguments of ``vllm.SamplingParams`` for one of our requests.
+
+    ``eos_ids``: the model's end-of-sequence ids. vLLM started without a tokenizer
+    (``skip_tokenizer_init``) knows no EOS, so they stop a response as stop tokens do, and
+    like the native engine's EOS they end it as its last token.
 
     ``logprobs=0`` asks for the sampled token's log-prob only; with the engine built with
     ``logprobs_mode="processed_logprobs"`` it is taken after temperature (and top-k/top-p,
@@ -28,7 +32,7 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
         "top_k": params.top_k if params.top_k > 0 else -1,  # -1 = off in every vLLM version
         "max_tokens": params.max_tokens,
         "logprobs": 0,
-        "stop_token_ids": list(params.stop_token_ids),
+        "stop_token_ids": sorted(set(params.stop_token_ids) | set(eos_ids)),
         "detokenize": False,  # token ids are the product; text is the coordinator's job
     }
     if params.seed is not None:
@@ -39,13 +43,15 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
 PROMPT_SEED_SPREAD = 0x9E3779B97F4A7C15  # odd: distinct request seeds stay distinct mod 2^63
 
 
-def per_prompt_kwargs(params: SamplingParams, num_prompts: int) -> list[dict[str, Any]]:
+def per_prompt_kwargs(
+    params: SamplingParams, num_prompts: int, eos_ids: tuple[int, ...] = ()
+) -> list[dict[str, Any]]:
     """``vllm.SamplingParams`` keywords for each prompt of a request: a seed of its own each.
     vLLM seeds a generator per request, so one seed for all would draw the same noise for
     every prompt (and the very same samples for a prompt given twice). The request's seed is
     spread by a large odd multiplier first: with ``seed + i`` alone, prompt i of the next
     step (whose seed is one more) would reuse prompt i + 1's stream."""
-    kwargs = sampling_kwargs(params)
+    kwargs = sampling_kwargs(params, eos_ids)
     if params.seed is None:
         return [kwargs] * num_prompts
     base = (params.seed * PROMPT_SEED_SPREAD) % 2**63

@@ -6,9 +6,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from meshrl.cli import main as cli_main
 from meshrl.config.schema import RewardConfig, RewardModelConfig
 from meshrl.testing.tiny_model import make_tiny_reward_model_dir
+from meshrl_app.cli import main as cli_main
 from services.reward.evaluate import (
     SampleResult,
     evaluate,

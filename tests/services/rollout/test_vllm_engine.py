@@ -58,6 +58,8 @@ def test_sampling_params_map_to_vllm_keywords():
         "n": 3, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "max_tokens": 5,
         "logprobs": 0, "stop_token_ids": [2, 7], "detokenize": False, "seed": 11,
     }  # fmt: skip
+    with_eos = sampling_kwargs(SamplingParams(stop_token_ids=(7, 2)), eos_ids=(2, 151645))
+    assert with_eos["stop_token_ids"] == [2, 7, 151645]  # vLLM without a tokenizer knows no EOS
     greedy = sampling_kwargs(SamplingParams(temperature=0, top_k=20))
     assert greedy["temperature"] == 0 and greedy["top_k"] == 20 and "seed" not in greedy
 
@@ -93,6 +95,16 @@ def test_outputs_become_rows_sample_j_of_prompt_i_at_i_times_n_plus_j():
     aborted = [SimpleNamespace(outputs=[_completion(0, [4], [-1.0], "abort")])]
     with pytest.raises(RuntimeError, match="abort"):
         results_from_outputs(aborted, n=1)
+
+
+def test_eos_ids_are_read_from_the_model_folders(tmp_path):
+    from transformers import GenerationConfig
+
+    from services.rollout.vllm.engine import model_eos_ids
+
+    model = make_tiny_model_dir(tmp_path / "m", hidden=32, intermediate=64)
+    GenerationConfig(eos_token_id=[2, 9]).save_pretrained(model)
+    assert set(model_eos_ids(str(model), str(model))) >= {2, 9}
 
 
 def test_prompt_logprobs_give_the_response_tokens():

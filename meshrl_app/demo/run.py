@@ -12,9 +12,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from meshrl.config import ConfigError, load_config
-from meshrl.demo.arithmetic import write_arithmetic_parquet
-from meshrl.demo.warm_start import warm_start
 from meshrl.testing.tiny_model import make_tiny_model_dir
+from meshrl_app.demo.arithmetic import write_arithmetic_parquet
+from meshrl_app.demo.warm_start import warm_start
 from services.coordinator.checkpointing import step_of
 from services.coordinator.metrics_sinks import read_jsonl
 
@@ -55,7 +55,7 @@ def demo_config(out_dir: Path, overrides: list[str], config_path: str | None = N
     ]
     if config_path is not None:
         return load_config(config_path, base + list(overrides))
-    with resources.as_file(resources.files("meshrl.demo").joinpath("demo.yaml")) as path:
+    with resources.as_file(resources.files("meshrl_app.demo").joinpath("demo.yaml")) as path:
         return load_config(path, base + list(overrides))
 
 
@@ -112,7 +112,7 @@ def clear_run_dir(run_dir: Path, out: Path) -> None:
 def run_demo(
     out_dir: str = "demo_out", overrides: list[str] | None = None, config_path: str | None = None
 ) -> int:
-    from meshrl.launcher.run_local import run_local
+    from meshrl_app.run_local import run_local
 
     torch.set_num_threads(2)
     out = Path(out_dir).resolve()

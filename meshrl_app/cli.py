@@ -48,7 +48,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.config == "-":
         raise ConfigError("config '-' (standard input) is read only with --coordinator")
     cfg = load_config(args.config, overrides)
-    from meshrl.launcher.run_local import run_local
+    from meshrl_app.run_local import run_local
 
     result = run_local(cfg)
     run_dir = cfg.trainer.default_local_dir
@@ -116,22 +116,22 @@ def _cmd_reward(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from meshrl.demo.run import run_demo
+    from meshrl_app.demo.run import run_demo
 
     return run_demo(out_dir=args.out, overrides=args.overrides, config_path=args.config)
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
     if args.adapter:
-        from meshrl.export import ExportError
-        from meshrl.export_adapter import export_adapter
+        from meshrl_app.export import ExportError
+        from meshrl_app.export_adapter import export_adapter
 
         if args.role != "actor":
             raise ExportError("--adapter exports the actor's LoRA adapters only, not the critic's")
         out = export_adapter(args.checkpoint, args.to)
         print(f"exported the actor's LoRA adapters of {args.checkpoint} to {out}")
         return 0
-    from meshrl.export import export_checkpoint
+    from meshrl_app.export import export_checkpoint
 
     out = export_checkpoint(args.checkpoint, args.role, args.to)
     print(f"exported {args.role} of {args.checkpoint} to {out}")
@@ -276,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _loaded_error_types(*names: str) -> tuple[type[BaseException], ...]:
     """The error classes named "module:Class" whose modules are loaded. One whose module was
     never imported cannot have been raised, and importing it only to match an exception
-    held every error message (a bad --config, Ctrl-C) back 4 s: meshrl.export loads torch,
+    held every error message (a bad --config, Ctrl-C) back 4 s: meshrl_app.export loads torch,
     the coordinator's modules take 1.4 s."""
     out = []
     for name in names:
@@ -289,7 +289,7 @@ def _loaded_error_types(*names: str) -> tuple[type[BaseException], ...]:
 BAD_REQUEST_ERRORS = (
     "meshrl.config.loader:ConfigError",
     "meshrl.data.errors:DataError",
-    "meshrl.export:ExportError",
+    "meshrl_app.export:ExportError",
 )
 """The request itself is wrong (exit 2): its message names what to change."""
 FAILURE_ERRORS = (

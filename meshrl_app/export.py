@@ -21,24 +21,11 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
+from meshrl.model_files import copy_side_files
 from services.coordinator.checkpointing import MANIFEST, PREFIX, CheckpointError, step_of, verify
 from services.trainer.checkpoint import META_FILE
 from services.trainer.lora import ADAPTER, BASE, hf_name, merged_weight
 
-# Small files of a model folder that describe it (not weights): the model's, then the
-# tokenizer's.
-MODEL_FILES = ("config.json", "generation_config.json")
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "added_tokens.json",
-)
-HF_SIDE_FILES = MODEL_FILES + TOKENIZER_FILES
 SHARD_BYTES = 2 * 1024**3
 PARTIAL = ".partial-export"
 """An export being written inside an existing, empty output folder."""
@@ -55,22 +42,6 @@ def read_shards(state: dict, reader) -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, storage_reader=reader, no_dist=True)
-
-
-def copy_side_files(model_dir: Path, dest: Path, names: tuple[str, ...] = HF_SIDE_FILES) -> None:
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        if (model_dir / name).is_file():
-            shutil.copy2(model_dir / name, dest / name)
-
-
-def copy_model_files(model_dir: Path, tokenizer_dir: Path | None, dest: Path) -> None:
-    """A model folder's side files, the tokenizer's from `tokenizer_dir` when it is another
-    folder: only its tokenizer files, as its config.json (another model's, often) must not
-    replace the model's."""
-    copy_side_files(model_dir, dest)
-    if tokenizer_dir is not None:
-        copy_side_files(tokenizer_dir, dest, TOKENIZER_FILES)
 
 
 def _rename(role: str, key: str) -> str | None:

@@ -18,7 +18,7 @@ import torch.distributed.checkpoint as dcp
 from peft import LoraConfig
 from safetensors.torch import save_file
 
-from meshrl.export import (
+from meshrl_app.export import (
     ExportError,
     check_checkpoint,
     check_output,

@@ -14,7 +14,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-from meshrl.demo.arithmetic import prompt_text, solution_text
+from meshrl_app.demo.arithmetic import prompt_text, solution_text
 
 
 def _encode(tokenizer, a: int, b: int) -> tuple[list[int], int]:
