@@ -41,7 +41,7 @@ def ppo_order_updates(
     from meshrl.ragged import Ragged
     from services.trainer.actor import ActorRole
     from services.trainer.distributed import World, init_distributed
-    from services.trainer.sequences import SequenceBatch
+    from services.trainer.types import SequenceBatch
 
     init_distributed()
     rows = 16 * mini_batches

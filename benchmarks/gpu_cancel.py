@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.gpu_engine import qwen05_engine, random_prompts
-from services.rollout.engine import GenerationCancelled, SamplingParams
+from services.rollout.engine import GenerationCancelled
+from services.rollout.types import SamplingParams
 
 
 def _generate_s(engine, prompts, params) -> tuple[float, list[list[int]]]:

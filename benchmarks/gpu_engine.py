@@ -16,10 +16,10 @@ import torch
 from benchmarks.gpu_models import make_model_dir
 from benchmarks.host_timeline import wait_for_quiet_children
 from meshrl.ragged import Ragged
-from services.rollout.engine import SamplingParams
 from services.rollout.fast import kernels
 from services.rollout.fast.engine import FastEngine
 from services.rollout.native.engine import NativeEngine
+from services.rollout.types import SamplingParams
 
 
 def qwen05_engine(workdir: str) -> FastEngine:

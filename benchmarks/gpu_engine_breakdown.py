@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 
 from benchmarks import gpu_engine as ge
-from services.rollout.engine import SamplingParams
 from services.rollout.fast.engine import _SLOT_ALIGN, FastEngine
 from services.rollout.fast.scheduler import Scheduler
 from services.rollout.fast.slots import SlotState
+from services.rollout.types import SamplingParams
 
 KINDS = (
     # (kind, any of these in the kernel's name), first match wins

@@ -100,7 +100,7 @@ def actor_update(
     from meshrl.config import build_config
     from services.trainer.actor import ActorRole
     from services.trainer.distributed import World, init_distributed
-    from services.trainer.sequences import SequenceBatch
+    from services.trainer.types import SequenceBatch
 
     os.environ["MESHRL_COMPILE_LAYERS"] = "1" if compile_layers else "0"
     init_distributed()
@@ -294,7 +294,7 @@ def _built_actor(
     from meshrl.config import build_config
     from services.trainer.actor import ActorRole
     from services.trainer.distributed import World, init_distributed
-    from services.trainer.sequences import SequenceBatch
+    from services.trainer.types import SequenceBatch
 
     os.environ["MESHRL_COMPILE_LAYERS"] = "1" if compile_layers else "0"
     init_distributed()
@@ -340,7 +340,7 @@ def packing_bench(
     from meshrl.config import build_config
     from services.trainer.actor import ActorRole
     from services.trainer.distributed import World, init_distributed
-    from services.trainer.sequences import SequenceBatch
+    from services.trainer.types import SequenceBatch
 
     os.environ["MESHRL_COMPILE_LAYERS"] = "1" if compile_layers else "0"
     init_distributed()

@@ -119,3 +119,10 @@ def ragged_from_proto(msg: common_pb2.TokenBatch) -> Ragged:
                 f"of shape {list(t.shape)}"
             )
     return Ragged(ids.to(torch.int64), offsets.to(torch.int64))
+
+
+def sequences_to_proto(prompts: Ragged, responses: Ragged) -> common_pb2.SequenceBatch:
+    """Prompts and their responses, row for row (what log-prob and value calls score)."""
+    return common_pb2.SequenceBatch(
+        prompts=ragged_to_proto(prompts), responses=ragged_to_proto(responses)
+    )

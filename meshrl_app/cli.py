@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from services.coordinator.run_types import INTERRUPTED_EXIT_CODE, RunState
+from services.coordinator.types import INTERRUPTED_EXIT_CODE, RunState
 
 # Exit codes of every command: a local `meshrl run` ends as a run followed through the
 # coordinator does (RunState.exit_code).
@@ -37,7 +37,7 @@ def _launcher_overrides(args: argparse.Namespace) -> list[str]:
 def _cmd_run(args: argparse.Namespace) -> int:
     overrides = [*args.overrides, *_launcher_overrides(args)]
     if args.coordinator:
-        from services.coordinator.remote import submit
+        from meshrl_app.remote import submit
 
         return submit(args.coordinator, args.config, overrides, detach=args.detach)
     from meshrl.config import ConfigError, load_config
@@ -61,13 +61,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from services.coordinator.remote import default_address, status
+    from meshrl_app.remote import status
+    from services.coordinator.client import default_address
 
     return status(args.coordinator or default_address(), args.run_id)
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
-    from services.coordinator.remote import default_address, stop
+    from meshrl_app.remote import stop
+    from services.coordinator.client import default_address
 
     return stop(args.coordinator or default_address(), args.run_id)
 
@@ -295,8 +297,8 @@ BAD_REQUEST_ERRORS = (
 FAILURE_ERRORS = (
     "services.coordinator.checkpointing:CheckpointError",
     "meshrl.rpc.client:ServiceUnavailable",
-    "services.coordinator.clients:RoleCallError",
-    "services.coordinator.remote:CoordinatorError",
+    "meshrl.rpc.role_client:RoleCallError",
+    "services.coordinator.client:CoordinatorError",
     "services.coordinator.dynamic_sampling:FilterGroupsExhausted",
     "services.coordinator.ppo_step:RewardFailedEverySample",
 )

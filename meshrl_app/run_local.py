@@ -29,7 +29,7 @@ from services.coordinator.preflight import (
 )
 from services.coordinator.run import PPORun, run_sinks
 from services.coordinator.run_data import load_run_data
-from services.coordinator.run_types import AlreadyTrained, ended_exit_code
+from services.coordinator.types import AlreadyTrained, ended_exit_code
 
 log = logging.getLogger(__name__)
 

@@ -145,7 +145,7 @@ def build(engine_name: str, model: str, args) -> object:
 
 
 def greedy(engine, prompts) -> list[list[int]]:
-    from services.rollout.engine import SamplingParams
+    from services.rollout.types import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=CHECK_NEW)
     return engine.generate(prompts, params).responses.tolist()
@@ -219,7 +219,7 @@ def speed(engine, batch: int, args, seed: int | None = 1) -> dict:
     """New tokens/s at ``batch``. ``seed``: the request's (each prompt then gets a seed of its
     own, as in training runs); None samples unseeded."""
     from benchmarks.gpu_engine import random_prompts
-    from services.rollout.engine import SamplingParams
+    from services.rollout.types import SamplingParams
 
     params = SamplingParams(temperature=1.0, max_tokens=args.new_tokens, seed=seed)
     prompts = random_prompts(100 + batch, batch, args.prompt_len, args.prompt_len, 1000)

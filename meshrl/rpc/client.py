@@ -39,6 +39,18 @@ def health_status(channel: grpc.Channel, service: str = "", timeout_s: float = 2
     return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s).status
 
 
+def unreachable(address: str, timeout_s: float = 3.0) -> bool:
+    """Whether a server at ``address`` fails to answer a health check within ``timeout_s``."""
+    channel = open_channel(address)
+    try:
+        health_status(channel, "", timeout_s)
+        return False
+    except grpc.RpcError:
+        return True
+    finally:
+        channel.close()
+
+
 def wait_for_health(
     address: str,
     service: str = "",

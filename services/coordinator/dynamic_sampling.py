@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from services.coordinator.clients import sample_acc
 from services.coordinator.rollout_batch import RolloutBatch
+from services.reward.types import sample_acc
 
 
 class FilterGroupsExhausted(RuntimeError):

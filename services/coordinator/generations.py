@@ -45,8 +45,8 @@ def write_generations(
     try:
         with tmp.open("w", encoding="utf-8") as f:  # the texts as written, whatever the locale
             for item, score, extra, failure in rows:
-                line = {"input": item["prompt"], "output": item["response"]}
-                line.update(gts=item["ground_truth"], score=score, step=step)
+                line = {"input": item.prompt, "output": item.response}
+                line.update(gts=item.ground_truth, score=score, step=step)
                 if failure:
                     line["reward_failure"] = failure
                 line.update({k: v for k, v in extra.items() if math.isfinite(v) and k not in line})

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from meshrl.config.schema import RunConfig
 from services.coordinator.generations import GenerationRow
-from services.coordinator.run_types import INTERRUPTED_EXIT_CODE, RunState, ended_exit_code
+from services.coordinator.types import INTERRUPTED_EXIT_CODE, RunState, ended_exit_code
 
 log = logging.getLogger(__name__)
 

@@ -11,6 +11,7 @@ Each phase is a small method around one call, timed under verl's name.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -21,18 +22,11 @@ import torch
 
 from meshrl.algorithms.metrics import explained_variance, masked_stats
 from meshrl.algorithms.overlong import overlong_penalty
-from meshrl.api.v1 import rollout_pb2
 from meshrl.config.schema import RunConfig
 from meshrl.gpus import per_gpu_throughput
 from meshrl.ragged import Ragged
+from meshrl.rpc.role_client import RoleCallError
 from services.coordinator.advantage import AdvantageInputs, compute_advantages
-from services.coordinator.clients import (
-    GenerationBatch,
-    RewardRoleClient,
-    RoleCallError,
-    RolloutClient,
-    TrainerClient,
-)
 from services.coordinator.dynamic_sampling import (
     FilterGroupsExhausted,
     filter_values,
@@ -44,6 +38,10 @@ from services.coordinator.rollout_batch import RolloutBatch, padded
 from services.coordinator.rollout_memory import RolloutMemory
 from services.coordinator.timing import PhaseTimer
 from services.coordinator.weight_sync import WeightSyncer
+from services.reward.client import RewardClient
+from services.rollout.client import RolloutClient
+from services.rollout.types import GenerationResult, SamplingParams
+from services.trainer.client import TrainerClient
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +70,7 @@ class Roles:
 
     rollouts: list[RolloutClient]
     actor: TrainerClient
-    reward: RewardRoleClient
+    reward: RewardClient
     critic: TrainerClient | None = None
     ref: TrainerClient | None = None
 
@@ -80,9 +78,9 @@ class Roles:
 def generate_split(
     rollouts: list[RolloutClient],
     prompts: Ragged,
-    sampling: rollout_pb2.SamplingParams,
+    sampling: SamplingParams,
     pool: ThreadPoolExecutor,
-) -> GenerationBatch:
+) -> GenerationResult:
     """Splits the prompts over the rollout replicas, generates concurrently, joins in order."""
     b = len(prompts)
     k = min(len(rollouts), max(b, 1))
@@ -96,7 +94,7 @@ def generate_split(
     versions = {r.weight_version for r in results}
     if len(versions) != 1:
         raise RuntimeError(f"rollout replicas serve different weight versions: {sorted(versions)}")
-    return GenerationBatch(
+    return GenerationResult(
         responses=Ragged.from_tensors(
             [r.responses.row(i) for r in results for i in range(len(r.responses))]
         ),
@@ -112,16 +110,13 @@ REPLICA_SEED_STRIDE = 1_000_033
 """Seed offset between replicas: far apart from the step seeds (seed * 1_000_003 + step)."""
 
 
-def replica_sampling(sampling: rollout_pb2.SamplingParams, i: int) -> rollout_pb2.SamplingParams:
+def replica_sampling(sampling: SamplingParams, i: int) -> SamplingParams:
     """Replica i's sampling: the same, with a seed of its own. With one seed everywhere, row r
     of every replica drew the same noise: a prompt that two replicas both got sampled the
     very same responses, and the others correlated ones."""
-    if i == 0 or not sampling.HasField("seed"):
+    if i == 0 or sampling.seed is None:
         return sampling
-    own = rollout_pb2.SamplingParams()
-    own.CopyFrom(sampling)
-    own.seed = sampling.seed + i * REPLICA_SEED_STRIDE
-    return own
+    return dataclasses.replace(sampling, seed=sampling.seed + i * REPLICA_SEED_STRIDE)
 
 
 class RewardFailedEverySample(RuntimeError):
@@ -192,11 +187,11 @@ class PPOStep:
         self.memory = RolloutMemory.for_run(cfg, roles.rollouts)
 
     # --- step 1: generate -------------------------------------------------------------
-    def sampling_params(self, step: int, gen_batch: int = 0) -> rollout_pb2.SamplingParams:
+    def sampling_params(self, step: int, gen_batch: int = 0) -> SamplingParams:
         """gen_batch: the step's generation batch (dynamic sampling takes several), each
         with a seed of its own."""
         r = self.cfg.actor_rollout_ref.rollout
-        return rollout_pb2.SamplingParams(
+        return SamplingParams(
             temperature=r.temperature,
             top_p=r.top_p,
             top_k=r.top_k,
@@ -272,8 +267,7 @@ class PPOStep:
 
     def remax_baseline(self, records: list, batch: RolloutBatch, step: int) -> None:
         """ReMax: greedy responses of the same prompts, scored, as the baseline."""
-        greedy = self.sampling_params(step)
-        greedy.temperature, greedy.n = 0.0, 1
+        greedy = dataclasses.replace(self.sampling_params(step), temperature=0.0, n=1)
         prompts = Ragged.from_lists([rec.prompt_ids for rec in records])
         out = generate_split(self.roles.rollouts, prompts, greedy, self.pool)
         n = self.cfg.actor_rollout_ref.rollout.n

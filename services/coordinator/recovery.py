@@ -13,9 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-import grpc
-
-from meshrl.rpc.client import health_status, open_channel
+from meshrl.rpc.client import unreachable
 
 log = logging.getLogger(__name__)
 
@@ -36,17 +34,6 @@ RESTARTING = "restarting them"
 
 def recovery_plan(restarter: Restarter) -> str:
     return getattr(restarter, "recovery_plan", RESTARTING)
-
-
-def unreachable(address: str, timeout_s: float = 3.0) -> bool:
-    channel = open_channel(address)
-    try:
-        health_status(channel, "", timeout_s)
-        return False
-    except grpc.RpcError:
-        return True
-    finally:
-        channel.close()
 
 
 def find_dead(restarter: Restarter, addresses: dict[str, str]) -> list[str]:

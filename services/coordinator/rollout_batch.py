@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 import torch
 
 from meshrl.ragged import Ragged
+from services.reward.types import ScoreItem
 
 
 @dataclass
@@ -100,7 +100,7 @@ class RolloutBatch:
 
     def reward_items(
         self, tokenizer, responses: Ragged | None = None, *, prompt_as_text: bool = False
-    ) -> list[dict]:
+    ) -> list[ScoreItem]:
         """Decoded responses with their ground truth, as the reward service takes them.
 
         The prompt (rule scorers ignore it; a reward model reads it) is the row's chat
@@ -115,13 +115,7 @@ class RolloutBatch:
             decoded = tokenizer.batch_decode(self.prompts.tolist(), skip_special_tokens=True)
             prompts = [chat or text for chat, text in zip(prompts, decoded, strict=True)]
         return [
-            {
-                "data_source": ds,
-                "response": text,
-                "ground_truth": gt,
-                "prompt": prompt,
-                "extra_info_json": json.dumps(extra, default=str),
-            }
+            ScoreItem(ds, text, gt, prompt, extra)
             for text, prompt, ds, gt, extra in zip(
                 texts, prompts, self.data_sources, self.ground_truths, self.extra_infos, strict=True
             )

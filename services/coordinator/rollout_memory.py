@@ -12,7 +12,7 @@ import logging
 
 from meshrl.config.placement import hands_gpu_memory_over
 from meshrl.config.schema import RunConfig
-from services.coordinator.clients import RolloutClient
+from services.rollout.client import RolloutClient
 
 log = logging.getLogger(__name__)
 

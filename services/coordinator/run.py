@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 from tqdm import tqdm
 
 from meshrl.algorithms.kl import make_kl_controller
@@ -21,16 +20,11 @@ from meshrl.config import ConfigError, RunConfig, config_to_yaml
 from meshrl.gpus import count_gpus
 from meshrl.launcher.endpoints import Endpoints
 from meshrl.model_files import copy_model_files
+from meshrl.rpc.role_client import RoleCallError
 from services.coordinator.checkpointing import (
     CheckpointError,
     CheckpointManager,
     CoordinatorState,
-)
-from services.coordinator.clients import (
-    RewardRoleClient,
-    RoleCallError,
-    RolloutClient,
-    TrainerClient,
 )
 from services.coordinator.generations import GenerationRow, generations_dir, pick_shown
 from services.coordinator.metrics_sinks import (
@@ -46,9 +40,12 @@ from services.coordinator.preflight import check_data_sources, check_filter_metr
 from services.coordinator.recovery import STATEFUL_ROLES, Restarter, find_dead, recovery_plan
 from services.coordinator.rollout_ahead import RolloutAhead
 from services.coordinator.run_data import RunData, load_run_data, named_resume_folder
-from services.coordinator.run_types import ended_exit_code
+from services.coordinator.types import ended_exit_code
 from services.coordinator.validation import validate
 from services.coordinator.weight_sync import WeightSyncer
+from services.reward.client import RewardClient
+from services.rollout.client import RolloutClient
+from services.trainer.client import TrainerClient
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +64,7 @@ def connect(cfg: RunConfig, endpoints: Endpoints) -> Roles:
     return Roles(
         rollouts=[RolloutClient(a, t) for a in endpoints.rollout],
         actor=TrainerClient(endpoints.actor, t, "actor"),
-        reward=RewardRoleClient(endpoints.reward, t),
+        reward=RewardClient(endpoints.reward, t),
         critic=TrainerClient(endpoints.critic, t, "critic") if endpoints.critic else None,
         ref=TrainerClient(endpoints.ref, t, "ref") if endpoints.ref else None,
     )
@@ -183,7 +180,7 @@ class PPORun:
             try:
                 self.role_gpus[name] = list(f.result().gpus)
             except RoleCallError as err:
-                if names is not None or err.code != grpc.StatusCode.INVALID_ARGUMENT:
+                if names is not None or err.code_name != "INVALID_ARGUMENT":
                     raise
                 # At the start, a server that refuses the run's config (a model folder it
                 # cannot read on its machine, a value it cannot serve) says the request is
@@ -335,7 +332,7 @@ class PPORun:
             try:
                 self.load_checkpoint(folder)
             except RoleCallError as e:
-                if e.code != grpc.StatusCode.INVALID_ARGUMENT:
+                if e.code_name != "INVALID_ARGUMENT":
                     raise
                 # A checkpoint of another model (width, layers, LoRA): the request is wrong
                 # (exit 2), and the way out is another folder or not resuming.

@@ -25,7 +25,7 @@ from services.coordinator.checkpointing import (
     verify,
 )
 from services.coordinator.preflight import context_length_warning, load_tokenizer
-from services.coordinator.run_types import AlreadyTrained
+from services.coordinator.types import AlreadyTrained
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from services.coordinator.preflight import (
     start_run_folder,
     write_run_config,
 )
-from services.coordinator.run_types import (
+from services.coordinator.types import (
     AlreadyTrained,
     RunEvent,
     RunState,

@@ -20,29 +20,12 @@ import grpc
 
 from meshrl.api.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from meshrl.rpc.server import GrpcServer, ServiceError, rpc_method, wait_for_stop_signal
+from services.coordinator.convert import event_to_proto, status_to_proto
 from services.coordinator.run_manager import RunConflict, RunManager, UnknownRun
-from services.coordinator.run_types import RunEvent, RunStatus
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "meshrl.api.v1.CoordinatorService"
-
-
-def status_to_proto(s: RunStatus) -> coordinator_pb2.RunStatus:
-    return coordinator_pb2.RunStatus(
-        run_id=s.run_id,
-        state=s.state.value,
-        step=s.step,
-        total_steps=s.total_steps,
-        message=s.message,
-        run_dir=s.run_dir,
-    )
-
-
-def event_to_proto(e: RunEvent) -> coordinator_pb2.RunEvent:
-    return coordinator_pb2.RunEvent(
-        status=status_to_proto(e.status), metrics=e.metrics, log_line=e.log_line
-    )
 
 
 def _package_version() -> str:

@@ -13,21 +13,23 @@ from pathlib import Path
 
 import torch
 
-from meshrl.api.v1 import rollout_pb2
 from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
-from services.coordinator.clients import RewardRoleClient, RolloutClient, ScoredSample
 from services.coordinator.generations import GenerationRow, write_generations
 from services.coordinator.ppo_step import generate_split, reward_failure_summary
 from services.coordinator.rollout_batch import RolloutBatch
 from services.coordinator.validation_metrics import SampleResult, validation_metrics
+from services.reward.client import RewardClient
+from services.reward.types import ScoreOutcome
+from services.rollout.client import RolloutClient
+from services.rollout.types import SamplingParams
 
 log = logging.getLogger(__name__)
 
 
-def validation_sampling(cfg: RunConfig) -> rollout_pb2.SamplingParams:
+def validation_sampling(cfg: RunConfig) -> SamplingParams:
     v = cfg.actor_rollout_ref.rollout.val_kwargs
-    return rollout_pb2.SamplingParams(
+    return SamplingParams(
         temperature=v.temperature if v.do_sample else 0.0,
         top_p=v.top_p,
         top_k=v.top_k,
@@ -41,7 +43,7 @@ def validate(
     cfg: RunConfig,
     records: list,
     rollouts: list[RolloutClient],
-    reward: RewardRoleClient,
+    reward: RewardClient,
     tokenizer,
     pool,
     generations: Path | None = None,
@@ -55,7 +57,7 @@ def validate(
     n = sampling.n
     size = cfg.data.val_batch_size or len(records)
     samples: list[SampleResult] = []
-    written: list[tuple[dict, ScoredSample]] = []  # for validation_data_dir
+    written: list[tuple[dict, ScoreOutcome]] = []  # for validation_data_dir
     for start in range(0, len(records), size):
         chunk = records[start : start + size]
         prompts = Ragged.from_lists([r.prompt_ids for r in chunk])
@@ -81,7 +83,7 @@ def validate(
             written += zip(items, results, strict=True)
         if shown is not None:
             shown += [
-                GenerationRow(it["prompt"], it["response"], r.score)
+                GenerationRow(it.prompt, it.response, r.score)
                 for it, r in zip(items, results, strict=True)
             ]
         if summary := reward_failure_summary(results, batch.data_sources):

@@ -13,8 +13,10 @@ import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from meshrl.config.schema import RunConfig
+from meshrl.rpc.role_client import RoleCallError
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
-from services.coordinator.clients import RoleCallError, RolloutClient, TrainerClient
+from services.rollout.client import RolloutClient
+from services.trainer.client import TrainerClient
 
 log = logging.getLogger(__name__)
 

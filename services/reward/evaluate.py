@@ -205,8 +205,7 @@ def _score(
             except UnknownDataSource as e:
                 hint = "" if cfg.reward_model.enable else f". {NEEDS_A_REWARD_MODEL}"
                 raise ValueError(f"{e}{hint}") from None
-    import grpc
-
+    from meshrl.rpc.role_client import RoleCallError
     from services.reward.client import RewardClient
 
     out: list[ScoreOutcome] = []
@@ -217,10 +216,9 @@ def _score(
         for start in range(0, len(items), CHUNK):
             try:
                 out.extend(client.score(items[start : start + CHUNK], sample_timeout_s or 0.0))
-            except grpc.RpcError as e:
-                raise RuntimeError(
-                    f"reward server {server}: {e.code().name}: {e.details()}"
-                ) from None
+            except RoleCallError as e:
+                code = e.code.name if e.code is not None else "ERROR"
+                raise RuntimeError(f"reward server {server}: {code}: {e.details}") from None
     return out
 
 

@@ -20,7 +20,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 from pebble import ProcessExpired, ProcessPool
 
-from services.reward import worker
+from services.reward import scorer_process
 from services.reward.scorers.custom import CustomFunctionError
 from services.reward.types import CANCELLED_REASON, ScoreItem, ScoreOutcome, failed
 
@@ -44,7 +44,7 @@ class ScorerPool:
     def _new_pool(self) -> ProcessPool:
         return ProcessPool(
             max_workers=self.num_workers,
-            initializer=worker.init_worker,
+            initializer=scorer_process.init_worker,
             initargs=(self.memory_limit_mb,),
             context=multiprocessing.get_context("spawn"),
         )
@@ -55,7 +55,8 @@ class ScorerPool:
         t0 = time.monotonic()
         # One task per worker; the first ones taken wait on their workers' start-up.
         futures = [
-            self._pool.schedule(worker.warm_up, timeout=timeout_s) for _ in range(self.num_workers)
+            self._pool.schedule(scorer_process.warm_up, timeout=timeout_s)
+            for _ in range(self.num_workers)
         ]
         for f in futures:
             f.result()
@@ -64,7 +65,7 @@ class ScorerPool:
     def check_custom(self, spec: str, timeout_s: float = 60.0) -> None:
         """Loads a custom function in a worker; CustomFunctionError with the worker's reason
         if it fails (the spec names nothing loadable, or the module raised or hung)."""
-        future = self._pool.schedule(worker.check_custom, args=(spec,), timeout=timeout_s)
+        future = self._pool.schedule(scorer_process.check_custom, args=(spec,), timeout=timeout_s)
         try:
             future.result()
         except CustomFunctionError:
@@ -80,7 +81,7 @@ class ScorerPool:
         """Starts scoring `items`; `collect` waits for them."""
         return [
             self._schedule(
-                worker.score_sample,
+                scorer_process.score_sample,
                 (it.data_source, it.response, it.ground_truth, it.extra_info, custom_function),
                 timeout_s,
             )
@@ -159,6 +160,6 @@ def _reason(e: BaseException, timeout_s: float) -> str:
         return CANCELLED_REASON
     if isinstance(e, ProcessExpired):
         return f"worker died (exit code {e.exitcode})"
-    if isinstance(e, (worker.BadScore, worker.ScorerError)):  # already "what: why"
+    if isinstance(e, (scorer_process.BadScore, scorer_process.ScorerError)):  # already "what: why"
         return str(e)
     return f"{type(e).__name__}: {e}"

@@ -39,6 +39,23 @@ class ScoreOutcome:
     """The answer the scorer read from the response, for majority votes over a prompt's
     samples ("" when it found none; None when the scorer does not say)."""
 
+    @property
+    def reported_acc(self) -> float | None:
+        """The scorer's own ``acc`` (every rule scorer gives one); None where it gives none:
+        a reward model's score is no verdict, and validation then reports the reward alone."""
+        return self.extra.get("acc")
+
+    @property
+    def failure(self) -> str:
+        """Why the reward service could not score the sample; "" when it did."""
+        return "" if self.ok else self.reason or "not scored (no reason given)"
+
+
+def sample_acc(score: float, extra: dict[str, float]) -> float:
+    """A sample's accuracy: the reward's ``acc`` extra (every rule scorer gives one), else
+    whether the score reached 1 (a reward model alone, a custom function without it)."""
+    return extra.get("acc", float(score >= 1.0))
+
 
 CANCELLED_REASON = "cancelled: its caller left or the server is stopping"
 """Why a sample has no score when its call was abandoned before it was scored."""

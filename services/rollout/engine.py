@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
@@ -21,8 +20,7 @@ from meshrl.ragged import Ragged
 
 if TYPE_CHECKING:
     from meshrl.weight_sync.types import GroupSpec, WeightManifest
-
-FinishReason = Literal["stop", "length"]
+    from services.rollout.types import GenerationResult, SamplingParams, TokenScores
 
 
 class MemoryReleasedError(RuntimeError):
@@ -38,68 +36,6 @@ def check_cancelled(cancelled: threading.Event | None, steps: int) -> None:
     """Raises GenerationCancelled once `cancelled` is set; `steps`: decode steps so far."""
     if cancelled is not None and cancelled.is_set():
         raise GenerationCancelled(f"generation cancelled after {steps} decode steps")
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to sample responses; one set for the whole request.
-
-    temperature 0 means greedy. ``top_k`` <= 0 and ``top_p`` == 1 switch those filters off.
-    The same ``seed`` with the same weights and request gives the same tokens; ``None``
-    draws a fresh seed.
-    """
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_tokens: int = 16
-    n: int = 1
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
-
-    def __post_init__(self) -> None:
-        # The messages name the proto fields, so a bad request says what to fix.
-        if self.n < 1:
-            raise ValueError(f"sampling.n must be >= 1, got {self.n}")
-        if self.max_tokens < 1:
-            raise ValueError(f"sampling.max_tokens must be >= 1, got {self.max_tokens}")
-        if not self.temperature >= 0:
-            raise ValueError(f"sampling.temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    @property
-    def logprob_temperature(self) -> float:
-        """The temperature log-probs are computed at: 1 for greedy, else the sampling one."""
-        return 1.0 if self.greedy else self.temperature
-
-
-@dataclass(frozen=True)
-class GenerationResult:
-    """B*n responses of one generate call; sample j of prompt i is at index ``i*n + j``."""
-
-    responses: Ragged
-    """int64 token ids; a stop/EOS token that ended a response is its last token."""
-    logprobs: Ragged
-    """float32 ``log_softmax(logits / T)`` at each response token, aligned with ``responses``."""
-    finish_reasons: list[FinishReason]
-    """One per response: "stop" (EOS or a stop token sampled) or "length" (max_tokens)."""
-    weight_version: int
-    """The weights that produced every response."""
-
-
-class TokenScores(NamedTuple):
-    """Per-token scores of given responses, each aligned with the responses' ids."""
-
-    logprobs: Ragged
-    """float32 ``log_softmax(logits / T)`` at each response token."""
-    entropy: Ragged | None
-    """float32 entropy of ``softmax(logits / T)`` at each response position, if asked."""
 
 
 @runtime_checkable

@@ -35,8 +35,9 @@ from meshrl.rpc.call_markers import CallMarkers
 from meshrl.rpc.server import GrpcServer, ServiceError, StopSignal, exit_at_once, rpc_method
 from meshrl.weight_sync.group import WeightGroupError
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
-from meshrl.wire import ragged_from_proto, ragged_to_proto, tensor_to_proto
-from services.rollout.engine import GenerationCancelled, MemoryReleasedError, SamplingParams
+from meshrl.wire import ragged_from_proto, tensor_to_proto
+from services.rollout.convert import generation_to_proto, sampling_from_proto
+from services.rollout.engine import GenerationCancelled, MemoryReleasedError
 from services.rollout.worker import (
     NotInitializedError,
     NoWeightGroupError,
@@ -52,11 +53,6 @@ STOP_WAIT_S = 3.0
 """How long a stopping server waits, after the grace, for its cancelled generations to
 stop (a round of decode steps: milliseconds on a GPU)."""
 API_VERSION = "meshrl.api.v1"
-
-_FINISH_REASONS = {
-    "stop": rollout_pb2.FINISH_REASON_STOP,
-    "length": rollout_pb2.FINISH_REASON_LENGTH,
-}
 
 
 @functools.cache
@@ -97,21 +93,6 @@ def _rollout_rpc(fn: Callable) -> Callable:
             raise ServiceError(code, str(e)) from e
 
     return wrapper
-
-
-def sampling_from_proto(msg: rollout_pb2.SamplingParams) -> SamplingParams:
-    """top_p 0 means off (1.0) and top_k 0 means off (-1): proto3 has no "unset" for them. The
-    seed has presence: unset draws a fresh one each call (as vLLM), instead of every call
-    without one sampling the same tokens with seed 0."""
-    return SamplingParams(
-        temperature=msg.temperature,
-        top_p=msg.top_p if msg.top_p > 0 else 1.0,
-        top_k=msg.top_k if msg.top_k > 0 else -1,
-        max_tokens=msg.max_tokens,
-        n=msg.n,
-        seed=msg.seed if msg.HasField("seed") else None,
-        stop_token_ids=tuple(msg.stop_token_ids),
-    )
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
@@ -162,12 +143,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             except GenerationCancelled as e:
                 log.info("Generate: %s (its RPC ended: the caller left or the server stops)", e)
                 raise
-        return rollout_pb2.GenerateResponse(
-            responses=ragged_to_proto(result.responses),
-            logprobs=tensor_to_proto(result.logprobs.values),
-            finish_reasons=[_FINISH_REASONS[r] for r in result.finish_reasons],
-            weight_version=result.weight_version,
-        )
+        return generation_to_proto(result)
 
     @_rollout_rpc
     def ComputeLogProbs(self, request: common_pb2.LogProbsRequest, context):

@@ -22,15 +22,9 @@ from meshrl.config import RunConfig
 from meshrl.ragged import Ragged
 from meshrl.rpc.call_count import CallCount
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
-from services.rollout.engine import (
-    GenerationResult,
-    IntakeFailed,
-    RolloutEngine,
-    SamplingParams,
-    TokenScores,
-    WeightIntake,
-)
+from services.rollout.engine import IntakeFailed, RolloutEngine, WeightIntake
 from services.rollout.registry import build_engine
+from services.rollout.types import GenerationResult, SamplingParams, TokenScores
 
 log = logging.getLogger(__name__)
 

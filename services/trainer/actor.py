@@ -32,8 +32,9 @@ from services.trainer.micro_batches import MicroBatch, MiniBatch
 from services.trainer.model_loading import load_policy_model
 from services.trainer.padding_free import pack_micro_batch
 from services.trainer.scoring import ForwardSettings, log_prob_settings, policy_log_probs
-from services.trainer.sequences import SequenceBatch, ragged_to_padded, to_device
+from services.trainer.sequences import ragged_to_padded, to_device
 from services.trainer.trained_role import Optimization, TrainedRole
+from services.trainer.types import SequenceBatch
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,9 @@ from services.trainer.micro_batches import MicroBatch, MiniBatch
 from services.trainer.model_loading import load_value_model
 from services.trainer.padding_free import pack_micro_batch
 from services.trainer.scoring import ForwardSettings, score_batch
-from services.trainer.sequences import SequenceBatch, ragged_to_padded, to_device
+from services.trainer.sequences import ragged_to_padded, to_device
 from services.trainer.trained_role import Optimization, TrainedRole
+from services.trainer.types import SequenceBatch
 
 
 @dataclass(frozen=True)

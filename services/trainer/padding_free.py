@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from services.trainer.sequences import PackedSequences, SequenceBatch, pack_sequences, to_device
+from services.trainer.sequences import PackedSequences, pack_sequences, to_device
+from services.trainer.types import SequenceBatch
 
 
 @dataclass(frozen=True)

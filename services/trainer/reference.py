@@ -11,7 +11,7 @@ from services.trainer.forward import rollout_temperature
 from services.trainer.fsdp import mixed_precision, shard_model
 from services.trainer.model_loading import freeze, load_policy_model
 from services.trainer.scoring import ForwardSettings, log_prob_settings, policy_log_probs
-from services.trainer.sequences import SequenceBatch
+from services.trainer.types import SequenceBatch
 
 
 class RefRole:

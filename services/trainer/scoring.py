@@ -19,7 +19,7 @@ from services.trainer.forward import response_logprobs
 from services.trainer.fsdp import resharded
 from services.trainer.micro_batches import plan_epoch
 from services.trainer.padding_free import ModelBatch, pack_micro_batch
-from services.trainer.sequences import SequenceBatch
+from services.trainer.types import SequenceBatch
 
 # Maps a packed micro-batch to one or more (m, r) per-response-token tensors.
 ScoreFn = Callable[[ModelBatch], tuple[torch.Tensor, ...]]

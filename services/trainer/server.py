@@ -18,205 +18,39 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.metadata
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 
 import grpc
-import torch
 import torch.distributed as dist
 
-from meshrl.api.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
-from meshrl.config import RunConfig, config_from_yaml
-from meshrl.config.placement import hands_gpu_memory_over
-from meshrl.gpus import gathered_gpu_names
-from meshrl.ragged import Ragged
+from meshrl.api.v1 import common_pb2, trainer_pb2_grpc
 from meshrl.rpc.call_count import CallCount
 from meshrl.rpc.call_markers import CallMarkers
 from meshrl.rpc.server import GrpcServer, ServiceError, StopSignal, exit_at_once, rpc_method
 from meshrl.weight_sync.group import WeightGroupError
 from meshrl.weight_sync.types import GroupSpec
-from meshrl.wire import ragged_from_proto, tensor_from_proto, tensor_to_proto
-from services.trainer.actor import ActorRole
 from services.trainer.command_channel import CommandChannel, serve_commands
-from services.trainer.critic import CriticRole
-from services.trainer.distributed import World, init_distributed
-from services.trainer.reference import RefRole
-from services.trainer.sequences import SequenceBatch
-from services.trainer.weight_publisher import SyncStateError, WeightPublisher
+from services.trainer.distributed import init_distributed
+from services.trainer.rank_handlers import (
+    COMMAND_IDS,
+    ROLES,
+    SERVED_BY,
+    RankHandlers,
+)
+from services.trainer.weight_publisher import SyncStateError
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "meshrl.api.v1.TrainerService"
-ROLES = {"actor": ActorRole, "critic": CriticRole, "ref": RefRole}
-
-# Which roles serve which RPC (Initialize and GetInfo: all).
-SERVED_BY = {
-    "ComputeLogProbs": ("actor", "ref"),
-    "ComputeValues": ("critic",),
-    "UpdatePolicy": ("actor",),
-    "UpdateValue": ("critic",),
-    "OpenWeightGroup": ("actor",),
-    "JoinWeightGroup": ("actor",),
-    "PrepareWeights": ("actor",),
-    "SendWeights": ("actor",),
-    "SaveCheckpoint": ("actor", "critic"),
-    "LoadCheckpoint": ("actor", "critic"),
-}
-
-# RPCs that every rank runs; a command's id on the channel is its index here.
-COMMANDS: dict[str, type] = {
-    "Initialize": common_pb2.InitializeRequest,
-    "ComputeLogProbs": common_pb2.LogProbsRequest,
-    "ComputeValues": common_pb2.SequenceBatch,
-    "UpdatePolicy": trainer_pb2.PolicyUpdateRequest,
-    "UpdateValue": trainer_pb2.ValueUpdateRequest,
-    "PrepareWeights": trainer_pb2.PrepareWeightsRequest,
-    "SendWeights": trainer_pb2.SendWeightsRequest,
-    "SaveCheckpoint": trainer_pb2.CheckpointRequest,
-    "LoadCheckpoint": trainer_pb2.CheckpointRequest,
-}
-COMMAND_IDS = {name: i for i, name in enumerate(COMMANDS)}
-
 # gRPC's grace period for the calls in flight when the server is told to stop.
 STOP_GRACE_S = 2.0
 # How long a rank other than 0, told to stop, waits for rank 0 to end the command in flight
 # and release it (SHUTDOWN), or to leave (its connections then drop): rank 0's grace and a
 # margin, below the 5 s the local launcher gives a server before SIGKILL.
 FOLLOWER_STOP_S = STOP_GRACE_S + 2.0
-
-
-class RankHandlers:
-    """What every rank does with a command: request proto -> typed call -> response proto."""
-
-    def __init__(self, role: str, host: str):
-        self.role_name = role
-        self.host = host
-        self.role: ActorRole | CriticRole | RefRole | None = None
-        self.publisher: WeightPublisher | None = None
-        self.model_path = ""
-        self.vocab_size = 0  # of the loaded model: token ids of a request are checked against it
-        self.gives_memory_back = False  # set by Initialize (launcher placement, config)
-        self.gpus: list[str] = []  # every rank's GPU, by UUID (set by Initialize)
-
-    def dispatch(self, method_id: int, payload: bytes):
-        name = list(COMMANDS)[method_id]
-        try:
-            return getattr(self, name)(COMMANDS[name].FromString(payload))
-        finally:
-            if self.gives_memory_back:
-                # The caching allocator keeps freed blocks for this process; on a GPU
-                # shared with rollout they must go back, or its KV cache cannot return.
-                torch.cuda.empty_cache()
-
-    def info(self) -> common_pb2.ServerInfo:
-        role = self.role
-        return common_pb2.ServerInfo(
-            api_version="meshrl.api.v1",
-            service="trainer",
-            role=self.role_name,
-            model_path=self.model_path,
-            weight_version=role.weight_version if role is not None else -1,
-            world_size=dist.get_world_size(),
-            num_parameters=role.num_parameters if role is not None else 0,
-            ready=role is not None,
-            meshrl_version=_package_version(),
-            gpus=self.gpus,
-        )
-
-    def Initialize(self, req: common_pb2.InitializeRequest) -> common_pb2.InitializeResponse:
-        cfg = config_from_yaml(req.config_yaml)
-        if self.publisher is not None:
-            self.publisher.close()
-        self.role, self.publisher = None, None
-        world = World.current(cfg.trainer.device)
-        self.gpus = gathered_gpu_names(world.device)
-        self.gives_memory_back = hands_gpu_memory_over(cfg)
-        configured = _configured_world_size(cfg, self.role_name)
-        if configured != world.world_size:
-            log.warning(
-                "the config asks for %d %s rank(s) but %d are running; using %d",
-                configured, self.role_name, world.world_size, world.world_size,
-            )  # fmt: skip
-        self.role = ROLES[self.role_name].build(cfg, world)
-        self.model_path = _model_path(cfg, self.role_name)
-        self.vocab_size = _vocab_size(self.role.model)
-        if isinstance(self.role, ActorRole):
-            rollout = cfg.actor_rollout_ref.rollout
-            self.publisher = WeightPublisher(
-                self.role,
-                self.host,
-                bucket_bytes=rollout.weight_sync.bucket_bytes(cfg.trainer.device),
-                timeout_s=rollout.weight_sync.timeout_s,
-                world_size=1 + rollout.replicas,
-            )
-        return common_pb2.InitializeResponse(info=self.info())
-
-    def ComputeLogProbs(self, req: common_pb2.LogProbsRequest) -> common_pb2.LogProbsResponse:
-        logprobs, entropy = self.role.compute_log_probs(
-            self._batch(req.batch),
-            req.temperature if req.temperature > 0 else None,
-            req.with_entropy,
-            base_model=req.base_model,
-        )
-        return common_pb2.LogProbsResponse(
-            logprobs=tensor_to_proto(logprobs.values),
-            entropy=tensor_to_proto(entropy.values) if entropy is not None else None,
-            weight_version=self.role.weight_version,
-        )
-
-    def ComputeValues(self, req: common_pb2.SequenceBatch) -> trainer_pb2.ValuesResponse:
-        values = self.role.compute_values(self._batch(req))
-        return trainer_pb2.ValuesResponse(values=tensor_to_proto(values.values))
-
-    def UpdatePolicy(self, req: trainer_pb2.PolicyUpdateRequest) -> trainer_pb2.UpdateResponse:
-        batch = self._batch(req.batch)
-        metrics = self.role.update_policy(
-            batch,
-            _required_per_token(batch, req.old_logprobs, "old_logprobs"),
-            _required_per_token(batch, req.advantages, "advantages"),
-            _per_token(batch, req.ref_logprobs, "ref_logprobs"),
-            _per_token(batch, req.rollout_logprobs, "rollout_logprobs"),
-            req.global_step,
-        )
-        return trainer_pb2.UpdateResponse(metrics=metrics)
-
-    def UpdateValue(self, req: trainer_pb2.ValueUpdateRequest) -> trainer_pb2.UpdateResponse:
-        batch = self._batch(req.batch)
-        metrics = self.role.update_value(
-            batch,
-            _required_per_token(batch, req.old_values, "old_values"),
-            _required_per_token(batch, req.returns, "returns"),
-            req.global_step,
-        )
-        return trainer_pb2.UpdateResponse(metrics=metrics)
-
-    def _batch(self, msg: common_pb2.SequenceBatch) -> SequenceBatch:
-        batch = _batch(msg)
-        batch.check_token_ids(self.vocab_size)
-        return batch
-
-    def PrepareWeights(self, req: trainer_pb2.PrepareWeightsRequest) -> common_pb2.WeightManifest:
-        return self.publisher.prepare(req.version, req.dtype, req.bucket_bytes).to_proto()
-
-    def SendWeights(self, req: trainer_pb2.SendWeightsRequest) -> common_pb2.WeightSyncResult:
-        result = self.publisher.send(req.version)
-        return common_pb2.WeightSyncResult(
-            version=result.version, seconds=result.seconds, bytes=result.bytes
-        )
-
-    def SaveCheckpoint(self, req: trainer_pb2.CheckpointRequest) -> trainer_pb2.CheckpointResponse:
-        start = time.perf_counter()
-        self.role.save(_checkpoint_path(req), req.with_optimizer)
-        return trainer_pb2.CheckpointResponse(path=req.path, seconds=time.perf_counter() - start)
-
-    def LoadCheckpoint(self, req: trainer_pb2.CheckpointRequest) -> trainer_pb2.CheckpointResponse:
-        start = time.perf_counter()
-        self.role.load(_checkpoint_path(req), req.with_optimizer)
-        return trainer_pb2.CheckpointResponse(path=req.path, seconds=time.perf_counter() - start)
 
 
 def _shutting_down(method: str) -> ServiceError:
@@ -409,66 +243,6 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         if filled.world_size <= 0:
             filled.world_size = publisher.default_world_size
         return filled
-
-
-def _batch(msg: common_pb2.SequenceBatch) -> SequenceBatch:
-    batch = SequenceBatch(ragged_from_proto(msg.prompts), ragged_from_proto(msg.responses))
-    if len(batch) == 0:
-        raise ValueError("the batch holds no sequences")
-    return batch
-
-
-def _per_token(batch: SequenceBatch, msg: common_pb2.Tensor, name: str) -> Ragged | None:
-    """A float per response token, laid out like the responses; None if the field is empty."""
-    if not msg.dtype:
-        return None
-    values = tensor_from_proto(msg).float().reshape(-1)
-    if values.numel() != batch.num_response_tokens:
-        raise ValueError(
-            f"{name} has {values.numel()} values for {batch.num_response_tokens} response tokens"
-        )
-    return batch.responses.with_values(values)
-
-
-def _required_per_token(batch: SequenceBatch, msg: common_pb2.Tensor, name: str) -> Ragged:
-    """As :func:`_per_token`, for a field the update cannot run without."""
-    values = _per_token(batch, msg, name)
-    if values is None:
-        raise ValueError(f"{name} is missing: it needs one float per response token")
-    return values
-
-
-def _vocab_size(model: torch.nn.Module) -> int:
-    """Rows of the model's input embedding (a causal LM, or the critic's wrapped decoder)."""
-    config = getattr(model, "config", None) or model.model.config
-    return config.vocab_size
-
-
-def _checkpoint_path(req: trainer_pb2.CheckpointRequest) -> str:
-    if not req.path:
-        raise ValueError("checkpoint path is empty")
-    return req.path
-
-
-def _configured_world_size(cfg: RunConfig, role: str) -> int:
-    if role == "critic":
-        return cfg.critic.world_size
-    if role == "ref":
-        return cfg.actor_rollout_ref.ref.world_size
-    return cfg.actor_rollout_ref.actor.world_size
-
-
-def _model_path(cfg: RunConfig, role: str) -> str:
-    if role == "critic":
-        return cfg.critic.model.path or cfg.actor_rollout_ref.model.path
-    return cfg.actor_rollout_ref.model.path
-
-
-def _package_version() -> str:
-    try:
-        return importlib.metadata.version("meshrl")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def serve(role: str, host: str = "127.0.0.1", port: int = 0) -> None:

@@ -17,7 +17,7 @@ from services.trainer.distributed import World
 from services.trainer.lora import hf_name, lora_settings
 from services.trainer.mfu import UpdateTimer, peak_memory_metrics, perf_metrics
 from services.trainer.optim import LrSchedule, build_optimizer
-from services.trainer.sequences import SequenceBatch
+from services.trainer.types import SequenceBatch
 from services.trainer.update_loop import MicroLoss, UpdateSettings, run_update
 
 

@@ -3,7 +3,7 @@ server starts."""
 
 import pytest
 
-from meshrl import cli
+from meshrl_app import cli
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import pytest
 
 from meshrl.config import ConfigError, load_config
 from meshrl.config.loader import config_tree
-from services.coordinator.remote import submit
+from meshrl_app.remote import submit
 from services.coordinator.run_manager import parse_run_config
 
 

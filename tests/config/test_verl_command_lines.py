@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from meshrl import cli
 from meshrl.config import ConfigError, build_config, config_from_yaml, config_to_yaml, load_config
+from meshrl_app import cli
 
 
 def error_of(overrides: list[str], tree: dict | None = None) -> str:

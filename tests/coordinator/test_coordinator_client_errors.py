@@ -9,8 +9,8 @@ from concurrent import futures
 import grpc
 import pytest
 
-from meshrl import cli
 from meshrl.launcher.ports import free_port
+from meshrl_app import cli
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -70,7 +70,7 @@ def test_the_environments_address_is_checked_as_the_flags_is(monkeypatch, capsys
 
 def test_a_coordinator_that_answers_unavailable_is_not_called_unreachable():
     # the service's own answer while it shuts down: no hint to start one
-    from services.coordinator.remote import CoordinatorError
+    from services.coordinator.client import CoordinatorError
 
     e = CoordinatorError(
         "h:1", grpc.StatusCode.UNAVAILABLE, "the coordinator is shutting down: no new runs"

@@ -15,9 +15,9 @@ from coordinator_helpers import REPO, ServerProcess, tiny_run_yaml
 from meshrl.api.v1 import coordinator_pb2, coordinator_pb2_grpc
 from meshrl.rpc.client import open_channel
 from meshrl.testing.processes import role_server_pids
-from services.coordinator import remote
-from services.coordinator.remote import CoordinatorClient, CoordinatorError
-from services.coordinator.run_types import RunState
+from meshrl_app import remote
+from services.coordinator.client import CoordinatorClient, CoordinatorError
+from services.coordinator.types import RunState
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -13,7 +13,8 @@ import pytest
 
 from meshrl.api.v1 import coordinator_pb2_grpc
 from meshrl.rpc.server import GrpcServer
-from services.coordinator.remote import CoordinatorClient, CoordinatorError, submit
+from meshrl_app.remote import submit
+from services.coordinator.client import CoordinatorClient, CoordinatorError
 from services.coordinator.run_manager import RunManager
 from services.coordinator.server import SERVICE_NAME, CoordinatorServicer, shut_down
 

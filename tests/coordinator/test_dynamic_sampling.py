@@ -11,7 +11,6 @@ import torch
 from meshrl.config import ConfigError, build_config
 from meshrl.data.loader import PromptLoader
 from meshrl.ragged import Ragged
-from services.coordinator.clients import ScoredSample
 from services.coordinator.dynamic_sampling import (
     FilterGroupsExhausted,
     filter_values,
@@ -21,6 +20,7 @@ from services.coordinator.ppo_step import GEN_BATCH_SEED_STRIDE, PPOStep, Roles
 from services.coordinator.preflight import check_run_config
 from services.coordinator.rollout_batch import RolloutBatch
 from services.coordinator.timing import PhaseTimer
+from services.reward.types import ScoreOutcome
 
 
 def test_varied_groups_keeps_groups_that_differ_and_single_samples_in_order():
@@ -96,9 +96,9 @@ class Reward:
     def score(self, items):
         out = []
         for it in items:
-            p, j = map(int, it["response"].split()[:2])  # then any padding tokens
+            p, j = map(int, it.response.split()[:2])  # then any padding tokens
             acc = 1.0 if p % 3 == 0 else 0.0 if p % 3 == 1 else float(j % 2 == 0)
-            out.append(ScoredSample(acc, True, "", {"acc": acc}))
+            out.append(ScoreOutcome(acc, True, "", {"acc": acc}))
         return out
 
 

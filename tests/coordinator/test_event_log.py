@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 from services.coordinator.run_manager import EventLog
-from services.coordinator.run_types import RunEvent, RunState, RunStatus
+from services.coordinator.types import RunEvent, RunState, RunStatus
 
 
 def _event(step: int, state: RunState = RunState.RUNNING) -> RunEvent:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
-from meshrl.api.v1 import rollout_pb2
 from meshrl.ragged import Ragged
 from services.coordinator.ppo_step import REPLICA_SEED_STRIDE, generate_split
+from services.rollout.types import SamplingParams
 
 
 class FakeReplica:
@@ -16,8 +16,8 @@ class FakeReplica:
     def __init__(self):
         self.seeds: list[int | None] = []
 
-    def generate(self, prompts: Ragged, sampling: rollout_pb2.SamplingParams):
-        seed = sampling.seed if sampling.HasField("seed") else None
+    def generate(self, prompts: Ragged, sampling: SamplingParams):
+        seed = sampling.seed
         self.seeds.append(seed)
         rows = [[row[0], seed or 0] for row in prompts.tolist()]
         return SimpleNamespace(
@@ -31,7 +31,7 @@ class FakeReplica:
 def test_each_replica_samples_with_its_own_seed_and_the_order_is_kept():
     replicas = [FakeReplica(), FakeReplica(), FakeReplica()]
     prompts = Ragged.from_lists([[p, 1] for p in range(7)])
-    sampling = rollout_pb2.SamplingParams(max_tokens=2, n=1, seed=41)
+    sampling = SamplingParams(max_tokens=2, n=1, seed=41)
     with ThreadPoolExecutor(3) as pool:
         out = generate_split(replicas, prompts, sampling, pool)
     assert [r.seeds for r in replicas] == [
@@ -46,5 +46,5 @@ def test_each_replica_samples_with_its_own_seed_and_the_order_is_kept():
 def test_an_unset_seed_stays_unset_on_every_replica():
     replicas = [FakeReplica(), FakeReplica()]
     with ThreadPoolExecutor(2) as pool:
-        generate_split(replicas, Ragged.from_lists([[1], [2]]), rollout_pb2.SamplingParams(), pool)
+        generate_split(replicas, Ragged.from_lists([[1], [2]]), SamplingParams(), pool)
     assert [r.seeds for r in replicas] == [[None], [None]]

@@ -11,7 +11,6 @@ import torch
 
 from meshrl.config import build_config
 from meshrl.ragged import Ragged
-from services.coordinator.clients import ScoredSample
 from services.coordinator.generations import (
     GenerationRow,
     generations_dir,
@@ -21,11 +20,12 @@ from services.coordinator.generations import (
 from services.coordinator.ppo_step import PPOStep, Roles
 from services.coordinator.rollout_batch import RolloutBatch
 from services.coordinator.validation import validate
+from services.reward.types import ScoreItem, ScoreOutcome
 
 
-def item(prompt: str, response: str, ground_truth: str) -> dict:
+def item(prompt: str, response: str, ground_truth: str) -> ScoreItem:
     """A sample as RolloutBatch.reward_items gives it."""
-    return {"prompt": prompt, "response": response, "ground_truth": ground_truth}
+    return ScoreItem("openai/gsm8k", response, ground_truth, prompt)
 
 
 def test_a_step_file_holds_one_line_a_sample_with_text_truth_score_and_extras(tmp_path):
@@ -89,9 +89,9 @@ class Reward:
 
     def score(self, items):
         return [
-            ScoredSample(0.0, False, "ValueError: bad ground truth", {})
-            if it["response"] == "13"
-            else ScoredSample(float(int(it["response"]) % 2 == 0), True, "", {"acc": 1.0})
+            ScoreOutcome(0.0, False, "ValueError: bad ground truth", {})
+            if it.response == "13"
+            else ScoreOutcome(float(int(it.response) % 2 == 0), True, "", {"acc": 1.0})
             for it in items
         ]
 
@@ -178,7 +178,7 @@ class RecordingReward(Reward):
         self.prompts: list[str] = []
 
     def score(self, items):
-        self.prompts += [it["prompt"] for it in items]
+        self.prompts += [it.prompt for it in items]
         return super().score(items)
 
 
@@ -222,8 +222,7 @@ def test_validation_of_a_reward_model_alone_reports_its_reward_as_the_core_metri
     class RewardModelOnly:
         def score(self, items):
             return [
-                ScoredSample(0.25 * int(it["response"]), True, "", {"rm_score": 0.0})
-                for it in items
+                ScoreOutcome(0.25 * int(it.response), True, "", {"rm_score": 0.0}) for it in items
             ]
 
     records = [

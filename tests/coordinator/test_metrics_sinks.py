@@ -26,7 +26,7 @@ from services.coordinator.metrics_sinks import (  # noqa: E402
     file_sinks,
 )
 from services.coordinator.preflight import check_run_config  # noqa: E402
-from services.coordinator.run_types import RunEvent, ended_exit_code  # noqa: E402
+from services.coordinator.types import RunEvent, ended_exit_code  # noqa: E402
 
 
 def scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
@@ -266,7 +266,7 @@ def test_a_logger_that_cannot_start_rejects_the_run_before_its_servers_start(tmp
 def test_a_finished_run_started_again_succeeds_without_starting_a_server(tmp_path):
     """Through a coordinator service: the run ends SUCCEEDED, its message saying why."""
     from services.coordinator.run_manager import ManagedRun
-    from services.coordinator.run_types import AlreadyTrained, RunState
+    from services.coordinator.types import AlreadyTrained, RunState
 
     class Launcher(_IdleLauncher):
         started = False

@@ -15,9 +15,10 @@ import torch
 from meshrl.api.v1 import common_pb2
 from meshrl.data.loader import PromptLoader
 from meshrl.ragged import Ragged
-from services.coordinator.clients import RoleCallError, ScoredSample
+from meshrl.rpc.role_client import RoleCallError
 from services.coordinator.ppo_step import PPOStep, Roles
 from services.coordinator.rollout_memory import RolloutMemory
+from services.reward.types import ScoreOutcome
 from tests.coordinator.test_run_bookkeeping import Unavailable, make_run
 
 
@@ -105,7 +106,7 @@ class Actor:
 
 class Reward:
     def score(self, items):
-        return [ScoredSample(float(i % 2), True, "", {}) for i, _ in enumerate(items)]
+        return [ScoreOutcome(float(i % 2), True, "", {}) for i, _ in enumerate(items)]
 
 
 class Tokenizer:

@@ -121,9 +121,9 @@ def test_a_role_server_that_refuses_the_config_at_initialize_is_a_wrong_request(
     # exit 2 (a service's run REJECTED), as any config error; a dead server stays a failure
     import grpc
 
-    from services.coordinator.clients import RoleCallError
+    from meshrl.rpc.role_client import RoleCallError
     from services.coordinator.run import Endpoints, PPORun
-    from services.coordinator.run_types import ended_exit_code
+    from services.coordinator.types import ended_exit_code
 
     class Refused(grpc.RpcError):
         def code(self):
@@ -155,7 +155,7 @@ def test_a_role_server_that_refuses_the_config_at_initialize_is_a_wrong_request(
 
 def test_a_service_run_whose_data_cannot_be_read_is_rejected_before_its_servers_start(tmp_path):
     from services.coordinator.run_manager import ManagedRun
-    from services.coordinator.run_types import RunState
+    from services.coordinator.types import RunState
 
     class Launcher:
         started = False

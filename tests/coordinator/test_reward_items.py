@@ -39,21 +39,21 @@ def test_a_reward_model_gets_the_rows_messages_not_the_policys_rendered_text():
     tok = build_char_tokenizer()
     batch = _batch(tok, [json.dumps(MESSAGES)])
     (item,) = batch.reward_items(tok)
-    assert prompt_messages(item["prompt"]) == MESSAGES
-    assert item["response"] == "3"
+    assert prompt_messages(item.prompt) == MESSAGES
+    assert item.response == "3"
     (shown,) = batch.reward_items(tok, prompt_as_text=True)  # what the generation files show
-    assert shown["prompt"] == tok.decode(batch.prompts.tolist()[0], skip_special_tokens=True)
+    assert shown.prompt == tok.decode(batch.prompts.tolist()[0], skip_special_tokens=True)
 
 
 def test_without_the_rows_prompt_the_decoded_text_stands_in():
     tok = build_char_tokenizer()
     batch = _batch(tok, [])
     (item,) = batch.reward_items(tok)
-    assert item["prompt"] == tok.decode(batch.prompts.tolist()[0], skip_special_tokens=True)
-    assert item["prompt"].endswith("Q: 1+2=")
+    assert item.prompt == tok.decode(batch.prompts.tolist()[0], skip_special_tokens=True)
+    assert item.prompt.endswith("Q: 1+2=")
     chat = json.dumps(MESSAGES)
     empty = _batch(tok, [chat]).select_groups([])  # dynamic sampling: no group kept
     both = RolloutBatch.concat([_batch(tok, [chat]), empty, _batch(tok, [])])
     assert both.chats == [chat, ""]  # row by row: the row without its own falls back alone
     with_chat, without = both.reward_items(tok)
-    assert with_chat["prompt"] == chat and without["prompt"] == item["prompt"]
+    assert with_chat.prompt == chat and without.prompt == item.prompt

@@ -10,8 +10,8 @@ import pytest
 
 from meshrl.config import ConfigError, build_config
 from meshrl.data.loader import PromptLoader
+from meshrl.rpc.role_client import RoleCallError
 from services.coordinator.checkpointing import CheckpointManager
-from services.coordinator.clients import RoleCallError
 from services.coordinator.rollout_ahead import RolloutAhead
 from services.coordinator.run_data import plan_warnings
 from tests.coordinator.test_run_bookkeeping import Unavailable, make_run

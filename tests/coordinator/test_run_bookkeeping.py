@@ -14,8 +14,8 @@ from meshrl.api.v1 import common_pb2
 from meshrl.config import build_config
 from meshrl.data.loader import PromptLoader
 from meshrl.gpus import count_gpus
+from meshrl.rpc.role_client import RoleCallError
 from services.coordinator.checkpointing import CheckpointManager, CoordinatorState
-from services.coordinator.clients import RoleCallError
 from services.coordinator.run import Endpoints, PPORun
 
 ENDPOINTS = Endpoints(rollout=["127.0.0.1:1"], actor="127.0.0.1:2", reward="127.0.0.1:3")

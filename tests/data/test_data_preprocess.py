@@ -8,13 +8,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from meshrl import cli
 from meshrl.data.dataset import PromptDataset
 from meshrl.data.errors import DataError
 from meshrl.data.preprocess import PREPROCESSORS, convert, run
 from meshrl.data.preprocess.common import split_of
 from meshrl.data.preprocess.hh_rlhf import dialogue_to_chat
 from meshrl.testing.char_tokenizer import build_char_tokenizer
+from meshrl_app import cli
 
 pytestmark = pytest.mark.timeout(60)
 

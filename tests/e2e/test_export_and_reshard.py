@@ -16,8 +16,8 @@ from meshrl.launcher.local import LocalLauncher
 from meshrl.ragged import Ragged
 from meshrl_app.run_local import run_local
 from services.coordinator.checkpointing import CheckpointManager
-from services.coordinator.clients import TrainerClient
 from services.coordinator.metrics_sinks import read_jsonl
+from services.trainer.client import TrainerClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -19,13 +19,15 @@ import grpc
 import pytest
 import torch
 
-from meshrl.api.v1 import rollout_pb2
 from meshrl.config import build_config, config_to_yaml
 from meshrl.launcher.local import LocalLauncher
 from meshrl.ragged import Ragged
+from meshrl.rpc.role_client import RoleCallError
 from meshrl.weight_sync.sender import TEST_DELAY_ENV
-from services.coordinator.clients import RoleCallError, RolloutClient, TrainerClient
 from services.coordinator.weight_sync import WeightSyncer
+from services.rollout.client import RolloutClient
+from services.rollout.types import SamplingParams
+from services.trainer.client import TrainerClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -164,7 +166,7 @@ def test_actor_killed_mid_sync_then_resynced(mesh, monkeypatch):
     assert mesh.rollout.info().weight_version == -1
     # ... and keeps serving Generate, stamped with that version.
     prompts, _ = _fixed_sequences()
-    sampling = rollout_pb2.SamplingParams(temperature=1.0, max_tokens=4, n=2, seed=3)
+    sampling = SamplingParams(temperature=1.0, max_tokens=4, n=2, seed=3)
     out = mesh.rollout.generate(prompts, sampling)
     assert len(out.finish_reasons) == 4 and out.weight_version == -1
 

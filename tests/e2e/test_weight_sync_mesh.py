@@ -9,8 +9,9 @@ import torch
 from meshrl.config import build_config, config_to_yaml
 from meshrl.launcher.local import LocalLauncher
 from meshrl.ragged import Ragged
-from services.coordinator.clients import RolloutClient, TrainerClient
 from services.coordinator.weight_sync import WeightSyncer
+from services.rollout.client import RolloutClient
+from services.trainer.client import TrainerClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from meshrl import cli
+from meshrl_app import cli
 from meshrl_app.demo.run import demo_config
 
 pytestmark = pytest.mark.timeout(120)

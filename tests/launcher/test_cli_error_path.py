@@ -17,7 +17,7 @@ def test_a_bad_request_is_told_without_loading_torch():
     """Before: matching the error imported meshrl_app.export (torch) and the coordinator's
     modules, 4 s before any message, on every error and on Ctrl-C."""
     code = (
-        "import sys; from meshrl import cli; "
+        "import sys; from meshrl_app import cli; "
         "rc = cli.main(['run', '/no/such/run.yaml']); print(rc, 'torch' in sys.modules)"
     )
     done = subprocess.run(
@@ -32,7 +32,7 @@ def test_every_error_class_the_cli_names_exists():
     here, not as an AttributeError while a user's error is being reported."""
     import importlib
 
-    from meshrl import cli
+    from meshrl_app import cli
 
     for name in cli.BAD_REQUEST_ERRORS + cli.FAILURE_ERRORS:
         module, cls = name.split(":")

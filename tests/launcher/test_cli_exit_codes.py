@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import meshrl_app.run_local as run_local_module
-from meshrl import cli
+from meshrl.rpc.role_client import RoleCallError
+from meshrl_app import cli
 from meshrl_app.run_local import RunResult
 from services.coordinator.checkpointing import CheckpointError
-from services.coordinator.clients import RoleCallError
 from services.coordinator.ppo_step import RewardFailedEverySample
-from services.coordinator.run_types import ended_exit_code
+from services.coordinator.types import ended_exit_code
 
 
 class Unavailable(grpc.RpcError):

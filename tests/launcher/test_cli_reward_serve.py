@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from meshrl import cli
 from meshrl.config.schema import RewardConfig, RewardModelConfig
 from meshrl.launcher.ports import free_port
 from meshrl.rpc.client import wait_for_health
 from meshrl.testing.tiny_model import make_tiny_reward_model_dir
+from meshrl_app import cli
 from services.reward import arguments
 from services.reward.client import RewardClient
 from services.reward.scorer_slot import DEFAULT_MAX_CALLS
@@ -163,7 +163,7 @@ def test_a_bad_reward_model_setting_is_refused_by_the_parser(capsys, flag, value
 
 @pytest.mark.parametrize("command", [["reward", "serve"], ["serve", "reward"]])
 def test_a_port_out_of_range_is_refused(capsys, command):
-    from meshrl import cli
+    from meshrl_app import cli
 
     with pytest.raises(SystemExit) as done:
         cli.main([*command, "--port", "99999"])
@@ -209,7 +209,7 @@ def _raise(error: BaseException):
 def test_serve_reward_is_reward_serve_with_its_arguments_and_defaults(monkeypatch, argv):
     """Before, `meshrl serve reward` took no --custom-function or --reward-model and
     listened on any free port, where `meshrl reward serve` listens on 50051."""
-    from meshrl import cli
+    from meshrl_app import cli
     from services.reward import server as server_module
 
     served = []
@@ -220,7 +220,7 @@ def test_serve_reward_is_reward_serve_with_its_arguments_and_defaults(monkeypatc
 
 
 def test_serve_reward_after_its_options_serves_on_the_port_given(monkeypatch):
-    from meshrl import cli
+    from meshrl_app import cli
     from services.reward import server as server_module
 
     served = []

@@ -14,9 +14,11 @@ import pytest
 from benchmarks.reward_load import RewardServerProcess
 from meshrl.api.v1 import reward_pb2, reward_pb2_grpc
 from meshrl.launcher.ports import free_port
+from meshrl.rpc.role_client import RoleCallError
 from meshrl.rpc.security import SecuritySettings, client_interceptor
 from meshrl.rpc.server import GrpcServer
-from services.coordinator.clients import RewardRoleClient, RoleCallError
+from services.reward.client import RewardClient
+from services.reward.types import ScoreItem
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -56,12 +58,10 @@ def test_batch_over_the_message_limit_is_resource_exhausted(small_limit_server):
 
 @pytest.mark.slow
 def test_coordinator_error_for_an_oversized_batch_names_the_fix(small_limit_server):
-    client = RewardRoleClient(small_limit_server.address, timeout_s=30)
+    client = RewardClient(small_limit_server.address, timeout_s=30)
     try:
         with pytest.raises(RoleCallError) as e:
-            client.score(
-                [{"data_source": "openai/gsm8k", "response": "y" * 2_000_000, "ground_truth": "1"}]
-            )
+            client.score([ScoreItem("openai/gsm8k", "y" * 2_000_000, "1")])
     finally:
         client.close()
     message = str(e.value)

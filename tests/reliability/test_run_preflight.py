@@ -16,7 +16,6 @@ from meshrl.data.dataset import PromptDataset
 from meshrl.data.errors import DataError
 from meshrl.ragged import Ragged
 from meshrl.testing.char_tokenizer import build_char_tokenizer, save_char_tokenizer
-from services.coordinator.clients import ScoredSample
 from services.coordinator.ppo_step import (
     PPOStep,
     RewardFailedEverySample,
@@ -27,6 +26,7 @@ from services.coordinator.preflight import check_data_sources, load_tokenizer
 from services.coordinator.rollout_batch import RolloutBatch
 from services.coordinator.run import Endpoints, PPORun
 from services.reward.scorers.registry import known_data_sources
+from services.reward.types import ScoreOutcome
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -103,13 +103,13 @@ class _FailingReward:
         self.all_fail = all_fail
 
     def score(self, items):
-        first = ScoredSample(1.0, True, "", {"acc": 1.0})
+        first = ScoreOutcome(1.0, True, "", {"acc": 1.0})
         if self.all_fail:
-            first = ScoredSample(0.0, False, "TypeError: compute_score() takes 2 arguments", {})
+            first = ScoreOutcome(0.0, False, "TypeError: compute_score() takes 2 arguments", {})
         return [
             first,
-            ScoredSample(0.0, False, "timeout after 10.0s", {}),
-            ScoredSample(0.0, False, "returned str, expected a number", {}),
+            ScoreOutcome(0.0, False, "timeout after 10.0s", {}),
+            ScoreOutcome(0.0, False, "returned str, expected a number", {}),
         ]
 
 
@@ -151,7 +151,7 @@ def test_samples_that_could_not_be_scored_are_reported(caplog):
         "reward: 2 of 3 samples could not be scored and count as 0 "
         "(first: a 'math' sample: timeout after 10.0s)"
     ) in caplog.text
-    assert reward_failure_summary([ScoredSample(1.0, True, "", {})], ["x"]) is None
+    assert reward_failure_summary([ScoreOutcome(1.0, True, "", {})], ["x"]) is None
 
 
 def test_a_batch_with_no_sample_scored_stops_the_run():

@@ -14,7 +14,7 @@ from meshrl.config import build_config
 from meshrl.ragged import Ragged
 from meshrl.testing.tiny_model import make_tiny_model_dir
 from meshrl.weight_sync import GroupSpec, WeightGroup, WeightManifest, plan_buckets, send_weights
-from services.rollout.engine import SamplingParams
+from services.rollout.types import SamplingParams
 from services.rollout.worker import RolloutWorker
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

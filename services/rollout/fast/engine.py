@@ -28,7 +28,7 @@ import torch
 from torch.profiler import record_function
 
 from meshrl.ragged import Ragged
-from services.rollout.engine import GenerationResult, SamplingParams, check_cancelled
+from services.rollout.engine import check_cancelled
 from services.rollout.fast.cuda_graphs import DecodeGraphs, row_bucket, width_bucket
 from services.rollout.fast.decoder import StaticDecoder, unsupported_reason
 from services.rollout.fast.gpu_sampler import sample_rows
@@ -37,6 +37,7 @@ from services.rollout.fast.kv_cache import KVView, StaticKVCache, cuda_capacity_
 from services.rollout.fast.scheduler import Scheduler
 from services.rollout.fast.slots import SlotState
 from services.rollout.native.engine import NativeEngine
+from services.rollout.types import GenerationResult, SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ import logging
 
 import torch
 
-from services.rollout.engine import SamplingParams
 from services.rollout.fast import kernels
 from services.rollout.native.sampler import sample
+from services.rollout.types import SamplingParams
 
 log = logging.getLogger(__name__)
 

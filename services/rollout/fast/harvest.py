@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 
 from meshrl.ragged import Ragged
-from services.rollout.engine import FinishReason
 from services.rollout.fast.slots import SlotState
+from services.rollout.types import FinishReason
 
 
 class PinnedRing:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from meshrl.ragged import Ragged
-from services.rollout.engine import FinishReason
+from services.rollout.types import FinishReason
 
 
 @dataclass

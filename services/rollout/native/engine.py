@@ -27,19 +27,12 @@ from meshrl.algorithms.entropy import entropy_from_logits, logprobs_from_logits
 from meshrl.ragged import Ragged
 from meshrl.weight_sync.types import GroupSpec
 from meshrl.wire import dtype_from_name
-from services.rollout.engine import (
-    FinishReason,
-    GenerationResult,
-    MemoryReleasedError,
-    SamplingParams,
-    TokenScores,
-    WeightIntake,
-    check_cancelled,
-)
+from services.rollout.engine import MemoryReleasedError, WeightIntake, check_cancelled
 from services.rollout.intake import InProcessIntake
 from services.rollout.native.batch import DecodeBatch, left_pad
 from services.rollout.native.model_runner import ModelRunner
 from services.rollout.native.sampler import sample
+from services.rollout.types import FinishReason, GenerationResult, SamplingParams, TokenScores
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from meshrl.algorithms.entropy import logprobs_from_logits
-from services.rollout.engine import SamplingParams
+from services.rollout.types import SamplingParams
 
 
 def sample(

@@ -29,14 +29,12 @@ import torch
 from meshrl.ragged import Ragged
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
 from services.rollout.engine import (
-    GenerationResult,
     IntakeFailed,
     MemoryReleasedError,
     ReceivedWeights,
-    SamplingParams,
-    TokenScores,
     check_cancelled,
 )
+from services.rollout.types import GenerationResult, SamplingParams, TokenScores
 from services.rollout.vllm.extension import EXTENSION_CLS
 from services.rollout.vllm.mapping import (
     flat,

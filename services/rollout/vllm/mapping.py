@@ -11,7 +11,7 @@ from google.protobuf import json_format
 from meshrl.api.v1 import common_pb2
 from meshrl.ragged import Ragged
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
-from services.rollout.engine import FinishReason, SamplingParams
+from services.rollout.types import FinishReason, SamplingParams
 
 
 def sampling_kwargs(params: SamplingParams, eos_ids: tuple[int, ...] = ()) -> dict[str, Any]:

@@ -10,9 +10,9 @@ import pytest
 from meshrl.config.schema import RewardConfig
 from services.reward.convert import outcome_from_proto, outcome_to_proto
 from services.reward.pool import ScorerPool
+from services.reward.scorer_process import BadScore, coerce
 from services.reward.scoring import ANY_SOURCE, RewardScorer
 from services.reward.types import ScoreItem, ScoreOutcome
-from services.reward.worker import BadScore, coerce
 
 pytestmark = pytest.mark.timeout(120)
 

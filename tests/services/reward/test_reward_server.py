@@ -15,12 +15,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from meshrl import cli
 from meshrl.api.v1 import reward_pb2, reward_pb2_grpc
 from meshrl.config import ConfigError, build_config, config_to_yaml
 from meshrl.launcher.ports import free_port
 from meshrl.rpc.client import open_channel, wait_for_health
+from meshrl.rpc.role_client import RoleCallError
 from meshrl.testing.tiny_model import make_tiny_model_dir
+from meshrl_app import cli
 from services.reward.client import RewardClient
 from services.reward.evaluate import CHUNK, evaluate, score_deadline_s
 from services.reward.reward_model import RewardModel
@@ -111,15 +112,13 @@ def client(server):
 
 
 def test_answers_reach_the_coordinators_client_for_majority_votes(server):
-    from services.coordinator.clients import RewardRoleClient
-
-    role = RewardRoleClient(server.address, timeout_s=60)
+    role = RewardClient(server.address, timeout_s=60)
     try:
         out = role.score(
             [
-                {"data_source": "openai/gsm8k", "response": "#### 7", "ground_truth": "7"},
-                {"data_source": "openai/gsm8k", "response": "none", "ground_truth": "7"},
-                {"data_source": "math", "response": "\\boxed{9^{999999999}}", "ground_truth": "5"},
+                ScoreItem("openai/gsm8k", "#### 7", "7"),
+                ScoreItem("openai/gsm8k", "none", "7"),
+                ScoreItem("math", "\\boxed{9^{999999999}}", "5"),
             ]
         )
     finally:
@@ -153,11 +152,11 @@ def test_score_over_grpc(client):
 
 
 def test_unknown_data_source_is_invalid_argument(client):
-    with pytest.raises(grpc.RpcError) as e:
+    with pytest.raises(RoleCallError) as e:
         client.score([ScoreItem("openai/gsm8k", "#### 1", "1"), ScoreItem("my/own", "x", "y")])
-    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "unknown data_source 'my/own'" in e.value.details()
-    assert ", ".join(known_data_sources()) in e.value.details()
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "unknown data_source 'my/own'" in e.value.details
+    assert ", ".join(known_data_sources()) in e.value.details
 
 
 def test_bad_extra_info_json_is_invalid_argument(server):
@@ -238,11 +237,11 @@ def test_initialize_with_custom_function_then_bad_config(server, tmp_path):
         c.initialize(config_to_yaml(cfg))
         assert "*" in c.list_scorers()
         assert c.score([ScoreItem("whatever", "x", "y")])[0].score == 0.25
-        with pytest.raises(grpc.RpcError) as e:
+        with pytest.raises(RoleCallError) as e:
             c.initialize("reward:\n  timeout_s: -1\n")
         assert (
-            e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            and "reward.timeout_s" in e.value.details()
+            e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+            and "reward.timeout_s" in e.value.details
         )
         c.initialize(config_to_yaml(build_config({})))  # back to the rule scorers
         assert c.list_scorers() == known_data_sources()
@@ -257,11 +256,11 @@ def test_initialize_with_a_reward_model_path_that_does_not_exist(server, tmp_pat
         {"reward": {"num_workers": 1, "reward_model": {"enable": True, "path": str(missing)}}}
     )
     with RewardClient(server.address, timeout_s=90) as c:
-        with pytest.raises(grpc.RpcError) as e:
+        with pytest.raises(RoleCallError) as e:
             c.initialize(config_to_yaml(cfg))
-        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
         assert f"reward.reward_model.path: {missing} does not exist (a Hugging Face model " in (
-            e.value.details()
+            e.value.details
         )
         assert c.list_scorers() == known_data_sources()  # the scorer in place serves on
 
@@ -335,13 +334,13 @@ def test_ctrl_c_does_not_wait_for_a_hung_reward_function(tmp_path):
     before, the server lived on until the sample timeout (here 60 s)."""
     s = _hung_server(tmp_path)
     workers = list(s.workers)
-    errors: list[grpc.RpcError] = []
+    errors: list[RoleCallError] = []
 
     def call() -> None:
         with RewardClient(s.address, timeout_s=90) as c:
             try:
                 c.score([ScoreItem("any", "hang", "y")])
-            except grpc.RpcError as e:
+            except RoleCallError as e:
                 errors.append(e)
 
     caller = threading.Thread(target=call)
@@ -364,7 +363,7 @@ def test_ctrl_c_does_not_wait_for_a_hung_reward_function(tmp_path):
     s.stop()
     assert took < 15, f"stopping took {took:.1f} s:\n{log}"
     assert len(errors) == 1
-    assert errors[0].code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+    assert errors[0].code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
     assert "Traceback" not in log, log
     assert not left, f"processes left behind: {left}"
 
@@ -407,12 +406,12 @@ def test_ctrl_c_does_not_wait_for_an_initialize_building_its_scorer(tmp_path):
     s = Server(tmp_path / "own.log", "--num-workers", "1")
     cfg = build_config({"reward": {"custom_function": f"{fn}:score", "num_workers": 1}})
     init = RewardClient(s.address, timeout_s=90)
-    errors: list[grpc.RpcError] = []
+    errors: list[RoleCallError] = []
 
     def initialize() -> None:
         try:
             init.initialize(config_to_yaml(cfg))
-        except grpc.RpcError as e:
+        except RoleCallError as e:
             errors.append(e)
 
     caller = threading.Thread(target=initialize)

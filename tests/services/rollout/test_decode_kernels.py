@@ -377,9 +377,9 @@ def check_sampling(case: dict) -> None:
                 assert int(tokens[2]) == vocab - 1 and float(logprobs[2]) == 0.0, what
     else:
         assert kind == "sampler"
-        from services.rollout.engine import SamplingParams
         from services.rollout.fast import gpu_sampler
         from services.rollout.fast.gpu_sampler import sample_rows
+        from services.rollout.types import SamplingParams
 
         gpu_sampler.SAMPLING_KERNEL = "gumbel"  # this group checks the Gumbel kernel
 
@@ -446,8 +446,8 @@ def check_sampling_cdf(case: dict) -> None:
             other = draw(logits, 1.0, seed, offset, block=16)[0]
             assert not torch.equal(first[0], other), f"seed {seed}, offset {offset}"
     elif kind == "sampler":
-        from services.rollout.engine import SamplingParams
         from services.rollout.fast import gpu_sampler
+        from services.rollout.types import SamplingParams
 
         logits = (torch.randn(5, 300, generator=gen) * 2).bfloat16()
         params = SamplingParams(temperature=0.8, seed=3)

@@ -82,8 +82,8 @@ def test_sample_gumbel_splits_draw_what_one_program_draws():
 
 
 def test_sample_gumbel_logprobs_and_frequencies():
-    from services.rollout.engine import SamplingParams
     from services.rollout.fast.gpu_sampler import sample_rows
+    from services.rollout.types import SamplingParams
 
     g = torch.Generator(device="cuda").manual_seed(2)
     rows, vocab, t = 256, 151936, 0.8

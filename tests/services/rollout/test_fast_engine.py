@@ -12,10 +12,11 @@ import torch
 
 from meshrl.ragged import Ragged
 from meshrl.testing.tiny_model import make_tiny_model_dir, make_tiny_qwen2_dir
-from services.rollout.engine import GenerationCancelled, MemoryReleasedError, SamplingParams
+from services.rollout.engine import GenerationCancelled, MemoryReleasedError
 from services.rollout.fast.engine import FastEngine
 from services.rollout.fast.scheduler import Scheduler
 from services.rollout.native.engine import NativeEngine
+from services.rollout.types import SamplingParams
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,9 +6,9 @@ import torch
 
 from meshrl.ragged import Ragged
 from meshrl.testing.tiny_model import make_tiny_model_dir
-from services.rollout.engine import SamplingParams
 from services.rollout.fast.engine import FastEngine
 from services.rollout.native.engine import NativeEngine
+from services.rollout.types import SamplingParams
 
 pytestmark = [
     pytest.mark.gpu,

@@ -23,7 +23,7 @@ import sys
 import torch
 from meshrl.ragged import Ragged
 from meshrl.testing.tiny_model import make_tiny_model_dir, make_tiny_qwen2_dir
-from services.rollout.engine import SamplingParams
+from services.rollout.types import SamplingParams
 from services.rollout.fast.engine import FastEngine
 from services.rollout.native.engine import NativeEngine
 

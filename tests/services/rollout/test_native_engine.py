@@ -9,8 +9,9 @@ from transformers import LlamaForCausalLM
 from meshrl.ragged import Ragged
 from meshrl.testing.char_tokenizer import save_char_tokenizer
 from meshrl.testing.tiny_model import make_tiny_model_dir, tiny_llama_config
-from services.rollout.engine import MemoryReleasedError, RolloutEngine, SamplingParams
+from services.rollout.engine import MemoryReleasedError, RolloutEngine
 from services.rollout.native.engine import NativeEngine
+from services.rollout.types import SamplingParams
 
 pytestmark = pytest.mark.timeout(120)
 

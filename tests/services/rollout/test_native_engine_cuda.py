@@ -5,8 +5,8 @@ import torch
 
 from meshrl.ragged import Ragged
 from meshrl.testing.tiny_model import make_tiny_model_dir
-from services.rollout.engine import SamplingParams
 from services.rollout.native.engine import NativeEngine
+from services.rollout.types import SamplingParams
 
 pytestmark = [
     pytest.mark.gpu,

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from meshrl.ragged import Ragged
-from services.rollout.engine import SamplingParams
 from services.rollout.native.batch import left_pad
 from services.rollout.native.sampler import sample, top_k_filter, top_p_filter
+from services.rollout.types import SamplingParams
 
 NEG = float("-inf")
 

@@ -20,9 +20,10 @@ from meshrl.rpc.client import health_status, open_channel, wait_for_health
 from meshrl.testing.tiny_model import make_tiny_model_dir
 from meshrl.weight_sync import GroupSpec, WeightGroup, WeightManifest, plan_buckets, send_weights
 from meshrl.wire import ragged_from_proto, ragged_to_proto, tensor_from_proto
-from services.rollout.engine import SamplingParams
+from services.rollout.convert import sampling_from_proto, sampling_to_proto
 from services.rollout.native.engine import NativeEngine
-from services.rollout.server import SERVICE_NAME, sampling_from_proto
+from services.rollout.server import SERVICE_NAME
+from services.rollout.types import SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -254,11 +255,12 @@ def test_coordinator_releases_and_takes_back_the_cache(server):
     """The coordinator's side of free_cache_engine against the real server: asleep, the
     server refuses to generate; a RolloutMemory made afresh (as after a recovery) still
     wakes it."""
-    from services.coordinator.clients import RoleCallError, RolloutClient
+    from meshrl.rpc.role_client import RoleCallError
     from services.coordinator.rollout_memory import RolloutMemory
+    from services.rollout.client import RolloutClient
 
     client = RolloutClient(server.address, timeout_s=30)
-    sampling = rollout_pb2.SamplingParams(temperature=1.0, max_tokens=2, n=1, seed=3)
+    sampling = SamplingParams(temperature=1.0, max_tokens=2, n=1, seed=3)
     try:
         RolloutMemory([client], enabled=True).sleep()
         with pytest.raises(RoleCallError, match="released"):
@@ -376,3 +378,11 @@ def test_ctrl_c_does_not_wait_for_a_weight_sync_whose_sender_never_sends(own_ser
         assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
     finally:
         group.close()
+
+
+def test_sampling_params_cross_the_wire_unchanged_seed_presence_included():
+    for params in (
+        SamplingParams(temperature=0.75, top_p=0.5, top_k=5, max_tokens=3, n=2, seed=0),
+        SamplingParams(max_tokens=8, stop_token_ids=(2, 9)),
+    ):
+        assert sampling_from_proto(sampling_to_proto(params)) == params

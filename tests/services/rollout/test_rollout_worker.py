@@ -11,8 +11,8 @@ from meshrl.ragged import Ragged
 from meshrl.testing.tiny_model import make_tiny_model_dir
 from meshrl.weight_sync import GroupSpec, WeightGroup, WeightManifest, plan_buckets, send_weights
 from services.rollout import intake as intake_module
-from services.rollout.engine import SamplingParams
 from services.rollout.native.engine import NativeEngine
+from services.rollout.types import SamplingParams
 from services.rollout.worker import (
     NotInitializedError,
     NoWeightGroupError,

@@ -19,7 +19,8 @@ from meshrl.ragged import Ragged
 from meshrl.testing.tiny_model import make_tiny_model_dir
 from meshrl.weight_sync import GroupSpec, WeightGroup, WeightManifest, plan_buckets, send_weights
 from services.rollout import worker as worker_module
-from services.rollout.engine import MemoryReleasedError, SamplingParams
+from services.rollout.engine import MemoryReleasedError
+from services.rollout.types import SamplingParams
 from services.rollout.vllm import mapping
 from services.rollout.vllm.engine import VllmEngine, VllmNotInstalledError
 from services.rollout.vllm.extension import MeshrlWorkerExtension

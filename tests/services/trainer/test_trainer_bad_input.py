@@ -8,7 +8,7 @@ from trainer_helpers import batch_to_proto, make_batch, trainer_config
 from meshrl.api.v1 import common_pb2, trainer_pb2
 from meshrl.config import config_to_yaml
 from meshrl.wire import tensor_to_proto
-from services.trainer.server import RankHandlers
+from services.trainer.rank_handlers import RankHandlers
 
 
 def _handlers(role: str, model_dir) -> RankHandlers:

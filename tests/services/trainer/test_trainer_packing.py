@@ -16,7 +16,8 @@ from services.trainer.micro_batches import first_fit_decreasing, plan_epoch
 from services.trainer.model_loading import load_policy_model, load_value_model
 from services.trainer.padding_free import flatten_sequences
 from services.trainer.reference import RefRole
-from services.trainer.sequences import SequenceBatch, pack_sequences
+from services.trainer.sequences import pack_sequences
+from services.trainer.types import SequenceBatch
 
 # --- planning -------------------------------------------------------------------------
 

@@ -3,12 +3,12 @@ import torch
 
 from meshrl.ragged import Ragged
 from services.trainer.sequences import (
-    SequenceBatch,
     at_response_positions,
     pack_sequences,
     padded_to_ragged,
     ragged_to_padded,
 )
+from services.trainer.types import SequenceBatch
 
 
 def _batch() -> SequenceBatch:

@@ -23,7 +23,7 @@ from trainer_helpers import TrainerProcess, batch_to_proto, trainer_config
 from meshrl.api.v1 import common_pb2, trainer_pb2
 from meshrl.ragged import Ragged
 from meshrl.wire import tensor_to_proto
-from services.trainer.sequences import SequenceBatch
+from services.trainer.types import SequenceBatch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -23,7 +23,7 @@ from meshrl.ragged import Ragged
 from meshrl.rpc.client import open_channel, wait_for_health
 from meshrl.weight_sync import GroupSpec, WeightGroup
 from meshrl.wire import ragged_to_proto
-from services.trainer.sequences import SequenceBatch
+from services.trainer.types import SequenceBatch
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -1,7 +1,8 @@
 """What the coordinator service tells about a run: its status and the events of its stream.
 
 Plain dataclasses, shared by the service (run_manager.py, server.py) and its CLI client
-(remote.py); light to import, so `meshrl status` does not load torch.
+(client.py, and the CLI verbs of meshrl_app/remote.py); light to import, so `meshrl status`
+does not load torch.
 """
 
 from __future__ import annotations

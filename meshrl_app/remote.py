@@ -1,4 +1,4 @@
-"""Client of the coordinator service, and the CLI verbs built on it.
+"""The CLI verbs built on the coordinator service's client (``services/coordinator/client.py``).
 
     meshrl run --coordinator HOST:PORT CONFIG.yaml [key=value ...]   submit, then follow
     meshrl status [RUN] [--coordinator HOST:PORT]
@@ -12,118 +12,18 @@ Ctrl-C leaves at once, the run going on without a watcher.
 
 from __future__ import annotations
 
-import argparse
-import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 
-from meshrl.api.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from meshrl.config import ConfigError
 from meshrl.config.loader import config_tree
-from meshrl.rpc.address import host_port
-from meshrl.rpc.client import open_channel
-from services.coordinator.run_types import RunEvent, RunState, RunStatus
-
-DEFAULT_ADDRESS = "127.0.0.1:50050"
-
-
-def default_address() -> str:
-    """$MESHRL_COORDINATOR, checked as --coordinator is (ConfigError naming it), or the
-    default."""
-    address = os.environ.get("MESHRL_COORDINATOR", DEFAULT_ADDRESS)
-    try:
-        return host_port(address)
-    except argparse.ArgumentTypeError as e:
-        raise ConfigError(f"$MESHRL_COORDINATOR {e}") from None
-
-
-class CoordinatorError(RuntimeError):
-    """A call to the coordinator failed; `code` is the gRPC status code."""
-
-    def __init__(self, address: str, code: grpc.StatusCode, details: str):
-        self.code, self.details = code, details
-        # UNAVAILABLE is also the service's own answer ("shutting down"): only a connection
-        # that failed is nothing listening there.
-        unreachable = code == grpc.StatusCode.UNAVAILABLE and "failed to connect" in (
-            details.lower()
-        )
-        what = "unreachable" if unreachable else code.name
-        message = f"coordinator at {address}: {what}: {details}"
-        if code == grpc.StatusCode.UNIMPLEMENTED:  # something answers, but not this service
-            message += (
-                " (a gRPC server answers there, but it is no meshrl coordinator service: a "
-                "role or reward server? Start one with `meshrl serve coordinator`)"
-            )
-        elif unreachable:
-            message += (
-                " (start one with `meshrl serve coordinator`, or name another with "
-                "--coordinator or $MESHRL_COORDINATOR; `meshrl run CONFIG` without "
-                "--coordinator runs here, with no service)"
-            )
-        super().__init__(message)
-
-    @classmethod
-    def of(cls, address: str, err: grpc.RpcError) -> CoordinatorError:
-        return cls(address, err.code(), err.details())
-
-
-def status_from_proto(s: coordinator_pb2.RunStatus) -> RunStatus:
-    return RunStatus(s.run_id, RunState(s.state), s.step, s.total_steps, s.message, s.run_dir)
-
-
-def event_from_proto(e: coordinator_pb2.RunEvent) -> RunEvent:
-    return RunEvent(status_from_proto(e.status), dict(e.metrics), e.log_line)
-
-
-class CoordinatorClient:
-    def __init__(self, address: str, timeout_s: float = 30.0):
-        self.address = address
-        self.timeout_s = timeout_s
-        self.channel = open_channel(address)
-        self.stub = coordinator_pb2_grpc.CoordinatorServiceStub(self.channel)
-
-    def _call(self, method: str, request):
-        try:
-            return getattr(self.stub, method)(request, timeout=self.timeout_s)
-        except grpc.RpcError as e:
-            raise CoordinatorError.of(self.address, e) from None
-
-    def info(self) -> common_pb2.ServerInfo:
-        return self._call("GetInfo", common_pb2.GetInfoRequest())
-
-    def start_run(self, config_yaml: str, overrides: list[str]) -> RunStatus:
-        req = coordinator_pb2.StartRunRequest(config_yaml=config_yaml, overrides=overrides)
-        return status_from_proto(self._call("StartRun", req))
-
-    def stop_run(self, run_id: str) -> RunStatus:
-        return status_from_proto(
-            self._call("StopRun", coordinator_pb2.StopRunRequest(run_id=run_id))
-        )
-
-    def list_runs(self) -> list[RunStatus]:
-        return [
-            status_from_proto(s)
-            for s in self._call("ListRuns", coordinator_pb2.ListRunsRequest()).runs
-        ]
-
-    def watch(self, run_id: str) -> Iterator[RunEvent]:
-        """Every event of the run from its start; ends when the run does. No deadline."""
-        stream = self.stub.WatchRun(coordinator_pb2.WatchRunRequest(run_id=run_id))
-        try:
-            for event in stream:
-                yield event_from_proto(event)
-        except grpc.RpcError as e:
-            raise CoordinatorError.of(self.address, e) from None
-        finally:
-            stream.cancel()
-
-    def close(self) -> None:
-        self.channel.close()
+from services.coordinator.client import CoordinatorClient, CoordinatorError
+from services.coordinator.types import RunStatus
 
 
 def follow(client: CoordinatorClient, run_id: str, write: Callable[[str], None]) -> RunStatus:

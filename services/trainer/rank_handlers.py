@@ -1,0 +1,219 @@
+"""What every rank of a trainer does with each command (no gRPC here): rank 0's server hands
+it the request, the other ranks get the same request over the command channel, and each
+runs the role's typed call between ``convert.py``'s checks and the response proto."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import time
+
+import torch
+import torch.distributed as dist
+
+from meshrl.api.v1 import common_pb2, trainer_pb2
+from meshrl.config import RunConfig, config_from_yaml
+from meshrl.config.placement import hands_gpu_memory_over
+from meshrl.gpus import gathered_gpu_names
+from meshrl.wire import tensor_to_proto
+from services.trainer.actor import ActorRole
+from services.trainer.convert import (
+    batch_from_proto,
+    checkpoint_path,
+    per_token,
+    required_per_token,
+)
+from services.trainer.critic import CriticRole
+from services.trainer.distributed import World
+from services.trainer.reference import RefRole
+from services.trainer.types import SequenceBatch
+from services.trainer.weight_publisher import WeightPublisher
+
+log = logging.getLogger(__name__)
+
+ROLES = {"actor": ActorRole, "critic": CriticRole, "ref": RefRole}
+
+# Which roles serve which RPC (Initialize and GetInfo: all).
+SERVED_BY = {
+    "ComputeLogProbs": ("actor", "ref"),
+    "ComputeValues": ("critic",),
+    "UpdatePolicy": ("actor",),
+    "UpdateValue": ("critic",),
+    "OpenWeightGroup": ("actor",),
+    "JoinWeightGroup": ("actor",),
+    "PrepareWeights": ("actor",),
+    "SendWeights": ("actor",),
+    "SaveCheckpoint": ("actor", "critic"),
+    "LoadCheckpoint": ("actor", "critic"),
+}
+
+# RPCs that every rank runs; a command's id on the channel is its index here.
+COMMANDS: dict[str, type] = {
+    "Initialize": common_pb2.InitializeRequest,
+    "ComputeLogProbs": common_pb2.LogProbsRequest,
+    "ComputeValues": common_pb2.SequenceBatch,
+    "UpdatePolicy": trainer_pb2.PolicyUpdateRequest,
+    "UpdateValue": trainer_pb2.ValueUpdateRequest,
+    "PrepareWeights": trainer_pb2.PrepareWeightsRequest,
+    "SendWeights": trainer_pb2.SendWeightsRequest,
+    "SaveCheckpoint": trainer_pb2.CheckpointRequest,
+    "LoadCheckpoint": trainer_pb2.CheckpointRequest,
+}
+COMMAND_IDS = {name: i for i, name in enumerate(COMMANDS)}
+
+
+class RankHandlers:
+    """What every rank does with a command: request proto -> typed call -> response proto."""
+
+    def __init__(self, role: str, host: str):
+        self.role_name = role
+        self.host = host
+        self.role: ActorRole | CriticRole | RefRole | None = None
+        self.publisher: WeightPublisher | None = None
+        self.model_path = ""
+        self.vocab_size = 0  # of the loaded model: token ids of a request are checked against it
+        self.gives_memory_back = False  # set by Initialize (launcher placement, config)
+        self.gpus: list[str] = []  # every rank's GPU, by UUID (set by Initialize)
+
+    def dispatch(self, method_id: int, payload: bytes):
+        name = list(COMMANDS)[method_id]
+        try:
+            return getattr(self, name)(COMMANDS[name].FromString(payload))
+        finally:
+            if self.gives_memory_back:
+                # The caching allocator keeps freed blocks for this process; on a GPU
+                # shared with rollout they must go back, or its KV cache cannot return.
+                torch.cuda.empty_cache()
+
+    def info(self) -> common_pb2.ServerInfo:
+        role = self.role
+        return common_pb2.ServerInfo(
+            api_version="meshrl.api.v1",
+            service="trainer",
+            role=self.role_name,
+            model_path=self.model_path,
+            weight_version=role.weight_version if role is not None else -1,
+            world_size=dist.get_world_size(),
+            num_parameters=role.num_parameters if role is not None else 0,
+            ready=role is not None,
+            meshrl_version=package_version(),
+            gpus=self.gpus,
+        )
+
+    def Initialize(self, req: common_pb2.InitializeRequest) -> common_pb2.InitializeResponse:
+        cfg = config_from_yaml(req.config_yaml)
+        if self.publisher is not None:
+            self.publisher.close()
+        self.role, self.publisher = None, None
+        world = World.current(cfg.trainer.device)
+        self.gpus = gathered_gpu_names(world.device)
+        self.gives_memory_back = hands_gpu_memory_over(cfg)
+        configured = _configured_world_size(cfg, self.role_name)
+        if configured != world.world_size:
+            log.warning(
+                "the config asks for %d %s rank(s) but %d are running; using %d",
+                configured, self.role_name, world.world_size, world.world_size,
+            )  # fmt: skip
+        self.role = ROLES[self.role_name].build(cfg, world)
+        self.model_path = _model_path(cfg, self.role_name)
+        self.vocab_size = _vocab_size(self.role.model)
+        if isinstance(self.role, ActorRole):
+            rollout = cfg.actor_rollout_ref.rollout
+            self.publisher = WeightPublisher(
+                self.role,
+                self.host,
+                bucket_bytes=rollout.weight_sync.bucket_bytes(cfg.trainer.device),
+                timeout_s=rollout.weight_sync.timeout_s,
+                world_size=1 + rollout.replicas,
+            )
+        return common_pb2.InitializeResponse(info=self.info())
+
+    def ComputeLogProbs(self, req: common_pb2.LogProbsRequest) -> common_pb2.LogProbsResponse:
+        logprobs, entropy = self.role.compute_log_probs(
+            self._batch(req.batch),
+            req.temperature if req.temperature > 0 else None,
+            req.with_entropy,
+            base_model=req.base_model,
+        )
+        return common_pb2.LogProbsResponse(
+            logprobs=tensor_to_proto(logprobs.values),
+            entropy=tensor_to_proto(entropy.values) if entropy is not None else None,
+            weight_version=self.role.weight_version,
+        )
+
+    def ComputeValues(self, req: common_pb2.SequenceBatch) -> trainer_pb2.ValuesResponse:
+        values = self.role.compute_values(self._batch(req))
+        return trainer_pb2.ValuesResponse(values=tensor_to_proto(values.values))
+
+    def UpdatePolicy(self, req: trainer_pb2.PolicyUpdateRequest) -> trainer_pb2.UpdateResponse:
+        batch = self._batch(req.batch)
+        metrics = self.role.update_policy(
+            batch,
+            required_per_token(batch, req.old_logprobs, "old_logprobs"),
+            required_per_token(batch, req.advantages, "advantages"),
+            per_token(batch, req.ref_logprobs, "ref_logprobs"),
+            per_token(batch, req.rollout_logprobs, "rollout_logprobs"),
+            req.global_step,
+        )
+        return trainer_pb2.UpdateResponse(metrics=metrics)
+
+    def UpdateValue(self, req: trainer_pb2.ValueUpdateRequest) -> trainer_pb2.UpdateResponse:
+        batch = self._batch(req.batch)
+        metrics = self.role.update_value(
+            batch,
+            required_per_token(batch, req.old_values, "old_values"),
+            required_per_token(batch, req.returns, "returns"),
+            req.global_step,
+        )
+        return trainer_pb2.UpdateResponse(metrics=metrics)
+
+    def _batch(self, msg: common_pb2.SequenceBatch) -> SequenceBatch:
+        batch = batch_from_proto(msg)
+        batch.check_token_ids(self.vocab_size)
+        return batch
+
+    def PrepareWeights(self, req: trainer_pb2.PrepareWeightsRequest) -> common_pb2.WeightManifest:
+        return self.publisher.prepare(req.version, req.dtype, req.bucket_bytes).to_proto()
+
+    def SendWeights(self, req: trainer_pb2.SendWeightsRequest) -> common_pb2.WeightSyncResult:
+        result = self.publisher.send(req.version)
+        return common_pb2.WeightSyncResult(
+            version=result.version, seconds=result.seconds, bytes=result.bytes
+        )
+
+    def SaveCheckpoint(self, req: trainer_pb2.CheckpointRequest) -> trainer_pb2.CheckpointResponse:
+        start = time.perf_counter()
+        self.role.save(checkpoint_path(req), req.with_optimizer)
+        return trainer_pb2.CheckpointResponse(path=req.path, seconds=time.perf_counter() - start)
+
+    def LoadCheckpoint(self, req: trainer_pb2.CheckpointRequest) -> trainer_pb2.CheckpointResponse:
+        start = time.perf_counter()
+        self.role.load(checkpoint_path(req), req.with_optimizer)
+        return trainer_pb2.CheckpointResponse(path=req.path, seconds=time.perf_counter() - start)
+
+
+def _vocab_size(model: torch.nn.Module) -> int:
+    """Rows of the model's input embedding (a causal LM, or the critic's wrapped decoder)."""
+    config = getattr(model, "config", None) or model.model.config
+    return config.vocab_size
+
+
+def _configured_world_size(cfg: RunConfig, role: str) -> int:
+    if role == "critic":
+        return cfg.critic.world_size
+    if role == "ref":
+        return cfg.actor_rollout_ref.ref.world_size
+    return cfg.actor_rollout_ref.actor.world_size
+
+
+def _model_path(cfg: RunConfig, role: str) -> str:
+    if role == "critic":
+        return cfg.critic.model.path or cfg.actor_rollout_ref.model.path
+    return cfg.actor_rollout_ref.model.path
+
+
+def package_version() -> str:
+    try:
+        return importlib.metadata.version("meshrl")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
