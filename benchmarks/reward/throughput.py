@@ -1,10 +1,10 @@
 """Reward scoring throughput: scores/second for GSM8k and MATH responses through RewardScorer.
 
-    python benchmarks/reward_throughput.py [--n 3000] [--workers 2]
+    python -m benchmarks.reward.throughput [--n 3000] [--workers 2]
 
 Synthetic but realistic responses (a few sentences of reasoning, then the final answer; about
 half right, MATH answers in varied but equivalent forms, all distinct), scored by the rule scorers in worker processes exactly as the server does. Prints
-one JSON line and writes benchmarks/results/reward_throughput.json.
+one JSON line and writes benchmarks/results/reward_throughput_cpu.json.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from meshrl.config.schema import RewardConfig
 from services.reward.scoring import RewardScorer
 from services.reward.types import ScoreItem
 
-RESULTS = Path(__file__).parent / "results" / "reward_throughput.json"
+RESULTS = Path(__file__).parents[1] / "results" / "reward_throughput_cpu.json"
 
 
 def math_answer(rng: random.Random) -> tuple[str, str, str]:

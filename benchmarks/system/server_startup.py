@@ -1,6 +1,6 @@
 """How long the local launcher takes to bring a run's role servers up, forked against spawned.
 
-    .venv/bin/python -m benchmarks.server_startup [--rounds 3]
+    .venv/bin/python -m benchmarks.system.server_startup [--rounds 3]
 
 Each round measures both ``launcher.start_method`` values (which goes first alternates),
 each in a fresh Python process, as ``meshrl run`` starts: the five role servers of a GAE
@@ -17,7 +17,7 @@ start method and round it times
 - ``stop_s``: ``LocalLauncher.stop()``.
 
 Prints the medians and the spawn / forkserver ratios and writes
-``benchmarks/results/server_startup_cpu.json``.
+``benchmarks/results/system_server_startup_cpu.json``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results" / "server_startup_cpu.json"
+RESULTS = Path(__file__).parents[1] / "results" / "system_server_startup_cpu.json"
 METHODS = ("spawn", "forkserver")
 FIGURES = ("start_s", "init_s", "restart_s", "second_start_s", "stop_s")
 
@@ -99,7 +99,7 @@ def main() -> None:
         figures = {}
         for method in order:
             done = subprocess.run(
-                [sys.executable, "-m", "benchmarks.server_startup", "--child", method],
+                [sys.executable, "-m", "benchmarks.system.server_startup", "--child", method],
                 capture_output=True,
                 text=True,
                 check=True,
@@ -122,7 +122,7 @@ def main() -> None:
             f"{f:<16}{median['spawn'][f]:>10.2f}{median['forkserver'][f]:>12.2f}{ratio[f]:>11.2f}x"
         )
     result = {
-        "command": "python -m benchmarks.server_startup --rounds " + str(args.rounds),
+        "command": "python -m benchmarks.system.server_startup --rounds " + str(args.rounds),
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "median": median,

@@ -2,7 +2,7 @@
 pipeline stages and key splits, each checked against the default launch and timed as 24
 calls (one per layer, each over its own layer's cache) replayed in a CUDA graph.
 
-    python3 -m benchmarks.gpu_attention --out $OUT
+    python3 -m benchmarks.rollout.attention --out $OUT
 
 Shapes: the Qwen2.5-0.5B decode step at 256 rows (14 query heads over 2 kv heads of 64),
 rope and the cache write inside the kernel (``decode_attention_rope``, the engine's path),
@@ -208,7 +208,7 @@ def main() -> None:
     if args.floor_only:
         result = stream_floor()
         print(json.dumps(result))
-        Path(args.out, "gpu_attention_floor.json").write_text(json.dumps(result, indent=1))
+        Path(args.out, "rollout_attention_floor.json").write_text(json.dumps(result, indent=1))
         return
 
     def ints(text: str) -> tuple[int, ...]:
@@ -225,7 +225,7 @@ def main() -> None:
         result["by_width"] = by_width()
     result["total_s"] = time.monotonic() - start
     result["gpu"] = torch.cuda.get_device_name()
-    Path(args.out, "gpu_attention.json").write_text(json.dumps(result, indent=1))
+    Path(args.out, "rollout_attention.json").write_text(json.dumps(result, indent=1))
     print({k: v for k, v in result.items() if k != "rows"})
 
 

@@ -2,7 +2,7 @@
 each with what the host was doing when the GPU went idle and what launched the kernel that
 ended the gap (the enclosing Python frames and ops, innermost last).
 
-    python3 -m benchmarks.trace_gaps trace.json [--top 15] [--min-us 100]
+    python3 -m benchmarks.system.trace_gaps trace.json [--top 15] [--min-us 100]
 
 A step whose GPU is busy 110 ms of 170 ms is bound by the host; these gaps say by what
 (a device sync inside an op, a Python loop, a hook).

@@ -14,7 +14,7 @@ import time
 import torch
 
 from benchmarks.gpu_models import make_model_dir
-from benchmarks.host_timeline import wait_for_quiet_children
+from benchmarks.system.host_timeline import wait_for_quiet_children
 from meshrl.ragged import Ragged
 from services.rollout.engine import SamplingParams
 from services.rollout.fast import kernels
@@ -399,7 +399,7 @@ AB_SETTINGS = (
 
 
 def ab_runs(engine: FastEngine, batch: int = 256, repeats: int = 2) -> dict:
-    """The fifth session's changes against what they replaced, interleaved ``repeats``
+    """The engine's read-late checks and inverse-CDF sampler against what they replaced, interleaved ``repeats``
     times at ``batch`` rows: checks read a round late vs each read at once (a sync), and
     inverse-CDF sampling vs the Gumbel kernel. Leaves the defaults set."""
     out = {}
@@ -427,9 +427,9 @@ def best_settings(variants: dict) -> tuple[str, dict]:
 
 
 def tuned_configs(tune: dict) -> dict:
-    """The decoder's ``matmul_configs`` from ``benchmarks.gpu_matmul.tune``'s results: each
+    """The decoder's ``matmul_configs`` from ``benchmarks.rollout.matmul.tune``'s results: each
     shape's best config in a CUDA graph where it beat cuBLAS's graph, else "torch"."""
-    from benchmarks.gpu_matmul import SHAPES
+    from benchmarks.rollout.matmul import SHAPES
     from services.rollout.fast.kernels.matmul import MatmulConfig
 
     configs = {}
@@ -459,7 +459,7 @@ def _us_per_call(call, calls: int) -> float:
 def sampling_kernel_us(rows: int = 256, vocab: int = 151936, calls: int = 50) -> dict:
     """The sampling kernel alone on random bf16 logits, microseconds a call (CUDA events):
     its vocabulary split automatically with blocks of 2048, 1024 and 512 columns, and one
-    program a row (the third session's layout). All draw the same tokens (same noise,
+    program a row (the earlier layout). All draw the same tokens (same noise,
     checked)."""
     from services.rollout.fast import kernels
 
@@ -512,7 +512,7 @@ def profile_decode(engine: FastEngine, out_dir, batch: int = 256, new: int = 64)
 
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.trace_gaps import gaps
+    from benchmarks.system.trace_gaps import gaps
 
     params = SamplingParams(temperature=1.0, max_tokens=new, seed=2)
     prompts = random_prompts(7, batch, 256, 256, engine.vocab_size)

@@ -1,7 +1,7 @@
 """The few-row Triton GEMMs (``services/rollout/fast/kernels/matmul.py``) against cuBLAS on
 Qwen2.5-0.5B's decode projections, with a small config search (H200).
 
-    python3 -m benchmarks.gpu_matmul --out $OUT [--m 64,256] [--jobs 16]
+    python3 -m benchmarks.rollout.matmul --out $OUT [--m 64,256] [--jobs 16]
 
 For each shape (fused qkv with bias, o_proj, gate/up with SiLU x up, down_proj) and each
 row count M: torch's time (F.linear; for gate/up F.linear then ``kernels.silu_mul_halves``,
@@ -9,7 +9,7 @@ the engine's pair today), every candidate MatmulConfig's (checked against torch 
 config that fails or mismatches is recorded and skipped), the best and
 ``default_config``'s. Then the same in CUDA graphs (how the engine runs them, where launch
 gaps differ from eager timing): each op alone and the four of a layer together, torch vs
-the best configs vs the defaults. Writes ``$OUT/gpu_matmul.json`` and prints a table.
+the best configs vs the defaults. Writes ``$OUT/rollout_matmul.json`` and prints a table.
 
 Timing: a torch.cuda._sleep first keeps the GPU busy while the host queues the calls, so
 eager figures are GPU time, not Python launch overhead; the mean of 100 calls, the median
@@ -373,7 +373,7 @@ def layer_graph(m: int, configs: dict[str, MatmulConfig | None]) -> dict:
 
 def tune(m_values=(64, 256), out=None, *, jobs: int | None = None) -> dict:
     """The search for every shape at every M in ``m_values``; returns the results (and
-    writes ``out/gpu_matmul.json`` when ``out`` is given)."""
+    writes ``out/rollout_matmul.json`` when ``out`` is given)."""
     import triton
 
     device = torch.device(DEVICE)
@@ -440,7 +440,7 @@ def _save(results: dict, out) -> None:
     if out is not None:
         path = Path(out)
         path.mkdir(parents=True, exist_ok=True)
-        (path / "gpu_matmul.json").write_text(json.dumps(results, indent=1))
+        (path / "rollout_matmul.json").write_text(json.dumps(results, indent=1))
 
 
 # ---- the table ------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 work each step does outside it, and the rest, each timed alone with CUDA events; kernel
 time by kind (GEMM, attention, norms, ...) for the prefill and for decode steps.
 
-    PYTHONPATH=/tmp/site:$PWD python3 -m benchmarks.gpu_engine_breakdown --out $OUT
+    PYTHONPATH=/tmp/site:$PWD python3 -m benchmarks.rollout.engine_breakdown --out $OUT
 
 Batch 256, 256 prompt + 256 new tokens, T = 1, as the engine rows of docs/benchmarks.md.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import gpu_engine as ge
+from benchmarks.rollout import engine as ge
 from services.rollout.engine import SamplingParams
 from services.rollout.fast.engine import _SLOT_ALIGN, FastEngine
 from services.rollout.fast.scheduler import Scheduler
@@ -167,7 +167,7 @@ def generate_timeline(
     (ms from the call's start) at setup, each prefill plan, the first tokens, each decode
     round and check, and the finish. A point the GPU reached right after the host did
     (lag near 0) found the GPU waiting for the host."""
-    from benchmarks.host_timeline import Timeline, timed_ranges, wait_for_quiet_children
+    from benchmarks.system.host_timeline import Timeline, timed_ranges, wait_for_quiet_children
     from services.rollout.fast import engine as fast_engine
 
     params = SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=new, seed=1)
@@ -292,7 +292,7 @@ def main() -> None:
     parser.add_argument("--workdir", default="/tmp/meshrl_gpu")
     parser.add_argument("--sections", default="timeline,breakdown,variants")
     args = parser.parse_args()
-    path = Path(args.out) / "gpu_engine_breakdown.json"
+    path = Path(args.out) / "rollout_engine_breakdown.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
 

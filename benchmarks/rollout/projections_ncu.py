@@ -6,7 +6,7 @@ throughputs:
     ncu --profile-from-start off --clock-control none \\
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats \\
         --metrics lts__t_bytes.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum \\
-        python3 -m benchmarks.gpu_projections_ncu
+        python3 -m benchmarks.rollout.projections_ncu
 
 Without ncu it prints each projection's operand bytes, so the profile's L2 bytes can be
 read against what one pass over the weights and activations would move.

@@ -1,6 +1,6 @@
 """Split-K projections whose partial sums the next kernel adds up (H200).
 
-    python3 -m benchmarks.gpu_split_k --out $OUT [--sections sweep,layer,engine]
+    python3 -m benchmarks.rollout.split_k --out $OUT [--sections sweep,layer,engine]
 
 At 256 rows a decode step's q/k/v and o projections (K = 896) make few output tiles, and
 each tile's program walks all of K one block after another: cuBLAS takes 4 to 6 us for
@@ -26,7 +26,7 @@ Sections:
   interleaved at batches 256 and 64. (At 2445eaa also with SiLU x up computed inside
   down_proj's GEMM: 1.37x slower, removed.)
 
-Writes ``$OUT/gpu_split_k.json``.
+Writes ``$OUT/rollout_split_k.json``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.gpu_matmul import COPIES, DTYPE, SHAPES, SMEM_BYTES, _operands, mismatch, time_graph
+from benchmarks.rollout.matmul import COPIES, DTYPE, SHAPES, SMEM_BYTES, _operands, mismatch, time_graph
 from services.rollout.fast import kernels
 from services.rollout.fast.fused_ops import FusedOps
 from services.rollout.fast.kernels.matmul import MatmulConfig, split_plan
@@ -276,8 +276,8 @@ def engine_section(workdir: str, calls: bool = True) -> dict:
     tiling) off and on: at each row bucket one decode step's logits against the "whole"
     one's and the decode graph's time a step (interleaved twice); then (``calls``) whole
     calls of "whole" and the default at batches 256 and 64, interleaved."""
-    from benchmarks import gpu_engine as ge
-    from benchmarks.gpu_engine_breakdown import Call
+    from benchmarks.rollout import engine as ge
+    from benchmarks.rollout.engine_breakdown import Call
 
     engine = ge.qwen05_engine(workdir)
     decoder = engine.decoder
@@ -353,7 +353,7 @@ def main() -> None:
     RESULTS["torch"] = torch.__version__
 
     def save():
-        (out / "gpu_split_k.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+        (out / "rollout_split_k.json").write_text(json.dumps(RESULTS, indent=1, default=str))
 
     t0 = time.perf_counter()
     found = {}

@@ -1,6 +1,6 @@
 """Weight sync over gloo between two processes, against a raw broadcast of the same bytes.
 
-    python benchmarks/weight_sync_gloo.py [--dtype float32] [--bucket-mb 1,4,32,256] [--reps 9]
+    python -m benchmarks.weight_sync.gloo [--dtype float32] [--bucket-mb 1,4,32,256] [--reps 9]
 
 The sender is an actor in miniature: a Llama of about 110M parameters (hidden 768, 12
 layers, intermediate 2048, vocabulary 32000, tied embeddings; random init from a config,
@@ -20,7 +20,7 @@ For each bucket size, each rep times the three back to back (rotating which goes
 measurement starts with a one-element broadcast so both sides start together, and its time
 is the slower side's. Figures are medians over reps; ``median_paired_ratio`` (the median of
 each rep's sync/raw) is steadier on a shared, loaded machine. The first bucket size given
-is the headline. Prints JSON and writes ``benchmarks/results/weight_sync_gloo.json``.
+is the headline. Prints JSON and writes ``benchmarks/results/weight_sync_gloo_cpu.json``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).parent / "results" / "weight_sync_gloo.json"
+RESULTS = Path(__file__).parents[1] / "results" / "weight_sync_gloo_cpu.json"
 MODEL = dict(vocab=32000, hidden=768, layers=12, heads=12, intermediate=2048)
 
 

@@ -166,7 +166,7 @@ UPDATE_LAYOUTS = {
     # name: (config overrides, environment, skip dynamo's guard checks)
     "layers_compiled": ((), {"MESHRL_FSDP_UNITS": "layer"}, False),
     "model_unit": ((), {"MESHRL_FSDP_UNITS": "model"}, False),
-    # As before the fifth session: the one unit resharded after forward, gathered again for
+    # The earlier behaviour: the one unit resharded after forward, gathered again for
     # the backward (see REGATHER).
     "model_unit_regather": ((), {"MESHRL_FSDP_UNITS": "model"}, False),
     # A diagnostic, not a setting to run with: how much of the host time is guard checks.
@@ -247,7 +247,7 @@ def update_variants(
 def _measure_updates(actor, batch, old, adv, updates: int, out_dir: str, tag: str) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.trace_gaps import gaps
+    from benchmarks.system.trace_gaps import gaps
 
     cuda = actor.world.device.type == "cuda"
     if cuda:
@@ -461,7 +461,7 @@ def trainer_bench(
 
 
 def main() -> None:
-    """``python3 -m benchmarks.gpu_trainer --out DIR``: the update layouts with profiles and
+    """``python3 -m benchmarks.trainer.update --out DIR``: the update layouts with profiles and
     gap reports (``update_variants``) on the Qwen2.5-0.5B shape, into DIR."""
     import argparse
 
@@ -478,7 +478,7 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     path = make_model_dir(f"{args.workdir}/qwen05_fp32", dtype=torch.float32)
     out = update_variants(path, args.out, args.updates, layouts=tuple(args.layouts.split(",")))
-    with open(f"{args.out}/update_variants.json", "w") as f:
+    with open(f"{args.out}/trainer_update_variants.json", "w") as f:
         json.dump(out, f, indent=1)
 
 

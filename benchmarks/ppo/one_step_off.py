@@ -1,6 +1,6 @@
 """PPO step time through the mesh, synchronous against one step off policy, on CPU.
 
-    .venv/bin/python -m benchmarks.one_step_off_policy [--steps 8] [--rounds 2]
+    .venv/bin/python -m benchmarks.ppo.one_step_off [--steps 8] [--rounds 2]
 
 Each round runs the same short PPO run twice through the local launcher (every role its own
 server process, one thread each), once with ``trainer.one_step_off_policy=false`` and once
@@ -11,7 +11,7 @@ they generate the same response lengths (the tiny lr barely moves the weights). 
 generates its own batch in both modes) of ``perf/time_per_step`` and of each
 ``timing_s/*`` phase. ``speedup`` is the median over rounds of sync / off-policy step time,
 each round's pair measured back to back. Prints a table and writes
-``benchmarks/results/one_step_off_policy_cpu.json``.
+``benchmarks/results/ppo_one_step_off_cpu.json``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results" / "one_step_off_policy_cpu.json"
+RESULTS = Path(__file__).parents[1] / "results" / "ppo_one_step_off_cpu.json"
 PHASES = ("gen", "gen_wait", "reward", "old_log_prob", "values", "adv", "update_critic")
 PHASES += ("update_actor", "sync_weights", "step")
 
@@ -104,7 +104,7 @@ def main() -> None:
                 flush=True,
             )
     result = {
-        "command": "python -m benchmarks.one_step_off_policy "
+        "command": "python -m benchmarks.ppo.one_step_off "
         f"--steps {args.steps} --rounds {args.rounds}",
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.node()} ({os.cpu_count()} cores)",

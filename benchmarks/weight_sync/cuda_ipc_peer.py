@@ -1,4 +1,4 @@
-"""The rollout side of ``gpu_ipc.py``: joins the cuda_ipc group and loads every sync into
+"""The rollout side of ``cuda_ipc.py``: joins the cuda_ipc group and loads every sync into
 its own bf16 model, then reports per-parameter sums so the actor can check them."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ steps. This times, at batch 256 with 256 prompt and 256 new tokens, the delay fr
 event being set to ``generate`` raising, and checks that a seeded generation after the
 cancelled ones gives the tokens it gave before them.
 
-    PYTHONPATH=/tmp/site:$PWD python3 -m benchmarks.gpu_cancel --out $OUT
+    PYTHONPATH=/tmp/site:$PWD python3 -m benchmarks.rollout.cancel --out $OUT
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.gpu_engine import qwen05_engine, random_prompts
+from benchmarks.rollout.engine import qwen05_engine, random_prompts
 from services.rollout.engine import GenerationCancelled, SamplingParams
 
 
@@ -86,7 +86,7 @@ def main() -> None:
         result["after_cancels_same_tokens"] = after == before
         result["after_cancels_rows_equal"] = sum(a == b for a, b in zip(after, before, strict=True))
     print(json.dumps(result, indent=1))
-    (out / "gpu_cancel.json").write_text(json.dumps(result, indent=1))
+    (out / "rollout_cancel.json").write_text(json.dumps(result, indent=1))
     if result["seeded_calls_repeat"] and not result["after_cancels_same_tokens"]:
         raise SystemExit("a generation after the cancelled ones gave other tokens")
 

@@ -2,7 +2,7 @@
 
 The actor (this process) holds float32 master weights of the Qwen2.5-0.5B shape and
 streams them, cast to bf16, through the cuda_ipc ring; the rollout (a subprocess,
-``benchmarks.gpu_ipc_peer``) copies them into its own bf16 model. The manifest travels
+``benchmarks.weight_sync.cuda_ipc_peer``) copies them into its own bf16 model. The manifest travels
 as protobuf bytes through the group's store (in the mesh it travels over gRPC).
 A sync is timed from the first bucket fill to the last acknowledgement.
 """
@@ -36,7 +36,7 @@ def ipc_bench(workdir: str, syncs: int = 6, bucket_mb: int = 256) -> dict:
         [
             sys.executable,
             "-m",
-            "benchmarks.gpu_ipc_peer",
+            "benchmarks.weight_sync.cuda_ipc_peer",
             "--port",
             str(spec.master_port),
             "--group",

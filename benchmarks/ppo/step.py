@@ -1,9 +1,9 @@
 """Whole PPO steps through the real mesh: every role server a process, the coordinator
 driving them over gRPC, on GPUs (issue 6: one H200, all co-located; issue 9: split).
 
-    python3 -m benchmarks.gpu_ppo_step --variants colocated,colocated_keep_cache --out $OUT
-    python3 -m benchmarks.gpu_ppo_step --tiny --device cpu --variants colocated   # a dry run
-    python3 -m benchmarks.gpu_ppo_step --verl-defaults --variants colocated_compiled --tag _v
+    python3 -m benchmarks.ppo.step --variants colocated,colocated_keep_cache --out $OUT
+    python3 -m benchmarks.ppo.step --tiny --device cpu --variants colocated   # a dry run
+    python3 -m benchmarks.ppo.step --verl-defaults --variants colocated_compiled --tag _v
 
 The model has Qwen2.5-0.5B's shape with random weights (no hub here) and no EOS, so every
 response runs to its full length; the prompts are random character strings of the chosen

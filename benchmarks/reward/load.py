@@ -1,13 +1,13 @@
 """Reward service under load: many concurrent clients on loopback against a real server.
 
-    python -m benchmarks.reward_load [--clients 64] [--seconds 60] [--items 8] [--workers 2]
+    python -m benchmarks.reward.load [--clients 64] [--seconds 60] [--items 8] [--workers 2]
         [--max-calls 8]
 
 Starts `python -m services.reward.server` as a subprocess, then `--clients` clients (each its
 own gRPC channel, spread over `--procs` client processes) score batches of `--items` GSM8k
 responses back to back for `--seconds`. Every answer is checked against the expected score;
 an RPC error or a wrong score counts as an error. Prints one JSON line and writes
-benchmarks/results/reward_load.json. Exits 1 if there was any error.
+benchmarks/results/reward_load_cpu.json. Exits 1 if there was any error.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run as a script: `benchmarks.` and `services.` import from here
     sys.path.insert(0, str(REPO))
-RESULTS = Path(__file__).parent / "results" / "reward_load.json"
+RESULTS = Path(__file__).parents[1] / "results" / "reward_load_cpu.json"
 CALL_TIMEOUT_S = 60.0
 
 
@@ -109,7 +109,7 @@ class RewardServerProcess:
 # --- the clients ---------------------------------------------------------------------------
 def gsm8k_batch(rng: random.Random, n: int) -> tuple[list, list[float]]:
     """n GSM8k responses (reasoning, then `#### answer`, about half right) and their scores."""
-    from benchmarks.reward_throughput import gsm8k_items
+    from benchmarks.reward.throughput import gsm8k_items
 
     items = gsm8k_items(n, rng)
     expected = [

@@ -2,12 +2,11 @@
 update of 16 x (512 + 512) mini-batches; MFU of the update alone (``perf/mfu/actor``).
 
 Only the trainer's public calls are used (``ActorRole.build``, ``compute_log_probs``,
-``update_policy``) and ``gpu_trainer._actor_tree``, so the same file times an older
-checkout too: copy it and ``host_timeline.py`` into that checkout's ``benchmarks/`` and
-run it there. Processes of
+``update_policy``) and ``trainer/update.py``'s ``_actor_tree``, so the same file times an
+older checkout too: copy ``benchmarks/`` into that checkout and run it there. Processes of
 the two checkouts, alternated in one device call, compare them on one machine state.
 
-    python3 -m benchmarks.gpu_actor_update --label new --out $OUT
+    python3 -m benchmarks.trainer.actor_update --label new --out $OUT
 """
 
 from __future__ import annotations
@@ -21,8 +20,8 @@ import statistics
 import torch
 
 from benchmarks.gpu_models import make_model_dir
-from benchmarks.gpu_trainer import _actor_tree
-from benchmarks.host_timeline import Timeline, timed_ranges, wait_for_quiet_children
+from benchmarks.trainer.update import _actor_tree
+from benchmarks.system.host_timeline import Timeline, timed_ranges, wait_for_quiet_children
 
 
 def ppo_order_updates(
@@ -168,7 +167,7 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     counts = [int(c) for c in args.mini_batches.split(",")]
     if args.gathered_ab:
-        with open(f"{args.out}/gathered_ab_{args.label}.json", "w") as f:
+        with open(f"{args.out}/trainer_gathered_ab_{args.label}.json", "w") as f:
             json.dump(gathered_ab(path, args.updates, tuple(counts)), f, indent=1)
         return
     out = {}
@@ -183,7 +182,7 @@ def main() -> None:
             path, counts[0], args.updates
         )
         print(f"[{args.label}] gc frozen: {out[f'{counts[0]}_mini_batches_gc_frozen']}")
-    with open(f"{args.out}/actor_update_{args.label}.json", "w") as f:
+    with open(f"{args.out}/trainer_actor_update_{args.label}.json", "w") as f:
         json.dump(out, f, indent=1)
 
 

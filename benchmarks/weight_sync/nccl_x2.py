@@ -5,10 +5,10 @@
    (one flat tensor) measured in the same processes.
 2. The actor's PPO loss on one fixed batch with FSDP2 over 2 GPUs against 1 GPU.
 
-    python benchmarks/multi_gpu_x2.py --out results.json            # on the 2-GPU machine
-    python benchmarks/multi_gpu_x2.py --device cpu --small           # the same code on CPU (gloo)
-    python benchmarks/multi_gpu_x2.py --sync-only --in-place --bucket-mb 4   # one sync setting
-    python benchmarks/multi_gpu_x2.py --sync-only --in-place --profile-dir $OUT  # + a trace
+    python -m benchmarks.weight_sync.nccl_x2 --out results.json            # on the 2-GPU machine
+    python -m benchmarks.weight_sync.nccl_x2 --device cpu --small           # the same code on CPU (gloo)
+    python -m benchmarks.weight_sync.nccl_x2 --sync-only --in-place --bucket-mb 4   # one sync setting
+    python -m benchmarks.weight_sync.nccl_x2 --sync-only --in-place --profile-dir $OUT  # + a trace
 
 Each part runs in freshly spawned processes (torch.multiprocessing, spawn).
 """
@@ -195,7 +195,7 @@ def sync_worker(rank: int, args, port: int, queue) -> None:
 def _use_waits(kind: str) -> None:
     """Swaps meshrl's bucket waits (ProcessGroupNCCL's blocking wait with a timeout, which
     polls completion in 1 ms sleeps) for an A/B of two alternatives that were measured and
-    not adopted (docs/benchmarks.md, "Two GPUs", eleventh session):
+    not adopted (docs/benchmarks.md, "Tried and dropped"):
 
     - "polled": still blocking, but polling completion from 20 us up;
     - "stream": never blocking the host, only ordering the current stream after the
