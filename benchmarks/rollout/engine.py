@@ -399,9 +399,9 @@ AB_SETTINGS = (
 
 
 def ab_runs(engine: FastEngine, batch: int = 256, repeats: int = 2) -> dict:
-    """The engine's read-late checks and inverse-CDF sampler against what they replaced, interleaved ``repeats``
-    times at ``batch`` rows: checks read a round late vs each read at once (a sync), and
-    inverse-CDF sampling vs the Gumbel kernel. Leaves the defaults set."""
+    """The engine's read-late checks and inverse-CDF sampler against what they replaced,
+    interleaved ``repeats`` times at ``batch`` rows: checks read a round late vs each read
+    at once (a sync), and inverse-CDF sampling vs the Gumbel kernel. Leaves the defaults set."""
     out = {}
     try:
         for rep in range(repeats):

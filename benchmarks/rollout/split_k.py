@@ -44,7 +44,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.rollout.matmul import COPIES, DTYPE, SHAPES, SMEM_BYTES, _operands, mismatch, time_graph
+from benchmarks.rollout.matmul import (
+    COPIES,
+    DTYPE,
+    SHAPES,
+    SMEM_BYTES,
+    _operands,
+    mismatch,
+    time_graph,
+)
 from services.rollout.fast import kernels
 from services.rollout.fast.fused_ops import FusedOps
 from services.rollout.fast.kernels.matmul import MatmulConfig, split_plan

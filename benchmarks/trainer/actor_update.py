@@ -20,8 +20,8 @@ import statistics
 import torch
 
 from benchmarks.gpu_models import make_model_dir
-from benchmarks.trainer.update import _actor_tree
 from benchmarks.system.host_timeline import Timeline, timed_ranges, wait_for_quiet_children
+from benchmarks.trainer.update import _actor_tree
 
 
 def ppo_order_updates(

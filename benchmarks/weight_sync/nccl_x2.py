@@ -5,10 +5,10 @@
    (one flat tensor) measured in the same processes.
 2. The actor's PPO loss on one fixed batch with FSDP2 over 2 GPUs against 1 GPU.
 
-    python -m benchmarks.weight_sync.nccl_x2 --out results.json            # on the 2-GPU machine
-    python -m benchmarks.weight_sync.nccl_x2 --device cpu --small           # the same code on CPU (gloo)
-    python -m benchmarks.weight_sync.nccl_x2 --sync-only --in-place --bucket-mb 4   # one sync setting
-    python -m benchmarks.weight_sync.nccl_x2 --sync-only --in-place --profile-dir $OUT  # + a trace
+    python -m benchmarks.weight_sync.nccl_x2 --out results.json      # on the 2-GPU machine
+    python -m benchmarks.weight_sync.nccl_x2 --device cpu --small     # the same code on CPU (gloo)
+    python -m benchmarks.weight_sync.nccl_x2 --sync-only --in-place --bucket-mb 4   # one setting
+    python -m benchmarks.weight_sync.nccl_x2 --sync-only --in-place --profile-dir $OUT  # + trace
 
 Each part runs in freshly spawned processes (torch.multiprocessing, spawn).
 """
