@@ -3,7 +3,7 @@
     python3 -m benchmarks.gpu_suite --sections ceilings,engine,hf,ipc,trainer --out $OUT
     python3 -m benchmarks.gpu_suite --sections ceilings,side_by_side --out $OUT
 
-Run on the lent H200 (see docs/benchmarks.md, "GPU"). Every section runs in a try block,
+Run on the lent H200 (see docs/benchmarks.md, "Method"). Every section runs in a try block,
 so one failure still leaves the others' figures; results go to ``$OUT/gpu_suite.json``
 after each section and a short table is printed last.
 """
@@ -29,7 +29,7 @@ def _save(out: Path) -> None:
 
 def ceilings() -> dict:
     """Copy bandwidth (bytes read + written) and bf16 matmul rate on random data."""
-    from benchmarks.gpu_ipc import copy_ms
+    from benchmarks.weight_sync.cuda_ipc import copy_ms
 
     n = 2 * 2**30
     copy_gbs = 2 * n / (copy_ms(n) / 1e3) / 1e9
@@ -54,7 +54,7 @@ def ceilings() -> dict:
 
 def engine_section(workdir: str, out: Path, quick: bool = False, tuned: dict | None = None):
     """Checks and times the fast engine; returns it (the HF section reuses its model)."""
-    from benchmarks import gpu_engine as ge
+    from benchmarks.rollout import engine as ge
 
     _run("engine_check_fp32", lambda: ge.check_fp32(workdir), out)
     _run("packed_attention_check", ge.check_packed_attention, out)
@@ -96,7 +96,7 @@ def engine_section(workdir: str, out: Path, quick: bool = False, tuned: dict | N
 def _record_floors(engine, tok_s_by_batch: dict[int, float]) -> None:
     """The bandwidth floor at each batch (256 + 256 tokens, from the ceilings' copy
     bandwidth, when measured) and the share of it that ``tok_s_by_batch`` reached."""
-    from benchmarks import gpu_engine as ge
+    from benchmarks.rollout import engine as ge
 
     copy = RESULTS.get("ceilings", {}).get("copy_gbs")
     if not copy:
@@ -124,10 +124,10 @@ def cuda_tests() -> dict:
 
 
 def ab_section(workdir: str, out: Path) -> None:
-    """The engine's latest changes A/B (``gpu_engine.ab_runs``), then the engine and eager
-    ``generate`` side by side at batches 64 and 256, with the CUDA test files' result first.
-    (The fifth session's call 4, as a section.)"""
-    from benchmarks import gpu_engine as ge
+    """The engine's A/B runs (``rollout/engine.py``'s ``ab_runs``), then the engine and
+    eager ``generate`` side by side at batches 64 and 256, with the CUDA test files' result
+    first."""
+    from benchmarks.rollout import engine as ge
 
     _run("cuda_tests", cuda_tests, out)
     engine = ge.qwen05_engine(workdir)
@@ -143,8 +143,8 @@ def side_by_side_section(workdir: str, out: Path) -> None:
     eager ``generate`` timed in turn three times at batches 64 and 256
     (``gpu_engine.side_by_side``), the share of the bandwidth floor, eager ``generate``
     with Hugging Face's own ("eager") attention, and prefill chunk sizes."""
-    from benchmarks import gpu_engine as ge
-    from benchmarks.gpu_engine_breakdown import variants
+    from benchmarks.rollout import engine as ge
+    from benchmarks.rollout.engine_breakdown import variants
 
     _run("cuda_tests", cuda_tests, out)
     _run("engine_check_fp32", lambda: ge.check_fp32(workdir), out)
@@ -168,7 +168,7 @@ def side_by_side_section(workdir: str, out: Path) -> None:
 
 
 def hf_section(engine, out: Path, deadline: float, eager_only: bool = False) -> None:
-    from benchmarks import gpu_engine as ge
+    from benchmarks.rollout import engine as ge
 
     model = engine.runner.model
     for batch in (64, 256):
@@ -181,7 +181,7 @@ def hf_section(engine, out: Path, deadline: float, eager_only: bool = False) -> 
 
 
 def _matmul_summary(tune: dict) -> dict:
-    """What the decoder needs of the GEMM search (its full output is gpu_matmul.json)."""
+    """What the decoder needs of the GEMM search (its full output is rollout_matmul.json)."""
     keep = ("torch_us", "torch_graph_us", "best", "best_graph", "default")
     shapes = {
         name: {m: {k: found[k] for k in keep if k in found} for m, found in by_m.items()}
@@ -265,8 +265,8 @@ def main() -> None:
         _run("ceilings", ceilings, out)
     tuned = None
     if "matmul" in sections:
-        from benchmarks import gpu_engine as ge
-        from benchmarks.gpu_matmul import tune
+        from benchmarks.rollout import engine as ge
+        from benchmarks.rollout.matmul import tune
 
         _run("matmul_tune", lambda: _matmul_summary(tune(m_values=(256, 64), out=out)), out)
         try:
@@ -288,11 +288,11 @@ def main() -> None:
     if "side_by_side" in sections:
         side_by_side_section(args.workdir, out)
     if "ipc" in sections:
-        from benchmarks.gpu_ipc import ipc_bench
+        from benchmarks.weight_sync.cuda_ipc import ipc_bench
 
         _run("ipc", lambda: ipc_bench(args.workdir), out)
     if "trainer" in sections:
-        from benchmarks.gpu_trainer import trainer_bench
+        from benchmarks.trainer.update import trainer_bench
 
         _run(
             "trainer",

@@ -22,7 +22,7 @@ checks:
 - GPU memory in use (the whole device) around vLLM's sleep, the weights' wake and the
   KV cache's wake.
 
-Writes ``$OUT/engines_side_by_side.json`` and prints a table.
+Writes ``$OUT/rollout_engines_side_by_side.json`` and prints a table.
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ def sync_vllm(engine, weights: dict[str, torch.Tensor]) -> dict:
 
 
 def checks(engine_name: str, engine, model: str, args) -> dict:
-    from benchmarks.gpu_engine import random_prompts
+    from benchmarks.rollout.engine import random_prompts
 
     prompts = random_prompts(7, CHECK_PROMPTS, CHECK_PROMPT_LEN, CHECK_PROMPT_LEN, 1000)
     before = greedy(engine, prompts)
@@ -218,7 +218,7 @@ def checks(engine_name: str, engine, model: str, args) -> dict:
 def speed(engine, batch: int, args, seed: int | None = 1) -> dict:
     """New tokens/s at ``batch``. ``seed``: the request's (each prompt then gets a seed of its
     own, as in training runs); None samples unseeded."""
-    from benchmarks.gpu_engine import random_prompts
+    from benchmarks.rollout.engine import random_prompts
     from services.rollout.types import SamplingParams
 
     params = SamplingParams(temperature=1.0, max_tokens=args.new_tokens, seed=seed)
@@ -370,7 +370,7 @@ def main() -> None:
             for key in ("greedy_before", "greedy_after"):
                 r.get("checks", {}).pop(key, None)
         report["shapes"][shape] = per_engine
-        (out / "engines_side_by_side.json").write_text(json.dumps(report, indent=1))
+        (out / "rollout_engines_side_by_side.json").write_text(json.dumps(report, indent=1))
     print(table(report))
     if args.unseeded:
         print("* unseeded sampling")

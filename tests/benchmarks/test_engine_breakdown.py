@@ -3,7 +3,7 @@ a generate call's timeline at the engine's named ranges (a tiny model; host time
 
 import pytest
 
-from benchmarks.gpu_engine_breakdown import generate_timeline, kind_of
+from benchmarks.rollout.engine_breakdown import generate_timeline, kind_of
 from meshrl.testing.tiny_model import make_tiny_qwen2_dir
 from services.rollout.fast.engine import FastEngine
 

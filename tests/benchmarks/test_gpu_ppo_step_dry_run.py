@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_dry_run_reports_every_phase(tmp_path):
-    cmd = [sys.executable, "-m", "benchmarks.gpu_ppo_step", "--tiny", "--device", "cpu",
+    cmd = [sys.executable, "-m", "benchmarks.ppo.step", "--tiny", "--device", "cpu",
            "--variants", "colocated", "--batch", "8", "--mini", "8", "--micro", "4",
            "--prompt-len", "24", "--response-len", "8", "--steps", "2",
            "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "work")]  # fmt: skip

@@ -1,4 +1,4 @@
-"""The unprofiled host timeline (benchmarks/host_timeline.py) on the CPU: named ranges and
+"""The unprofiled host timeline (benchmarks/system/host_timeline.py) on the CPU: named ranges and
 module hooks are marked in order and put back after; the wait for quiet child processes
 waits for a busy child, and not for an idle one."""
 
@@ -10,7 +10,7 @@ from contextlib import nullcontext
 
 import torch
 
-from benchmarks.host_timeline import Timeline, timed_ranges, wait_for_quiet_children
+from benchmarks.system.host_timeline import Timeline, timed_ranges, wait_for_quiet_children
 
 
 def test_ranges_and_hooks_are_marked_in_order_then_put_back():

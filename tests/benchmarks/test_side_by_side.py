@@ -4,7 +4,7 @@ for one call only."""
 
 import pytest
 
-from benchmarks.gpu_engine import hf_speed, pair_ratios, side_by_side
+from benchmarks.rollout.engine import hf_speed, pair_ratios, side_by_side
 from meshrl.testing.tiny_model import make_tiny_qwen2_dir
 from services.rollout.fast.engine import FastEngine
 

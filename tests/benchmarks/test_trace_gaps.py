@@ -1,7 +1,7 @@
 """The trace-gap finder on a made-up chrome trace: two kernels with a 400 us gap, during
 which the host sat in an item() sync inside a named range."""
 
-from benchmarks.trace_gaps import gaps
+from benchmarks.system.trace_gaps import gaps
 
 
 def _x(name, cat, ts, dur, tid=1, **args):

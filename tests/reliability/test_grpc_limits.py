@@ -11,7 +11,7 @@ import sys
 import grpc
 import pytest
 
-from benchmarks.reward_load import RewardServerProcess
+from benchmarks.reward.load import RewardServerProcess
 from meshrl.api.v1 import reward_pb2, reward_pb2_grpc
 from meshrl.launcher.ports import free_port
 from meshrl.rpc.role_client import RoleCallError

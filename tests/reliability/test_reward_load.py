@@ -1,11 +1,11 @@
-"""A bounded version of benchmarks/reward_load.py: 16 concurrent clients for 5 s against a real
+"""A bounded version of benchmarks/reward/load.py: 16 concurrent clients for 5 s against a real
 reward server process; every call answered, every score right, no error."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.reward_load import RewardServerProcess, run_load
+from benchmarks.reward.load import RewardServerProcess, run_load
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -83,7 +83,7 @@ class StaticDecoder:
         self.linear_kernels = False
         """Decode-step projections (up to ``LINEAR_KERNEL_ROWS`` rows) as the Triton GEMMs of
         :mod:`kernels.matmul`, gate/up with SiLU x up fused, instead of cuBLAS. Off: only
-        with configs tuned for the GPU and shape (``benchmarks/gpu_matmul.py``) did they
+        with configs tuned for the GPU and shape (``benchmarks/rollout/matmul.py``) did they
         match cuBLAS on the H200 (within 1%), and their default configs lost by 4%."""
         self.matmul_configs: dict[tuple[str, int, int, int], object] = {}
         """(kind "linear" or "gate_up", n, k, rows) -> a tuned ``MatmulConfig``, or "torch"
@@ -95,7 +95,7 @@ class StaticDecoder:
         them (``kernels.add_rms_norm_partials``): no reduction kernel, and one kernel for the
         add + norm. Off: cuBLAS and the compiled add + norm. On the H200 a step was 1.02x
         to 1.07x faster at every row bucket from 16 to 256, 1.04x at 256
-        (``benchmarks/gpu_split_k.py``; docs/benchmarks.md, "Twenty-fourth session")."""
+        (``benchmarks/rollout/split_k.py``; docs/benchmarks.md, "Rollout engine")."""
         self.rope_in_attention = True
         """With the Triton attention, rope and the cache write inside the attention kernel
         (:func:`kernels.decode_attention_rope`, one launch a layer; 2.6% more tokens/s on the

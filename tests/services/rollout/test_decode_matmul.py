@@ -368,9 +368,9 @@ def test_partial_config_makes_about_a_wave(name, m):
 
 
 def test_partial_config_picks_what_won_on_the_h200():
-    """benchmarks/gpu_split_k.py's search on the H200 (results gpu_split_k_session24_call1):
-    its best configs, but for o at 64 rows (best: 4 splits of 32-column tiles, 2.61 us;
-    7 splits of 64 columns at K steps of 64 took 2.76)."""
+    """benchmarks/rollout/split_k.py's search on the H200
+    (benchmarks/results/rollout_split_k_search_2026-12-04.json): its best configs, but for o at
+    64 rows (best: 4 splits of 32-column tiles, 2.61 us; 7 splits of 64 columns at K steps of 64 took 2.76)."""
     assert partial_config(256, 896, 896, 132) == MatmulConfig(64, 64, 128, 4, 3, 2)
     assert partial_config(256, 896, 4864, 132) == MatmulConfig(64, 128, 128, 4, 4, 4)
     assert partial_config(64, 896, 4864, 132) == MatmulConfig(64, 64, 128, 4, 4, 8)

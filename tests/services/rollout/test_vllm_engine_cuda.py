@@ -18,8 +18,8 @@ pytestmark = [
 
 
 def test_vllm_syncs_over_cuda_ipc_while_asleep_and_serves_the_new_weights(tmp_path):
-    from benchmarks.gpu_engine import random_prompts
     from benchmarks.rollout import engines_side_by_side as sbs
+    from benchmarks.rollout.engine import random_prompts
     from services.rollout.native.engine import NativeEngine
     from services.rollout.vllm.engine import VllmEngine
 

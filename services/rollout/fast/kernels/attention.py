@@ -61,13 +61,13 @@ KEYS_PER_SPLIT_MIN = 4 * BLOCK_KEYS
 @dataclass(frozen=True)
 class AttentionLaunch:
     """How the attention kernel is launched: keys per loop iteration, warps, software
-    pipeline stages. ``benchmarks/gpu_attention.py`` times the choices on a GPU."""
+    pipeline stages. ``benchmarks/rollout/attention.py`` times the choices on a GPU."""
 
     block_keys: int = BLOCK_KEYS
     num_warps: int = 4
     # 3 stages: 1.08x and 1.13x over 2 at widths 512 and 1,024 (256 rows, H200). Other
     # blocks, warps, stages, key splits, or keys loaded as stored then transposed: no
-    # better (benchmarks/results/gpu_attention.json).
+    # better (benchmarks/results/rollout_attention_launch_sweep_2026-11-29.json).
     num_stages: int = 3
 
 

@@ -119,7 +119,7 @@ def partial_config(m: int, n: int, k: int, sms: int) -> MatmulConfig:
     programs make about ``PARTIAL_WAVE`` of one wave: many more programs than a tile per
     program would make at a few hundred rows, each walking a short stretch of K. Columns a
     tile: 64; 128 where K is long (>= 2,048, down_proj's) and there are 128 rows or more,
-    with 4 pipeline stages there (3 elsewhere). On the H200 (``benchmarks/gpu_split_k.py``)
+    with 4 pipeline stages there (3 elsewhere). On the H200 (``benchmarks/rollout/split_k.py``)
     these were the best configs of a search for o_proj and down_proj at 256 rows and
     down_proj at 64 (for o_proj at 64 rows the best had 4 splits of 32-column tiles).
     """
