@@ -18,18 +18,15 @@ import torch
 from meshrl.config import RunConfig
 from meshrl.launcher.factory import make_launcher
 from meshrl.rpc.security import SecuritySettings
-from services.coordinator.metrics_sinks import close_sinks
+from services.coordinator.lifecycle import run_lifecycle
 from services.coordinator.preflight import (
     check_cuda_here,
     check_required_keys_given,
     check_run_config,
-    start_run_folder,
     unused_gpu_warning,
-    write_run_config,
 )
 from services.coordinator.run import PPORun, run_sinks
 from services.coordinator.run_data import load_run_data
-from services.coordinator.types import AlreadyTrained, ended_exit_code
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +71,25 @@ class RunResult(dict):
         self.finished = finished
 
 
+class _LocalObserver:
+    """Progress to this process's log; Ctrl-C / SIGTERM handled once the run exists."""
+
+    def __init__(self) -> None:
+        self.graceful: GracefulStop | None = None
+
+    def progress(self, line: str) -> None:
+        log.info("%s", line)
+
+    def stop_requested(self) -> bool:
+        return False  # a stop comes as a signal, which GracefulStop hands to the run
+
+    def created(self, ppo: PPORun) -> None:
+        self.graceful = GracefulStop(ppo).__enter__()
+
+    def started(self, ppo: PPORun) -> None:
+        pass
+
+
 def run_local(cfg: RunConfig) -> RunResult:
     """Runs the whole PPO job; returns the last step's metrics and whether it finished."""
     # This process's own clients (and health probes) use the run's TLS / token settings
@@ -87,38 +103,22 @@ def run_local(cfg: RunConfig) -> RunResult:
         if warning := unused_gpu_warning(cfg, torch.cuda.device_count()):
             log.warning("%s", warning)
     run_dir = Path(cfg.trainer.default_local_dir)
-    start_run_folder(run_dir, cfg)
-    try:  # a bad data file or model path fails now, before any server
-        data = load_run_data(cfg, run_dir)
-    except AlreadyTrained as done:  # a finished run run again
-        log.warning("%s", done)
-        return RunResult({}, finished=True)
-    write_run_config(run_dir, cfg)
-    # Before any role server starts: a logger that cannot start (wandb online without an
-    # API key, an MLflow server that does not answer) ends the run now, not after the
-    # models have loaded.
-    sinks = run_sinks(cfg, run_dir)
-    run = None
+    observer = _LocalObserver()
     try:
-        with make_launcher(cfg, run_dir) as launcher:  # local unless launcher.kind says so
-            endpoints = launcher.start()
-            log.info("role servers up: %s", endpoints)
-            restarter = (
-                launcher
-                if hasattr(launcher, "restart") and hasattr(launcher, "dead_roles")
-                else None
-            )
-            run = PPORun(cfg, endpoints, run_dir, sinks=sinks, restarter=restarter)
-            with GracefulStop(run):
-                try:
-                    run.setup(data)
-                    metrics = run.train()
-                except BaseException as e:
-                    run.close(error=e)  # its sinks record the failure: a wandb run is failed
-                    raise
-                run.close()
-                return RunResult(metrics, finished=run.finished)
-    except BaseException as e:
-        if run is None:  # the servers never came up: no run closes the sinks
-            close_sinks(sinks, ended_exit_code(e, finished=False))
-        raise
+        outcome = run_lifecycle(
+            cfg,
+            run_dir,
+            lambda: make_launcher(cfg, run_dir),  # local unless launcher.kind says so
+            load_data=load_run_data,
+            # a logger that cannot start (wandb online without an API key, an MLflow
+            # server that does not answer) ends the run before the models load
+            make_sinks=lambda: run_sinks(cfg, run_dir),
+            make_ppo=lambda c, e, d, sinks, r: PPORun(c, e, d, sinks=sinks, restarter=r),
+            observer=observer,
+        )
+    finally:
+        if observer.graceful is not None:
+            observer.graceful.__exit__(None, None, None)
+    if outcome.note:  # a finished run run again: nothing to do
+        log.warning("%s", outcome.note)
+    return RunResult(outcome.metrics, finished=outcome.finished)

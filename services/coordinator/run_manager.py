@@ -22,20 +22,17 @@ from meshrl.config import ConfigError, RunConfig, build_config
 from meshrl.config.loader import config_tree
 from meshrl.data.errors import DataError
 from meshrl.rpc.security import SecuritySettings
-from services.coordinator.metrics_sinks import ConsoleSink, MetricsSink, close_sinks, file_sinks
+from services.coordinator.lifecycle import run_lifecycle
+from services.coordinator.metrics_sinks import ConsoleSink, MetricsSink, file_sinks
 from services.coordinator.preflight import (
     check_cuda_here,
     check_required_keys_given,
     check_run_config,
-    start_run_folder,
-    write_run_config,
 )
 from services.coordinator.types import (
-    AlreadyTrained,
     RunEvent,
     RunState,
     RunStatus,
-    ended_exit_code,
 )
 
 log = logging.getLogger(__name__)
@@ -142,7 +139,7 @@ class ManagedRun:
         self.events = EventLog()
         self.ppo = None
         self.thread_id: int | None = None
-        self.stop_requested = threading.Event()
+        self.stop_requested_event = threading.Event()
         self._lock = threading.Lock()
         self.status = RunStatus(run_id, RunState.STARTING, run_dir=str(run_dir))
         self.thread = threading.Thread(target=self._main, name=f"run-{run_id}", daemon=True)
@@ -155,7 +152,7 @@ class ManagedRun:
 
     def stop(self) -> None:
         """Ends the run after its current step (PPORun checks between steps)."""
-        self.stop_requested.set()
+        self.stop_requested_event.set()
         if self.ppo is not None:
             self.ppo.stop()
         self.update(line="stop requested: the run ends after the current step")
@@ -187,66 +184,45 @@ class ManagedRun:
 
     def _run(self) -> tuple[RunState, str]:
         """Brings the servers up, trains, takes them down; returns how the run ended."""
-        start_run_folder(self.run_dir, self.cfg)
-        # Before any role server starts: a bad data file or model path, and a logger that
-        # cannot start, reject the run now, not after the models have loaded.
-        self.update(line="reading the tokenizer and the data")
-        try:
-            self.data = self.load_data(self.cfg, self.run_dir)
-        except AlreadyTrained as done:  # a finished run run again: no server starts
-            self.update(line=str(done))
-            return RunState.SUCCEEDED, str(done)
-        write_run_config(self.run_dir, self.cfg)
-        sinks = self._sinks()
-        kind = self.cfg.launcher.kind
-        # an external launcher starts nothing: it checks the servers named in the config
-        doing = "connecting to the role servers" if kind == "external" else "starting role servers"
-        self.update(line=f"{doing} ({kind} launcher)")
-        try:
-            try:
-                endpoints = self.launcher.start()
-                self.update(line=f"role servers up: {endpoints}")
-                if self.stop_requested.is_set():
-                    close_sinks(sinks, RunState.STOPPED.exit_code)
-                    return RunState.STOPPED, "stopped before the first step"
-                restarter = self.launcher if hasattr(self.launcher, "dead_roles") else None
-                self.ppo = self.make_ppo(self.cfg, endpoints, self.run_dir, sinks, restarter)
-            except BaseException as e:
-                # the files, and a wandb run (marked failed), that no run will close
-                close_sinks(sinks, ended_exit_code(e, finished=False))
-                raise
-            try:
-                ended = self._train()
-            except BaseException as e:
-                self.ppo.close(error=e)  # its sinks record the failure: a wandb run is failed
-                raise
-            self.ppo.close()  # finished, or stopped: its sinks tell them apart
-            return ended
-        finally:
-            self.launcher.stop()
-
-    def _train(self) -> tuple[RunState, str]:
-        self.update(line="initializing role servers (models load now)")
-        self.ppo.setup(self.data)
-        if self.stop_requested.is_set():
-            self.ppo.stop()
-        self.update(
-            state=RunState.RUNNING,
-            total_steps=self.ppo.total_steps,
-            step=self.ppo.state.step,
-            line=(
-                f"validating the weights of step {self.ppo.state.step} (trainer.val_only)"
-                if self.cfg.trainer.val_only
-                else f"running {self.ppo.total_steps} PPO steps"
-            ),
-        )
         start = time.perf_counter()
-        self.ppo.train()
-        done = self.ppo.finished
-        state = RunState.SUCCEEDED if done else RunState.STOPPED
+        outcome = run_lifecycle(
+            self.cfg,
+            self.run_dir,
+            lambda: self.launcher,  # made at submission: an external one checked its addresses
+            load_data=self.load_data,
+            make_sinks=self._sinks,
+            make_ppo=self.make_ppo,
+            observer=self,
+        )
+        if outcome.note:  # no step ran: a finished run run again, or a stop before the start
+            state = RunState.SUCCEEDED if outcome.finished else RunState.STOPPED
+            return state, outcome.note
+        state = RunState.SUCCEEDED if outcome.finished else RunState.STOPPED
         return state, (
             f"run {state.name.lower()} after step {self.ppo.state.step} "
             f"({time.perf_counter() - start:.0f}s of PPO)"
+        )
+
+    # --- RunObserver: what the lifecycle tells this run's watchers ---------------------
+    def progress(self, line: str) -> None:
+        self.update(line=line)
+
+    def stop_requested(self) -> bool:
+        return self.stop_requested_event.is_set()
+
+    def created(self, ppo) -> None:
+        self.ppo = ppo
+
+    def started(self, ppo) -> None:
+        self.update(
+            state=RunState.RUNNING,
+            total_steps=ppo.total_steps,
+            step=ppo.state.step,
+            line=(
+                f"validating the weights of step {ppo.state.step} (trainer.val_only)"
+                if self.cfg.trainer.val_only
+                else f"running {ppo.total_steps} PPO steps"
+            ),
         )
 
     def _sinks(self) -> list[MetricsSink]:

@@ -84,6 +84,9 @@ class _Launcher:
     def start(self):
         return "endpoints"
 
+    def stop(self):
+        pass
+
 
 def _launcher_recording_into(started: list) -> type:
     """A stand-in launcher class whose start() appends True to ``started``."""
