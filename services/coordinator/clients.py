@@ -8,6 +8,7 @@ during Generate: UNAVAILABLE ..." rather than a bare gRPC traceback.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import torch
@@ -56,6 +57,7 @@ class GenerationBatch:
 
 class _RoleClient:
     service = "role"
+    stub: Any  # the subclass's gRPC stub
 
     def __init__(self, address: str, timeout_s: float):
         self.address = address
@@ -210,7 +212,7 @@ class TrainerClient(_RoleClient):
         )
         return GroupSpec.from_proto(self._call("OpenWeightGroup", spec))
 
-    def prepare_weights(self, version: int, dtype: str, bucket_bytes: int) -> WeightManifest:
+    def prepare_weights(self, version: int, dtype: str | None, bucket_bytes: int) -> WeightManifest:
         req = trainer_pb2.PrepareWeightsRequest(
             version=version, dtype=dtype, bucket_bytes=bucket_bytes
         )

@@ -85,8 +85,12 @@ class RolloutBatch:
             ground_truths=[x for p in parts for x in p.ground_truths],
             extra_infos=[x for p in parts for x in p.extra_infos],
             weight_version=parts[-1].weight_version,
-            scores=torch.cat([p.scores for p in parts]) if scored else None,
-            reward_scores=torch.cat([p.reward_scores for p in parts]) if scored else None,
+            scores=torch.cat([p.scores for p in parts if p.scores is not None]) if scored else None,
+            reward_scores=(
+                torch.cat([p.reward_scores for p in parts if p.reward_scores is not None])
+                if scored
+                else None
+            ),
             reward_extra=[x for p in parts for x in p.reward_extra],
             reward_failed=sum(p.reward_failed for p in parts),
             reward_failures=[x for p in parts for x in p.reward_failures],

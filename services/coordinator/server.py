@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 from pathlib import Path
+from typing import cast
 
 import grpc
 
@@ -31,7 +32,7 @@ SERVICE_NAME = "meshrl.api.v1.CoordinatorService"
 def status_to_proto(s: RunStatus) -> coordinator_pb2.RunStatus:
     return coordinator_pb2.RunStatus(
         run_id=s.run_id,
-        state=s.state.value,
+        state=cast(coordinator_pb2.RunState, s.state.value),  # the enums share their numbers
         step=s.step,
         total_steps=s.total_steps,
         message=s.message,
