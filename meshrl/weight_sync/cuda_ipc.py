@@ -255,8 +255,3 @@ def send_weights_ipc(group: IpcGroup | None, named_full_params, manifest: Weight
             pass
         return 0, 0.0
     return group.send(named_full_params, manifest)
-
-
-def receive_weights_ipc(group: IpcGroup, manifest: WeightManifest, device=None):
-    """``receive_weights`` for cuda_ipc (the device is the group's, the actor's GPU)."""
-    return group.receive(manifest)

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-import torch
 
 from meshrl.api.v1 import (
     common_pb2,
@@ -233,10 +232,6 @@ class TrainerClient(_RoleClient):
             "LoadCheckpoint",
             trainer_pb2.CheckpointRequest(path=path, with_optimizer=with_optimizer),
         )
-
-
-def flat_float(r: Ragged) -> torch.Tensor:
-    return r.values.float()
 
 
 @dataclass(frozen=True)
