@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # pulls a multi-GB CUDA build through a looser requirement.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup demo test test-fast lint protos check-protos clean
+.PHONY: setup demo test test-fast lint typecheck protos check-protos clean
 
 setup: $(VENV)/.installed
 
@@ -37,6 +37,11 @@ test-fast: setup
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+# mypy over meshrl/, meshrl_app/ and services/ ([tool.mypy] in pyproject.toml: the generated gRPC code is
+# left out, and the modules not yet clean are listed there).
+typecheck: setup
+	$(VENV)/bin/mypy meshrl meshrl_app services
 
 protos: setup
 	$(PY) protos/generate.py

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from typing import Any, cast
 
 import torch
 from torch.nn import functional as F
@@ -78,7 +79,7 @@ def _flash_varlen(
     from torch.nn.attention.varlen import varlen_attn
 
     params = _varlen_params()
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     if "window_size" in params:
         kwargs["window_size"] = (-1, 0)  # causal
     else:
@@ -93,7 +94,8 @@ def _flash_varlen(
         else:
             groups = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
+    # Without return_aux it returns the output alone (its annotation: output or a pair).
+    return cast(torch.Tensor, varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs))
 
 
 @functools.cache

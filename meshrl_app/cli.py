@@ -76,9 +76,11 @@ def _cmd_stop(args: argparse.Namespace) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     if args.service == "coordinator":
-        from services.coordinator.server import serve
+        from services.coordinator.server import serve as serve_coordinator
 
-        serve(host=args.host, port=50050 if args.port is None else args.port, workdir=args.workdir)
+        serve_coordinator(
+            host=args.host, port=50050 if args.port is None else args.port, workdir=args.workdir
+        )
         return 0
     if args.service == "reward":  # options came before it (`serve --port 5 reward`)
         port = [] if args.port is None else ["--port", str(args.port)]
@@ -87,13 +89,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         )
     args.port = args.port or 0
     if args.service == "rollout":
-        from services.rollout.server import serve
+        from services.rollout.server import serve as serve_rollout
 
-        serve(host=args.host, port=args.port)
+        serve_rollout(host=args.host, port=args.port)
     elif args.service == "trainer":
-        from services.trainer.server import serve
+        from services.trainer.server import serve as serve_trainer
 
-        serve(role=args.role, host=args.host, port=args.port)
+        serve_trainer(role=args.role, host=args.host, port=args.port)
     return 0
 
 

@@ -13,6 +13,7 @@ import os
 import shutil
 import warnings
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -63,7 +64,8 @@ def _rename(role: str, key: str) -> str | None:
 
 def _groups(items: list[tuple[str, TensorStorageMetadata]], limit: int, dtype: torch.dtype | None):
     """Tensors in groups of at most `limit` bytes as written (in `dtype`, when it is set)."""
-    group, size = [], 0
+    group: list[tuple[str, TensorStorageMetadata]] = []
+    size = 0
     for key, meta in items:
         saved = dtype if dtype is not None and meta.properties.dtype.is_floating_point else None
         element = torch.empty(0, dtype=saved or meta.properties.dtype).element_size()
@@ -112,7 +114,7 @@ def saved_run_config(checkpoint: Path) -> dict:
 
 
 def configured_path(run_cfg: dict, *keys: str) -> str:
-    node = run_cfg
+    node: Any = run_cfg
     for key in keys:
         node = node.get(key) if isinstance(node, dict) else None
     return node or ""
@@ -283,7 +285,8 @@ def _write_weights(
         if isinstance(m, TensorStorageMetadata)
         and _rename(role, k) not in (None, *_tied_copies(config))
     ]
-    _check_shapes(role, config, {_rename(role, k): m.size for k, m in tensors})
+    # tensors holds only the keys that _rename keeps (not None)
+    _check_shapes(role, config, {cast(str, _rename(role, k)): m.size for k, m in tensors})
     dtype = _saved_dtype(config)
     scaling = _lora_scaling(shards_dir)
     index: dict[str, str] = {}
@@ -303,7 +306,8 @@ def _write_weights(
             else f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
         )
         shard = {
-            _rename(role, "model." + k): _as_saved(v, dtype) for k, v in state["model"].items()
+            cast(str, _rename(role, "model." + k)): _as_saved(v, dtype)
+            for k, v in state["model"].items()
         }
         save_file(shard, str(dest / name), metadata={"format": "pt"})
         index.update({k: name for k in shard})

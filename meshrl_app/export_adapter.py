@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.distributed.checkpoint as dcp
 from peft import LoraConfig
 from safetensors.torch import save_file
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from meshrl_app.export import (
     ExportError,
@@ -59,10 +61,11 @@ def export_adapter(checkpoint: str | Path, out_dir: str | Path) -> Path:
     reader = dcp.FileSystemReader(str(shards))
     metadata = reader.read_metadata().state_dict_metadata
     keys = [k for k in metadata if k.startswith("model.") and (".lora_A." in k or ".lora_B." in k)]
+    adapters = {k: cast(TensorStorageMetadata, metadata[k]) for k in keys}  # tensors, all
     state = {
         "model": {
-            k[len("model.") :]: torch.empty(metadata[k].size, dtype=metadata[k].properties.dtype)
-            for k in keys
+            k[len("model.") :]: torch.empty(m.size, dtype=m.properties.dtype)
+            for k, m in adapters.items()
         }
     }
     read_shards(state, reader)  # without torch's "torch.distributed is disabled" warning

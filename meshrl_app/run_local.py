@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -37,7 +38,7 @@ class GracefulStop:
     def __init__(self, run: PPORun):
         self.run = run
         self.signals = 0
-        self.previous: dict[int, object] = {}
+        self.previous: dict[int, Any] = {}  # what signal.signal gave back
 
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():

@@ -91,7 +91,7 @@ def token_level_rewards(
         raise ValueError("pass both logprobs and ref_logprobs, or neither")
     dtype = torch.promote_types(scores.dtype, torch.float32)
     rewards = place_on_last_token(scores.to(dtype), response_mask)
-    if ref_logprobs is None:
+    if logprobs is None or ref_logprobs is None:  # both or neither (checked above)
         kl = torch.zeros_like(rewards)
     else:
         kl = zero_masked(kl_penalty(logprobs, ref_logprobs, kl_kind).to(dtype), response_mask)

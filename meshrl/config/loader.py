@@ -73,14 +73,6 @@ def _text_field(path: list[str]) -> bool:
     return False
 
 
-def apply_overrides(tree: dict, overrides: list[str]) -> dict:
-    """``tree`` with ``overrides`` set in it; ConfigError naming every bad override at once."""
-    problems = _apply_overrides(tree, overrides)
-    if problems:
-        raise ConfigError("invalid overrides:\n  " + "\n  ".join(problems))
-    return tree
-
-
 def _apply_overrides(tree: dict, overrides: list[str]) -> list[str]:
     """Sets each usable override in ``tree``; returns what is wrong with the others."""
     problems = []

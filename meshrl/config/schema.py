@@ -65,6 +65,10 @@ LoggerName = Annotated[
 ]
 
 
+def _default_loggers() -> list[LoggerName]:
+    return ["console", "jsonl"]
+
+
 def _verl_warmup_steps(value: object) -> object:
     # verl's -1 (its default): take the warm-up from lr_warmup_steps_ratio, whose only value
     # accepted here is 0 (verl_keys.py): no warm-up
@@ -564,7 +568,7 @@ class TrainerConfig(Section):
 
     default_local_dir: PathText = "runs/${trainer.project_name}/${trainer.experiment_name}"
     """Run folder: metrics, checkpoints, logs."""
-    logger: OneOrList[LoggerName] = Field(default_factory=lambda: ["console", "jsonl"])
+    logger: OneOrList[LoggerName] = Field(default_factory=_default_loggers)
     """Where step metrics go (one name alone is a list of one): the console,
     `<run folder>/metrics.jsonl`, TensorBoard event files in `<run folder>/tensorboard` or
     `$TENSORBOARD_DIR/<project>/<experiment>`
@@ -767,12 +771,15 @@ class RunConfig(Section):
     def _batch_shape_problems(self) -> list[str]:
         # As verl: each optimizer step takes a whole mini-batch (a smaller last one would
         # weigh its few prompts as much as a full one). The critic's only when it runs.
-        trained = [("actor_rollout_ref.actor", self.actor_rollout_ref.actor)]
+        trained: list[tuple[str, ActorConfig | CriticConfig]] = [
+            ("actor_rollout_ref.actor", self.actor_rollout_ref.actor)
+        ]
         if self.use_critic:
             trained.append(("critic", self.critic))
         batch = self.data.train_batch_size
         problems = []
         for name, role in trained:
+            assert role.ppo_mini_batch_size is not None  # the critic's is filled in above
             if role.ppo_mini_batch_size > batch:
                 problems.append(
                     f"{name}.ppo_mini_batch_size ({role.ppo_mini_batch_size}) exceeds "

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import difflib
 from functools import cache
-from typing import Any, get_args, get_origin
+from typing import Any, TypeGuard, get_args, get_origin
 
 from pydantic import BaseModel
 
 from meshrl.config.schema import RunConfig
-from meshrl.config.verl_keys import verl_key
+from meshrl.config.verl_keys import VERL_KEYS, verl_key
 
 # A name found in more places than this (`enable`, `path`) says nothing about which was meant.
 _MAX_PLACES = 3
@@ -31,10 +31,11 @@ def unknown_key_lines(loc: tuple[str | int, ...], given: Any) -> list[str]:
     # its neighbours may have been accepted), once for the entry that answers for them.
     leaves_of: dict[str, list[str]] = {}
     for leaf in _leaves(key, given):
-        entry_key, _ = verl_key(leaf)  # never None: key, above every leaf, has an entry
-        leaves_of.setdefault(entry_key, []).append(leaf)
+        entry = verl_key(leaf)
+        assert entry is not None  # key, above every leaf, has an entry
+        leaves_of.setdefault(entry[0], []).append(leaf)
     return [
-        f"{', '.join(leaves)}: {verl_key(entry_key)[1].hint()}"
+        f"{', '.join(leaves)}: {VERL_KEYS[entry_key].hint()}"
         for entry_key, leaves in leaves_of.items()
     ]
 
@@ -94,5 +95,5 @@ def _schema_keys() -> tuple[str, ...]:
     return tuple(walk(RunConfig, ""))
 
 
-def _is_section(annotation: Any) -> bool:
+def _is_section(annotation: Any) -> TypeGuard[type[BaseModel]]:
     return isinstance(annotation, type) and issubclass(annotation, BaseModel)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -55,7 +56,7 @@ class PromptDataset:
 
     def __init__(
         self,
-        files: list[str | Path],
+        files: Sequence[str | Path],
         tokenizer,
         *,
         prompt_key: str = "prompt",

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from typing import Protocol
 
 import torch
 
@@ -20,12 +21,20 @@ from meshrl.data.dataset import PromptRecord
 log = logging.getLogger(__name__)
 
 
+class Records(Protocol):
+    """What the loader reads of its dataset: a PromptDataset, or a list of records."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int, /) -> PromptRecord: ...
+
+
 class PromptLoader:
     """Serves ``(epoch, batch)`` pairs; a batch is a list of PromptRecord."""
 
     def __init__(
         self,
-        dataset: Sequence[PromptRecord],
+        dataset: Records,
         batch_size: int,
         *,
         shuffle: bool = True,

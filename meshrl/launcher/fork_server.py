@@ -21,6 +21,7 @@ started by this process). ``launcher.start_method: spawn`` starts every server f
 from __future__ import annotations
 
 import atexit
+import io
 import multiprocessing
 import os
 import runpy
@@ -29,6 +30,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 # Imported once in the fork server: everything the local launcher's servers import that
 # costs seconds. A module that fails to import here is imported by the server itself.
@@ -51,8 +53,8 @@ def _run(command: list[str], env: dict[str, str], log_path: str, cwd: str) -> No
     os.dup2(log, 2)
     os.close(stdin)
     os.close(log)
-    for stream in (sys.stdout, sys.stderr):
-        stream.reconfigure(line_buffering=True, write_through=True)  # as PYTHONUNBUFFERED
+    for stream in (sys.stdout, sys.stderr):  # as PYTHONUNBUFFERED
+        cast(io.TextIOWrapper, stream).reconfigure(line_buffering=True, write_through=True)
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
@@ -97,6 +99,7 @@ class ForkedServer:
     def __init__(self, process: multiprocessing.process.BaseProcess, args: list[str]):
         self._process = process
         self.args = args
+        assert process.pid is not None, "a started process"
         self.pid: int = process.pid
 
     @property
@@ -123,7 +126,7 @@ class ForkedServer:
         return self._process.exitcode
 
 
-def _context() -> multiprocessing.context.BaseContext:
+def _context() -> multiprocessing.context.ForkServerContext:
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)  # takes effect when the fork server first starts
     return ctx
@@ -145,5 +148,5 @@ def fork_server_process(command: list[str], env: dict[str, str], log_path: Path)
     # As with a subprocess, this process's exit neither waits for the server nor stops it
     # (multiprocessing would join its children at exit): the server's parent watch stops
     # it once this process is gone (meshrl.rpc.parent_watch).
-    multiprocessing.process._children.discard(process)
+    multiprocessing.process._children.discard(process)  # type: ignore[attr-defined]  # private
     return ForkedServer(process, command)

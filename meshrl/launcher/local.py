@@ -238,8 +238,9 @@ class LocalLauncher:
 
     def stop(self) -> None:
         """Stops every role server side by side (see ``stop_servers``)."""
-        started = [p for p in self.processes.values() if p.popen is not None]
-        stop_servers([(p.popen, p.instance_id) for p in started])
+        stop_servers(
+            [(p.popen, p.instance_id) for p in self.processes.values() if p.popen is not None]
+        )
 
     def __enter__(self) -> LocalLauncher:
         return self

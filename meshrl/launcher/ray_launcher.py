@@ -22,9 +22,10 @@ import subprocess
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from meshrl.config import RunConfig
@@ -139,7 +140,7 @@ def actor_shares(cfg: RunConfig) -> dict[str, tuple[float, float]]:
 class RoleServerActor:
     """Owns one role server process on its node."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.popen: subprocess.Popen | None = None
         self.command: list[str] = []
         self.log_path = ""
@@ -163,6 +164,7 @@ class RoleServerActor:
         self.address = f"{host}:{port}"
         self._spawn()
         self._wait(timeout_s)
+        assert self.popen is not None  # started by _spawn
         return self.address, ray.get_runtime_context().get_node_id(), self.popen.pid
 
     def restart(self, timeout_s: float) -> str:
@@ -224,8 +226,8 @@ class RayLauncher:
     def __init__(self, cfg: RunConfig, run_dir: Path):
         self.cfg = cfg
         self.log_dir = Path(run_dir).resolve() / "logs"
-        self.groups: dict[str, object] = {}  # pool id -> PlacementGroup
-        self.actors: dict[str, object] = {}  # role name -> actor handle
+        self.groups: dict[str, PlacementGroup] = {}  # pool id -> PlacementGroup
+        self.actors: dict[str, Any] = {}  # role name -> actor handle (untyped methods)
         self.placements: dict[str, Placement] = {}
         self._owns_ray = False
 
@@ -269,7 +271,8 @@ class RayLauncher:
             for spec in role_specs(self.cfg):
                 pool, bundle = placed[spec.name]
                 cpus, gpus = shares[spec.name]
-                actor = RoleServerActor.options(
+                # ray.remote's class decorator is typed as giving back the class itself
+                actor = RoleServerActor.options(  # type: ignore[attr-defined]
                     num_cpus=cpus,
                     num_gpus=gpus,
                     name=None,

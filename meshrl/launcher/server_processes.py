@@ -16,19 +16,27 @@ import subprocess
 import time
 from contextlib import suppress
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from meshrl.rpc.server import INSTANCE_ENV
+
+if TYPE_CHECKING:
+    from meshrl.launcher.fork_server import ForkedServer
 
 _PROC = Path("/proc")
 
 
-def stop_server(popen: subprocess.Popen, instance_id: str, grace_s: float = 5.0) -> None:
+def stop_server(
+    popen: subprocess.Popen | ForkedServer, instance_id: str, grace_s: float = 5.0
+) -> None:
     """SIGTERM to the server's process group, SIGKILL after ``grace_s``; then SIGKILL any
     process left that was started with ``instance_id``."""
     stop_servers([(popen, instance_id)], grace_s)
 
 
-def stop_servers(servers: list[tuple[subprocess.Popen, str]], grace_s: float = 5.0) -> None:
+def stop_servers(
+    servers: list[tuple[subprocess.Popen | ForkedServer, str]], grace_s: float = 5.0
+) -> None:
     """:func:`stop_server` for several servers at once: every one gets its SIGTERM first,
     and they shut down side by side within one ``grace_s``. One after the other, a run's
     five servers took five shutdowns in turn (about 1.5 s each on two cores) after its

@@ -7,6 +7,7 @@ environment): TLS or mutual TLS, and the token and API-version metadata on every
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -55,7 +56,7 @@ def wait_for_health(
     address: str,
     service: str = "",
     timeout_s: float = 60.0,
-    alive: callable | None = None,
+    alive: Callable[[], bool] | None = None,
     security: SecuritySettings | None = None,
 ) -> None:
     """Polls the health service until `service` is SERVING.

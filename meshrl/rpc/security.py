@@ -38,6 +38,7 @@ from collections import namedtuple
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -85,7 +86,7 @@ class SecuritySettings:
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> SecuritySettings:
         env = os.environ if environ is None else environ
-        values: dict[str, object] = {}
+        values: dict[str, Any] = {}
         for name, var in ENV_VARS.items():
             raw = env.get(var, "").strip()
             if name == "require_client_cert":

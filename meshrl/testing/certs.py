@@ -97,7 +97,7 @@ def make_certs(
             b = b.add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
         return b.sign(ca_key, hashes.SHA256()), key
 
-    alt = []
+    alt: list[x509.GeneralName] = []
     for h in hosts:
         try:
             alt.append(x509.IPAddress(ipaddress.ip_address(h)))

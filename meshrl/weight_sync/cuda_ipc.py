@@ -118,7 +118,8 @@ class IpcGroup:
     def __init__(self, spec: GroupSpec, store: dist.Store, device: torch.device):
         self.spec = spec
         self.device = device
-        self._root = store  # kept alive: a master store dies with its last reference
+        # kept alive: a master store dies with its last reference
+        self._root: dist.Store | None = store
         self._store = dist.PrefixStore(f"cuda_ipc/{spec.group_id}/", store)
         self._ring: list[torch.Tensor] = []  # actor: exported buffers; rollout: opened ones
         self._ring_key = ""
@@ -243,7 +244,7 @@ class IpcGroup:
 
     def close(self) -> None:
         self._ring = []
-        self._store = None
+        self._store = None  # type: ignore[assignment]  # released: unusable after close
         self._root = None
 
 
@@ -254,8 +255,3 @@ def send_weights_ipc(group: IpcGroup | None, named_full_params, manifest: Weight
             pass
         return 0, 0.0
     return group.send(named_full_params, manifest)
-
-
-def receive_weights_ipc(group: IpcGroup, manifest: WeightManifest, device=None):
-    """``receive_weights`` for cuda_ipc (the device is the group's, the actor's GPU)."""
-    return group.receive(manifest)

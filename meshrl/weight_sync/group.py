@@ -33,7 +33,8 @@ class WeightGroup:
     def __init__(self, spec: GroupSpec, store: dist.Store, backend, device: torch.device):
         self.spec = spec
         self.device = device
-        self._store = store  # kept alive: the TCP store dies with its last reference
+        # kept alive: the TCP store dies with its last reference
+        self._store: dist.Store | None = store
         self._backend = backend
         self._staging: dict[tuple[int, torch.dtype], torch.Tensor] = {}
         # Staging buffers per side, so as many buckets in flight: on CPU a third keeps the
@@ -194,7 +195,7 @@ def _make_backend(spec: GroupSpec, store: dist.Store, timeout: timedelta):
         opts.is_high_priority_stream = False
         backend = ProcessGroupNCCL(store, spec.rank, spec.world_size, opts)
         return backend, torch.device("cuda", torch.cuda.current_device())
-    opts = dist.ProcessGroupGloo._Options()
+    opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # not in torch stubs
     opts._timeout = timeout
     opts._devices = [_gloo_device(spec.master_addr)]
     return dist.ProcessGroupGloo(store, spec.rank, spec.world_size, opts), torch.device("cpu")

@@ -67,7 +67,7 @@ def send_weights(
             while failure is None and len(in_flight) >= depth:
                 failure = _settle(in_flight.popleft())
             flat = _fill(member if failure is None else None, bucket, params, slot=k % depth)
-            if flat is None:
+            if flat is None or member is None:  # flat is None whenever member is
                 continue
             if delay_s and k:
                 time.sleep(delay_s)
@@ -104,7 +104,7 @@ def take_param(params: Iterator[tuple[str, torch.Tensor]], slot: ParamSlot) -> t
     """The stream's next parameter, which must be the one the manifest puts in ``slot``
     (the actor's parameter order is the manifest's, for every transport)."""
     name, tensor = next(params, (None, None))
-    if name != slot.name or tensor.numel() != slot.numel:
+    if name != slot.name or tensor is None or tensor.numel() != slot.numel:
         raise ValueError(
             f"parameter stream gives {name!r}, the manifest expects {slot.name!r} "
             f"({slot.numel} elements)"

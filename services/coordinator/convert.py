@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from meshrl.api.v1 import coordinator_pb2
 from services.coordinator.types import RunEvent, RunState, RunStatus
 
@@ -9,7 +11,7 @@ from services.coordinator.types import RunEvent, RunState, RunStatus
 def status_to_proto(s: RunStatus) -> coordinator_pb2.RunStatus:
     return coordinator_pb2.RunStatus(
         run_id=s.run_id,
-        state=s.state.value,
+        state=cast(coordinator_pb2.RunState, s.state.value),  # the enums share their numbers
         step=s.step,
         total_steps=s.total_steps,
         message=s.message,

@@ -29,12 +29,16 @@ def filter_values(metric: str, batch: RolloutBatch) -> torch.Tensor:
       the same as "seq_reward", since a run that filters keeps the KL penalty out of the
       reward (preflight refuses the two together).
     """
+    # the batch is scored before its groups are filtered
     if metric == "acc":
+        assert batch.reward_scores is not None
         pairs = zip(batch.reward_scores.tolist(), batch.reward_extra, strict=True)
         return torch.tensor([sample_acc(s, e) for s, e in pairs], dtype=torch.float32)
     if metric == "score":
+        assert batch.reward_scores is not None
         return batch.reward_scores.float()
     if metric in ("seq_reward", "seq_final_reward"):
+        assert batch.scores is not None
         return batch.scores.float()
     raise ValueError(f"unknown filter_groups metric {metric!r}")
 

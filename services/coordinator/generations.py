@@ -14,6 +14,8 @@ import random
 from pathlib import Path
 from typing import NamedTuple
 
+from services.reward.types import ScoreItem
+
 
 def generations_dir(configured: str | None, run_dir: Path) -> Path | None:
     """The folder to write to; a relative path is under the run folder. None: off."""
@@ -26,7 +28,7 @@ def generations_dir(configured: str | None, run_dir: Path) -> Path | None:
 def write_generations(
     folder: Path,
     step: int,
-    items: list[dict],
+    items: list[ScoreItem],
     scores: list[float],
     extras: list[dict[str, float]],
     reward_failures: list[str] | None = None,
@@ -45,7 +47,7 @@ def write_generations(
     try:
         with tmp.open("w", encoding="utf-8") as f:  # the texts as written, whatever the locale
             for item, score, extra, failure in rows:
-                line = {"input": item.prompt, "output": item.response}
+                line: dict[str, object] = {"input": item.prompt, "output": item.response}
                 line.update(gts=item.ground_truth, score=score, step=step)
                 if failure:
                     line["reward_failure"] = failure

@@ -114,7 +114,7 @@ class WandbSink:
         )
         self.run.define_metric(self.STEP)
         self.run.define_metric("*", step_metric=self.STEP)
-        self._table_columns: list[str] = []
+        self._table_columns: list[str | int] = []
         self._table_rows: list[list] = []
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -128,7 +128,7 @@ class WandbSink:
         (wandb keeps a logged table as it was)."""
         import wandb
 
-        columns = ["step"]
+        columns: list[str | int] = ["step"]  # wandb.Table's type
         for i in range(1, len(rows) + 1):
             columns += [f"input_{i}", f"output_{i}", f"score_{i}"]
         row = [step] + [x for r in rows for x in (r.input, r.output, r.score)]

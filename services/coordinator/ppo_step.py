@@ -253,11 +253,13 @@ class PPOStep:
                 batch.prompts, batch.responses, self.temperature, base_model=True
             )
             return
+        assert self.roles.ref is not None  # a ref server unless the actor is the ref
         batch.ref_logprobs, _ = self.roles.ref.compute_log_probs(
             batch.prompts, batch.responses, self.temperature
         )
 
     def values(self, batch: RolloutBatch) -> None:
+        assert self.roles.critic is not None  # called only when the run has a critic
         batch.values = self.roles.critic.compute_values(batch.prompts, batch.responses)
 
     def old_log_probs(self, batch: RolloutBatch) -> None:
@@ -352,12 +354,15 @@ class PPOStep:
             for extra, value in zip(extras, penalty.tolist(), strict=True):
                 extra["overlong_reward"] = value
         failures = batch.reward_failures or None
+        assert self.generations is not None and batch.scores is not None  # a scored batch
         write_generations(self.generations, step, items, batch.scores.tolist(), extras, failures)
 
     # --- step 3: advantages -----------------------------------------------------------
     def advantages(self, batch: RolloutBatch) -> tuple[Ragged, Ragged, dict[str, float]]:
         mask = batch.response_mask()
         width = mask.shape[1]
+        # scored, and the actor's log-probs computed, before the advantages
+        assert batch.scores is not None and batch.old_logprobs is not None
         out = compute_advantages(
             self.cfg.algorithm,
             AdvantageInputs(
@@ -397,12 +402,14 @@ class PPOStep:
 
     # --- step 4: updates --------------------------------------------------------------
     def update_critic(self, batch: RolloutBatch, returns: Ragged, step: int) -> dict[str, float]:
+        assert self.roles.critic is not None and batch.values is not None  # runs with a critic
         return self.roles.critic.update_value(
             batch.prompts, batch.responses, batch.values, returns, step
         )
 
     def update_actor(self, batch: RolloutBatch, advantages: Ragged, step: int) -> dict[str, float]:
         use_kl_loss = self.cfg.actor_rollout_ref.actor.use_kl_loss
+        assert batch.old_logprobs is not None  # computed before the update
         return self.roles.actor.update_policy(
             batch.prompts,
             batch.responses,
@@ -450,6 +457,7 @@ class PPOStep:
         step's metrics (verl names)."""
         timer = PhaseTimer()
         sampling_metrics: dict[str, float] = {}
+        batch: RolloutBatch | None
         with timer("step"):
             with timer("gen"):  # taking the KV caches back is part of generating, as before
                 self.memory.wake()
@@ -523,6 +531,7 @@ class PPOStep:
         self, batch: RolloutBatch, step_seconds: float, step: int
     ) -> dict[str, float]:
         scores = batch.scores
+        assert scores is not None  # a scored batch
         resp_len = batch.responses.lengths.float()
         prompt_len = batch.prompts.lengths.float()
         max_resp = self.cfg.data.max_response_length

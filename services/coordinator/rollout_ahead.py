@@ -135,6 +135,7 @@ class RolloutAhead:
             return
         future, self._future = self._future, None
         if (error := future.exception()) is not None:
+            assert self.drawn is not None  # drawn before its generation started
             log.info("the generation ahead for step %d is dropped (%s)", self.drawn.step, error)
 
     def close(self) -> None:

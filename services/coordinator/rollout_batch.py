@@ -8,6 +8,7 @@ import torch
 
 from meshrl.ragged import Ragged
 from services.reward.types import ScoreItem
+from services.rollout.types import FinishReason
 
 
 @dataclass
@@ -17,7 +18,7 @@ class RolloutBatch:
     prompts: Ragged  # (B·n rows) prompt token ids, each prompt repeated n times
     responses: Ragged  # (B·n rows) response token ids
     rollout_logprobs: Ragged  # sampling log-probs from the engine
-    finish_reasons: list[str]
+    finish_reasons: list[FinishReason]
     group_ids: torch.Tensor  # (B·n,) index of the prompt inside the step
     data_sources: list[str]
     ground_truths: list[str]
@@ -85,8 +86,12 @@ class RolloutBatch:
             ground_truths=[x for p in parts for x in p.ground_truths],
             extra_infos=[x for p in parts for x in p.extra_infos],
             weight_version=parts[-1].weight_version,
-            scores=torch.cat([p.scores for p in parts]) if scored else None,
-            reward_scores=torch.cat([p.reward_scores for p in parts]) if scored else None,
+            scores=torch.cat([p.scores for p in parts if p.scores is not None]) if scored else None,
+            reward_scores=(
+                torch.cat([p.reward_scores for p in parts if p.reward_scores is not None])
+                if scored
+                else None
+            ),
             reward_extra=[x for p in parts for x in p.reward_extra],
             reward_failed=sum(p.reward_failed for p in parts),
             reward_failures=[x for p in parts for x in p.reward_failures],

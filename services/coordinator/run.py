@@ -160,9 +160,11 @@ class PPORun:
             num_gpus=count_gpus(self.role_gpus.values()),
         )
 
-    def named_clients(self) -> dict[str, object]:
+    def named_clients(self) -> dict[str, RolloutClient | TrainerClient | RewardClient]:
         """Launcher names (rollout0, actor, critic, ref, reward) -> clients."""
-        named = {f"rollout{i}": c for i, c in enumerate(self.roles.rollouts)}
+        named: dict[str, RolloutClient | TrainerClient | RewardClient] = {
+            f"rollout{i}": c for i, c in enumerate(self.roles.rollouts)
+        }
         named.update(actor=self.roles.actor, reward=self.roles.reward)
         named.update(
             {k: c for k, c in (("critic", self.roles.critic), ("ref", self.roles.ref)) if c}
@@ -226,6 +228,7 @@ class PPORun:
             return None
 
         def draw() -> tuple[int, list, dict]:
+            assert self.loader is not None  # a training run
             before = self.loader.state_dict()
             epoch, records = self.loader.next_batch()
             return epoch, records, before
@@ -242,6 +245,7 @@ class PPORun:
         """The current step's i-th further batch of prompts (i from 1), for dynamic sampling:
         taken from the loader the first time it is asked for, so the loader's saved state
         covers it and a retried step reuses it."""
+        assert self.loader is not None  # a training run
         while len(self.further_records) < i:
             self.further_records.append(self.loader.next_batch()[1])
         return self.further_records[i - 1]
@@ -272,6 +276,7 @@ class PPORun:
     def recover(self, err: RoleCallError, updated: bool = False) -> bool:
         """Restarts dead role servers; True when the run went back to a checkpoint.
         ``updated``: the failed step's updates were done (only its weight sync failed)."""
+        assert self.restarter is not None  # count_failure re-raised the error without one
         addresses = {n: c.address for n, c in self.named_clients().items()}
         dead = find_dead(self.restarter, addresses)
         if not dead:
@@ -366,6 +371,7 @@ class PPORun:
         log.info("resumed from %s (step %d)", folder, saved.step)
 
     def save_checkpoint(self) -> Path:
+        assert self.loader is not None  # a training run
         loader = self.loader.state_dict()
         if self.ahead is not None:  # not past the prompts drawn ahead: their step is not done
             loader = self.ahead.loader_state(loader, self.state.step)
@@ -440,6 +446,7 @@ class PPORun:
         try:
             while self.state.step < self.total_steps and not self._stop.is_set():
                 drawn = self.ahead.prompts_for(self.state.step + 1) if self.ahead else None
+                assert self.loader is not None  # total_steps is 0 without one
                 epoch, records = drawn or self.loader.next_batch()
                 self.further_records = []
                 self.state.step += 1
@@ -496,6 +503,7 @@ class PPORun:
         self.step_runner.memory.wake()  # validation generates: the caches come back first
         shown_count = self.cfg.trainer.log_val_generations
         shown: list[GenerationRow] | None = [] if shown_count else None
+        assert self.val_set is not None  # validates only with data.val_files
         metrics = validate(
             self.cfg,
             [self.val_set[i] for i in range(len(self.val_set))],

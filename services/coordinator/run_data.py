@@ -59,7 +59,7 @@ def load_run_data(cfg: RunConfig, run_dir: Path | None = None) -> RunData:
     train = not cfg.trainer.val_only
     train_set = make_dataset(cfg, cfg.data.train_files, tokenizer) if train else None
     val_set = make_dataset(cfg, cfg.data.val_files, tokenizer) if cfg.data.val_files else None
-    loader = make_loader(cfg, train_set) if train else None
+    loader = make_loader(cfg, train_set) if train_set is not None else None  # if train
     total_steps = 0
     if loader is not None:
         total_steps = cfg.trainer.total_training_steps or (
@@ -98,7 +98,9 @@ def resumed_step(cfg: RunConfig, run_dir: Path, total_steps: int) -> int:
             return step_of(complete[-1]) if complete else 0
         folder = checkpoints.latest_valid()  # checksums; reports a corrupt one and skips it
         return 0 if folder is None else checkpoints.load_state(folder).step
-    step = checkpoints.load_state(named_resume_folder(cfg, checksums=False)).step
+    named = named_resume_folder(cfg, checksums=False)
+    assert named is not None  # a path: disable and auto are answered above
+    step = checkpoints.load_state(named).step
     if step >= total_steps:
         named_resume_folder(cfg)  # the checksums too: ConfigError naming a corrupt file
     return step

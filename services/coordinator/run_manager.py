@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 from meshrl.config import ConfigError, RunConfig, build_config
 from meshrl.config.loader import config_tree
@@ -137,7 +138,7 @@ class ManagedRun:
         self.load_data = load_data or _default_load_data
         self.data = None  # the run's prompts (RunData), read before its servers start
         self.events = EventLog()
-        self.ppo = None
+        self.ppo: Any = None  # what make_ppo makes: a PPORun (a stand-in in tests)
         self.thread_id: int | None = None
         self.stop_requested_event = threading.Event()
         self._lock = threading.Lock()

@@ -20,7 +20,7 @@ from services.coordinator.ppo_step import generate_split, reward_failure_summary
 from services.coordinator.rollout_batch import RolloutBatch
 from services.coordinator.validation_metrics import SampleResult, validation_metrics
 from services.reward.client import RewardClient
-from services.reward.types import ScoreOutcome
+from services.reward.types import ScoreItem, ScoreOutcome
 from services.rollout.client import RolloutClient
 from services.rollout.types import SamplingParams
 
@@ -57,7 +57,7 @@ def validate(
     n = sampling.n
     size = cfg.data.val_batch_size or len(records)
     samples: list[SampleResult] = []
-    written: list[tuple[dict, ScoreOutcome]] = []  # for validation_data_dir
+    written: list[tuple[ScoreItem, ScoreOutcome]] = []  # for validation_data_dir
     for start in range(0, len(records), size):
         chunk = records[start : start + size]
         prompts = Ragged.from_lists([r.prompt_ids for r in chunk])

@@ -161,7 +161,8 @@ class RewardModel:
     def render(self, prompt: str, response: str) -> str:
         messages = prompt_messages(prompt) + [{"role": "assistant", "content": response}]
         if getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template(messages, tokenize=False)
+            # tokenize=False gives the text (its annotation: any of its return types)
+            return self.tokenizer.apply_chat_template(messages, tokenize=False)  # type: ignore[return-value]
         return "\n\n".join(m["content"] for m in messages)
 
     def score(

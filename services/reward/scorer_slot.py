@@ -67,8 +67,10 @@ class ScorerSlot:
                 self._changed.wait_for(lambda: self._borrowers.get(old, 0) == 0)
                 self._borrowers.pop(old, None)
         if too_late:
+            assert scorer is not None  # too_late says so
             scorer.abandon()
             return
+        assert old is not None  # returned above when None
         old.close()
 
     def close(self) -> None:

@@ -22,10 +22,6 @@ class ScoreItem:
     """The row's extra_info (HellaSwag's endings live here)."""
 
 
-# The brief's name for the Python-side item, next to the proto's ScoreItem.
-ScoreItemPy = ScoreItem
-
-
 @dataclass
 class ScoreOutcome:
     """The reward of one item. A failed scorer gives score 0, ok False and the reason."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 
@@ -69,7 +70,7 @@ class InProcessIntake:
     ) -> None:
         """Loads every tensor, drops cached prefixes, sets the version. A failure once
         weights were touched leaves version -1 (two versions mixed)."""
-        engine = self.engine
+        engine: Any = self.engine  # an in-process engine (native, fast): it has load_weights
         try:
             engine.load_weights(received)
             if received.tensors != len(manifest.param_names):

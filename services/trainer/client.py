@@ -88,7 +88,7 @@ class TrainerClient(RoleClient):
         )
         return GroupSpec.from_proto(self._call("OpenWeightGroup", spec))
 
-    def prepare_weights(self, version: int, dtype: str, bucket_bytes: int) -> WeightManifest:
+    def prepare_weights(self, version: int, dtype: str | None, bucket_bytes: int) -> WeightManifest:
         req = trainer_pb2.PrepareWeightsRequest(
             version=version, dtype=dtype, bucket_bytes=bucket_bytes
         )

@@ -50,10 +50,6 @@ class World:
             device = torch.device("cpu")
         return World(rank, size, device, init_device_mesh(device.type, (size,)))
 
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """In-place sum over ranks (a no-op on one rank); returns ``tensor``."""
         if self.world_size > 1:

@@ -137,11 +137,6 @@ def at_response_positions(outputs: torch.Tensor, packed: PackedSequences) -> tor
     return outputs[rows, index]
 
 
-def padded_to_ragged(values: torch.Tensor, lengths: torch.Tensor) -> Ragged:
-    """``(b, r)`` per-response-token values back to flat values aligned with responses.ids."""
-    return Ragged.from_padded(values, lengths)
-
-
 def ragged_to_padded(values: Ragged, width: int) -> torch.Tensor:
     """Flat per-token values (aligned with responses.ids) as ``(b, width)``, 0 on padding."""
     padded, _ = values.to_padded(pad_value=0.0, width=width)

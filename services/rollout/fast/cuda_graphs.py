@@ -49,7 +49,7 @@ class DecodeGraphs:
         self._tokens = torch.zeros(max_rows, dtype=torch.int64, device=device)
         self._positions = torch.zeros(max_rows, dtype=torch.int64, device=device)
         self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self._pool = None
+        self._pool: torch.cuda._POOL_HANDLE | None = None
         self.capture_seconds = 0.0
 
     @property

@@ -65,7 +65,7 @@ class StaticDecoder:
         self.groups = self.num_heads // self.kv_heads
         self.scaling = attn.scaling
         self.dtype = self.embed.weight.dtype
-        self.device = self.embed.weight.device
+        self.device: torch.device = self.embed.weight.device
         self.eps = self.norm.variance_epsilon
         self.silu = getattr(cfg, "hidden_act", "silu") == "silu"
         self.ops = FusedOps(compile=False)

@@ -229,7 +229,7 @@ class FastEngine(NativeEngine):
                     on["ids"],
                     on["positions"],
                     on["offsets"],
-                    plan["max_len"],
+                    int(plan["max_len"]),
                     on["table"],
                     kv.k,
                     kv.v,

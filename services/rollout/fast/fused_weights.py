@@ -13,6 +13,7 @@ still reads the same numbers. Names and shapes of ``named_parameters()`` are unc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -61,7 +62,8 @@ def fuse_layer(layer: nn.Module) -> FusedLayer:
     """Fuses one layer's q/k/v (and gate/up, when the MLP has them, without biases)."""
     if not can_fuse(layer):
         raise ValueError(f"{type(layer).__name__}: no plain q/k/v projections to fuse")
-    attn, mlp = layer.self_attn, layer.mlp
+    attn: Any = layer.self_attn  # a Hugging Face attention module
+    mlp = layer.mlp
     qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
     weight = _fuse_rows(qkv, "weight")
     bias = _fuse_rows(qkv, "bias") if attn.q_proj.bias is not None else None

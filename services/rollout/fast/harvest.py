@@ -45,8 +45,8 @@ class PinnedRing:
         """A free buffer's first ``n`` elements and its number (for :meth:`mark`)."""
         i = self._next
         self._next = (i + 1) % len(self._buffers)
-        if self._events[i] is not None:
-            self._events[i].synchronize()  # long done, unless the ring is too small
+        if (event := self._events[i]) is not None:
+            event.synchronize()  # long done, unless the ring is too small
         return self._buffers[i][:n], i
 
     def mark(self, i: int) -> torch.cuda.Event | None:

@@ -88,6 +88,7 @@ class StaticKVCache:
         rows = self.tokens // slot_len
         n = s.layers * rows * s.kv_heads * slot_len * s.head_dim
         shape = (s.layers, rows, s.kv_heads, slot_len, s.head_dim)
+        assert self._k is not None and self._v is not None  # slots >= 1: allocated
         return KVView(self._k[:n].view(shape), self._v[:n].view(shape), slots, slot_len)
 
     def release(self) -> None:

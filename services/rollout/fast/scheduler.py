@@ -35,14 +35,6 @@ class Scheduler:
         self._lead = 0
         self._oldest = 0
 
-    def pos_bound(self, slot: int) -> int:
-        """Position of the token the slot feeds next, at most (it stops growing once done)."""
-        return self.start_pos[slot] + self.step - self.admitted_at[slot]
-
-    def steps_left(self, slot: int) -> int:
-        """Decode steps until the slot's sequence reaches max_tokens."""
-        return self.max_tokens - 1 - (self.step - self.admitted_at[slot])
-
     @property
     def free(self) -> list[int]:
         return [s for s, q in enumerate(self.slot_seq) if q < 0]

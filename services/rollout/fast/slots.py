@@ -11,6 +11,7 @@ writes go to column ``gen_len``, past its tokens, and ``gen_len`` stops growing)
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 
@@ -65,7 +66,7 @@ class SlotState:
     def __init__(self, slots: int, max_tokens: int, slot_len: int, device: torch.device):
         self.max_tokens = max_tokens
         self.slot_len = slot_len
-        z = dict(device=device)
+        z: dict[str, Any] = dict(device=device)
         self.last_tokens = torch.zeros(slots, dtype=torch.int64, **z)
         """(S,) the token each slot feeds next."""
         self.positions = torch.zeros(slots, dtype=torch.int64, **z)

@@ -11,16 +11,20 @@ P, P+1, ... of the attention mask, so one decode step appends the same column fo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from meshrl.ragged import Ragged
 from services.rollout.types import FinishReason
 
+if TYPE_CHECKING:
+    from transformers import DynamicCache
+
 
 @dataclass
 class DecodeBatch:
-    cache: object
+    cache: DynamicCache
     """The model's KV cache (a transformers DynamicCache), one batch row per ``rows``."""
     attention_mask: torch.Tensor
     """(rows, P + max_tokens) int64: 1 at real prompt tokens and at generated tokens so far."""

@@ -27,7 +27,8 @@ class ModelRunner:
         self.device = torch.device(device)
         self.dtype = dtype
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
-        self.model = model.to(self.device).eval()
+        # transformers' .to wrapper is annotated as taking the model
+        self.model = model.to(self.device).eval()  # type: ignore[arg-type]
         # transformers 5.2x renamed `past_key_values` to `cache`; older 5.x (the GPU image's)
         # only knows the first name.
         params = inspect.signature(self.model.forward).parameters

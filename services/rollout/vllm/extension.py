@@ -13,9 +13,15 @@ This module is imported by vLLM inside its worker process, by name (``EXTENSION_
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 
 from services.rollout.vllm.mapping import manifest_from_json, spec_from_json
+
+if TYPE_CHECKING:
+    from meshrl.weight_sync.cuda_ipc import IpcGroup
+    from meshrl.weight_sync.group import WeightGroup
 
 EXTENSION_CLS = f"{__name__}.MeshrlWorkerExtension"
 """Fully qualified name vLLM imports in its worker process."""
@@ -23,6 +29,10 @@ EXTENSION_CLS = f"{__name__}.MeshrlWorkerExtension"
 
 class MeshrlWorkerExtension:
     """``self`` is vLLM's worker, with ``self.model_runner.model`` and ``self.device``."""
+
+    model_runner: Any  # vLLM's worker has these two
+    device: torch.device
+    _meshrl_group: IpcGroup | WeightGroup | None
 
     def meshrl_num_parameters(self) -> int:
         return sum(p.numel() for p in self.model_runner.model.parameters())

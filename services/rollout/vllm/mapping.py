@@ -3,7 +3,7 @@ on any machine with stand-ins shaped like vLLM's outputs)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from google.protobuf import json_format
@@ -109,7 +109,7 @@ def _sampled_logprobs(ids: list[int], per_position) -> list[float]:
 
 def _finish_reason(reason: str | None) -> FinishReason:
     if reason in ("stop", "length"):
-        return reason
+        return cast(FinishReason, reason)
     raise RuntimeError(f"vLLM finished a sample with reason {reason!r} (aborted?)")
 
 

@@ -5,7 +5,6 @@ from meshrl.ragged import Ragged
 from services.trainer.sequences import (
     at_response_positions,
     pack_sequences,
-    padded_to_ragged,
     ragged_to_padded,
 )
 from services.trainer.types import SequenceBatch
@@ -69,7 +68,7 @@ def test_response_width_and_round_trip_to_flat_values():
     packed = pack_sequences(batch, response_width=5)
     assert packed.response_ids.shape == (3, 5)
     values = torch.arange(15, dtype=torch.float32).reshape(3, 5)  # (b, r)
-    flat = padded_to_ragged(values, batch.response_lengths)
+    flat = Ragged.from_padded(values, batch.response_lengths)  # back to flat values
     assert flat.values.tolist() == [0, 1, 2, 5, 6, 10]
     assert torch.equal(flat.offsets, batch.responses.offsets)
     back = ragged_to_padded(flat, 5)
