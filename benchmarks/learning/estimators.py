@@ -87,6 +87,7 @@ def prepare_model(root: Path, seed: int, args, held_out: set) -> tuple[Path, dic
         tokenizer,
         max_iterations=args.warm_start_max,
         stop_at_accuracy=args.stop_at,
+        check_every=args.check_every,
         lr=args.warm_start_lr,
         seed=seed,
         held_out=held_out,
@@ -225,6 +226,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--digits", type=int, default=3)
     ap.add_argument("--stop-at", type=float, default=0.2, help="warm start's probe accuracy")
     ap.add_argument("--warm-start-max", type=int, default=3000)
+    ap.add_argument(
+        "--check-every",
+        type=int,
+        default=25,
+        help="warm-start iterations between probes (a probe is 24 greedy decode steps)",
+    )
     ap.add_argument("--warm-start-lr", type=float, default=1e-3)
     ap.add_argument("--n-val", type=int, default=256, help="held-out problems")
     ap.add_argument("--n-train", type=int, default=8192, help="training prompts")
@@ -239,6 +246,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.smoke:
         args.device, args.steps, args.seeds, args.digits = "cpu", 1, args.seeds[:1], 2
         args.batch, args.n_val, args.n_train, args.warm_start_max = 16, 16, 1024, 400
+        args.check_every = 10
         args.lr, args.critic_lr, args.warm_start_lr = 3e-4, 1e-3, 3e-3
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no GPU here (use --device cpu, or --smoke)")

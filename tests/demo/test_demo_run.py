@@ -69,6 +69,4 @@ def test_the_summary_gives_held_out_accuracy_at_the_first_and_last_validation(tm
     write_metrics(tmp_path, rows)
     summarize(tmp_path)
     assert held_out_accuracy(rows) == [(0, 0.25), (2, 0.5)]
-    assert "held-out greedy accuracy: step 0 0.250 -> step 2 0.500 (+0.250)" in (
-        capsys.readouterr().out
-    )
+    assert "temperature 0): step 0 0.250 -> step 2 0.500 (+0.250)" in (capsys.readouterr().out)
