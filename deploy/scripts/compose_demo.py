@@ -44,32 +44,42 @@ def config_path() -> Path:
 
 def prepare() -> Path:
     """Data, model and the run config; idempotent (a finished model is kept)."""
-    import pyarrow.parquet as pq
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from meshrl.config import config_to_yaml
     from meshrl.testing.tiny_model import make_tiny_model_dir
-    from meshrl_app.demo.arithmetic import write_arithmetic_parquet
-    from meshrl_app.demo.run import WARM_START_ITERATIONS, demo_config
+    from meshrl_app.demo.arithmetic import read_problems, write_arithmetic_parquet
+    from meshrl_app.demo.run import (
+        DIGITS,
+        WARM_START_MAX_ITERATIONS,
+        WARM_START_STOP_AT,
+        demo_config,
+    )
     from meshrl_app.demo.warm_start import warm_start
 
-    iterations = int(os.environ.get("MESHRL_DEMO_WARM_START", WARM_START_ITERATIONS))
-    paths = write_arithmetic_parquet(DATA / "demo")
+    # at most this many warm-start iterations; it stops earlier, as `meshrl demo`'s, at
+    # WARM_START_STOP_AT greedy accuracy on training problems
+    iterations = int(os.environ.get("MESHRL_DEMO_WARM_START", WARM_START_MAX_ITERATIONS))
+    paths = write_arithmetic_parquet(DATA / "demo", digits=DIGITS)
     model_dir = MODELS / "demo"
     if not (model_dir / "WARM_STARTED").exists():
-        held_out = {
-            tuple(int(x) for x in turn["content"][3:-1].split("+"))
-            for p in pq.read_table(paths["test"]).column("prompt").to_pylist()
-            for turn in p
-        }
+        held_out = read_problems(paths["test"])
         make_tiny_model_dir(model_dir, seed=1)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir)
         if iterations > 0:  # 0: a random model (smoke tests only: it earns no reward)
             start = time.perf_counter()
-            warm_start(model, tokenizer, iterations=iterations, seed=1, held_out=held_out)
+            done = warm_start(
+                model,
+                tokenizer,
+                max_iterations=iterations,
+                stop_at_accuracy=WARM_START_STOP_AT,
+                seed=1,
+                held_out=held_out,
+                digits=DIGITS,
+            )
             print(
-                f"warm start: {iterations} iterations in {time.perf_counter() - start:.0f}s",
+                f"warm start: {done.iterations} iterations in {time.perf_counter() - start:.0f}s",
                 flush=True,
             )
         model.save_pretrained(model_dir)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from meshrl.config import ConfigError
-from meshrl_app.demo.run import clear_run_dir, summarize
+from meshrl_app.demo.run import clear_run_dir, held_out_accuracy, summarize
 
 
 def write_metrics(run_dir, rows):
@@ -59,3 +59,14 @@ def test_only_the_demos_own_run_folder_is_cleared(tmp_path):
         clear_run_dir(elsewhere, out)
     assert (elsewhere / "checkpoints").is_dir()
     clear_run_dir(tmp_path / "new", out)  # a new folder elsewhere is fine
+
+
+def test_the_summary_gives_held_out_accuracy_at_the_first_and_last_validation(tmp_path, capsys):
+    acc = "val-core/openai/gsm8k/acc/mean@1"
+    rows = [{"step": 0, acc: 0.25}]
+    rows += [{"step": s, "critic/score/mean": 0.5} for s in (1, 2)]
+    rows += [{"step": 2, acc: 0.5, "val-core/openai/gsm8k/reward/mean@1": 0.5}]
+    write_metrics(tmp_path, rows)
+    summarize(tmp_path)
+    assert held_out_accuracy(rows) == [(0, 0.25), (2, 0.5)]
+    assert "temperature 0): step 0 0.250 -> step 2 0.500 (+0.250)" in (capsys.readouterr().out)
