@@ -34,7 +34,7 @@ def run_seed(seed: int, out: Path) -> dict:
     from meshrl_app.demo.run import held_out_accuracy
     from services.coordinator.metrics_sinks import read_jsonl
 
-    cmd = [sys.executable, "-m", "meshrl.cli", "demo", "--out", str(out)]
+    cmd = [sys.executable, "-m", "meshrl_app.cli", "demo", "--out", str(out)]
     cmd += [f"trainer.seed={seed}", f"data.seed={seed}"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -142,14 +142,13 @@ def run_config(root: Path, data: dict, model: Path, estimator: str, seed: int, a
     ]
     if on_gpu:
         overrides += ["actor_rollout_ref.rollout.gpu_memory_utilization=0.3"]
-    return demo_config(root, overrides)
+    return demo_config(root, overrides + list(args.override))
 
 
 def run_one(cfg, mesh: dict) -> dict:
     """One run against the shared role servers; its figures from its metrics.jsonl."""
-    from meshrl.launcher.run_local import run_local
-
     from meshrl_app.demo.run import held_out_accuracy
+    from meshrl_app.run_local import run_local
     from services.coordinator.metrics_sinks import read_jsonl
 
     cfg.launcher.kind = "external"
@@ -239,6 +238,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path("learning_estimators.json"))
     ap.add_argument(
+        "--override", action="append", default=[], help="a config key=value for every run"
+    )
+    ap.add_argument(
         "--smoke",
         action="store_true",
         help="CPU check: tiny model, two-digit addition, 1 step per estimator, 1 seed",
@@ -281,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as e:  # noqa: BLE001 - one failing still leaves the others
                     r = {"estimator": name, "seed": seed, "error": f"{type(e).__name__}: {e}"}
                 runs.append(r)
+                write_result(args, runs, t0)  # so far: a call cut short keeps what ran
                 print(
                     f"[{time.perf_counter() - t0:.0f}s] {name} seed {seed}: "
                     + (
@@ -294,6 +297,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         launcher.__exit__(None, None, None)
     print_table(runs)
+    result = write_result(args, runs, t0)
+    print(f"total {result['total_s']:.0f}s; wrote {args.out}")
+    return 0 if all("error" not in r for r in runs) else 1
+
+
+def write_result(args, runs: list[dict], t0: float) -> dict:
     result = {
         "benchmark": "learning_estimators",
         "date": datetime.date.today().isoformat(),
@@ -309,8 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"total {result['total_s']:.0f}s; wrote {args.out}")
-    return 0 if all("error" not in r for r in runs) else 1
+    return result
 
 
 if __name__ == "__main__":
