@@ -2,8 +2,9 @@
 
 PPO cannot find a reward that a random model never earns; a short imitation phase makes
 the format (`... #### n<eos>`) likely. The demo stops it early, so that PPO has room to
-make the model better: on two-digit addition greedy accuracy sits near 0.05 for a seed-
-dependent 150 to 400 iterations, then jumps to 0.8 within about 60 (docs/learning.md).
+make the model better: on two-digit addition greedy accuracy sits at 0.05 to 0.2 for a
+seed-dependent 200 to 450 iterations, then jumps to about 0.8 within 60 to 80
+(docs/learning.md).
 A fixed iteration count therefore leaves 0.06 on one seed and 0.9 on another; the warm
 start instead stops at the first check where greedy accuracy on a probe of *training*
 problems reaches `stop_at_accuracy`. Checks come every `check_every` iterations, so the

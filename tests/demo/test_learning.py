@@ -2,9 +2,9 @@
 
 `meshrl demo`'s own path (data, early-stopped warm start, a run of every role as its own
 gRPC server), shortened: held-out greedy accuracy must rise by a clear margin. A change
-that stops learning (a sign error in the loss or the advantages, a wrong response mask,
-weights that no longer reach the rollout server, which also generates validation) leaves
-it flat or makes it fall, and fails here.
+that stops learning fails here; measured (docs/learning.md): the advantages' sign flipped
+in the policy loss (0.320 -> 0.000), and the weights no longer synced to the rollout
+server, which also generates validation (0.320 -> 0.320).
 """
 
 from __future__ import annotations
