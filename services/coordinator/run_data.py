@@ -59,7 +59,8 @@ def load_run_data(cfg: RunConfig, run_dir: Path | None = None) -> RunData:
     train = not cfg.trainer.val_only
     train_set = make_dataset(cfg, cfg.data.train_files, tokenizer) if train else None
     val_set = make_dataset(cfg, cfg.data.val_files, tokenizer) if cfg.data.val_files else None
-    loader = make_loader(cfg, train_set) if train_set is not None else None  # if train
+    # train: train_set is a data set (make_dataset returns one or raises)
+    loader = make_loader(cfg, train_set) if train else None  # type: ignore[arg-type]
     total_steps = 0
     if loader is not None:
         total_steps = cfg.trainer.total_training_steps or (
