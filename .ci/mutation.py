@@ -1,0 +1,123 @@
+"""`make mutation`: mutmut over the PPO math and its plumbing, then a kill-rate report.
+
+    python .ci/mutation.py run [PATTERN ...]   # mutmut run over MUTANTS (or the patterns)
+    python .ci/mutation.py report              # kill rate per module, and every survivor
+
+mutmut's settings (files, test selection, process isolation) are in pyproject.toml's
+[tool.mutmut]; docs/testing.md records the last report and the reason for each survivor.
+
+Two things mutmut does not do by itself, done here:
+- It skips every decorated function, and the advantage estimators, the token rewards and
+  the truncated IS weights are ``@torch.no_grad()`` functions. The trampoline mutmut puts
+  in front of a function keeps its decorators, so that one decorator is safe to allow: it
+  is, for the run started here.
+- It mutates whole files; the trainer's and the coordinator's files are restricted to the
+  functions that assemble the losses and the advantages (MUTANTS).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+# mutmut's names: module.x_function or module.xǁClassǁmethod, then __mutmut_<n>.
+MUTANTS = [
+    "meshrl.algorithms.*",
+    # the trainer's loss assembly
+    "services.trainer.actor.xǁPolicyLossSettingsǁfrom_config__mutmut_*",
+    "services.trainer.actor.xǁActorRoleǁupdate_policy__mutmut_*",
+    "services.trainer.actor.xǁActorRoleǁ_targets__mutmut_*",
+    "services.trainer.actor.xǁActorRoleǁ_micro_loss__mutmut_*",
+    "services.trainer.actor.x_widen__mutmut_*",
+    "services.trainer.critic.xǁValueLossSettingsǁfrom_config__mutmut_*",
+    "services.trainer.critic.xǁCriticRoleǁupdate_value__mutmut_*",
+    # the coordinator's advantage and reward plumbing
+    "services.coordinator.advantage.*",
+    "services.coordinator.ppo_step.xǁPPOStepǁadvantages__mutmut_*",
+    # the weight-sync receiver
+    "meshrl.weight_sync.receiver.*",
+]
+
+# mutmut's exit-code meanings (mutmut.stats.status_by_exit_code), for the report.
+KILLED = {1, 3}
+SURVIVED = {0}
+NOT_RUN = {None, 2}
+
+
+def _allow_no_grad_decorator() -> None:
+    import libcst as cst
+    from mutmut.mutation import file_mutation
+
+    skip = file_mutation.MutationVisitor._skip_node_and_children
+
+    def no_grad_only(node: cst.CSTNode) -> bool:
+        return (
+            isinstance(node, cst.FunctionDef)
+            and len(node.decorators) == 1
+            and cst.Module([]).code_for_node(node.decorators[0].decorator) == "torch.no_grad()"
+        )
+
+    def patched(self, node: cst.CSTNode) -> bool:
+        if no_grad_only(node):
+            return skip(self, node.with_changes(decorators=[]))
+        return skip(self, node)
+
+    file_mutation.MutationVisitor._skip_node_and_children = patched
+
+
+def run(patterns: list[str]) -> None:
+    _allow_no_grad_decorator()
+    from mutmut.__main__ import cli
+
+    sys.argv = ["mutmut", "run", *(patterns or MUTANTS)]
+    cli()
+
+
+def _selected(name: str) -> bool:
+    from fnmatch import fnmatch
+
+    return any(fnmatch(name, p) for p in MUTANTS)
+
+
+def report() -> None:
+    """Markdown: a row per module (killed / survived / other), then the survivors."""
+    by_module: dict[str, Counter] = defaultdict(Counter)
+    survivors: list[str] = []
+    for meta in sorted(Path("mutants").rglob("*.py.meta")):
+        codes = json.loads(meta.read_text())["exit_code_by_key"]
+        for name, code in sorted(codes.items()):
+            if not _selected(name):
+                continue
+            module = name.split(".x", 1)[0]
+            if code in KILLED:
+                by_module[module]["killed"] += 1
+            elif code in SURVIVED:
+                by_module[module]["survived"] += 1
+                survivors.append(name)
+            elif code in NOT_RUN:
+                by_module[module]["not run"] += 1
+            else:
+                by_module[module][f"exit {code}"] += 1
+    print("| module | mutants | killed | survived | other | kill rate |")
+    print("|---|---:|---:|---:|---:|---:|")
+    total = Counter()
+    for module, c in sorted(by_module.items()):
+        n = sum(c.values())
+        other = n - c["killed"] - c["survived"]
+        rate = c["killed"] / max(c["killed"] + c["survived"], 1)
+        print(f"| `{module}` | {n} | {c['killed']} | {c['survived']} | {other} | {rate:.1%} |")
+        total.update(c)
+    n = sum(total.values())
+    rate = total["killed"] / max(total["killed"] + total["survived"], 1)
+    other = n - total["killed"] - total["survived"]
+    print(f"| all | {n} | {total['killed']} | {total['survived']} | {other} | {rate:.1%} |")
+    print()
+    for name in survivors:
+        print(f"- `{name}`")
+
+
+if __name__ == "__main__":
+    command, *rest = sys.argv[1:] or ["run"]
+    {"run": lambda: run(rest), "report": report}[command]()
