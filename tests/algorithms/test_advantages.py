@@ -250,6 +250,10 @@ def test_estimator_names():
 def test_shape_mismatch_raises():
     with pytest.raises(ValueError, match="shape"):
         gae_advantages(GAE_REWARDS, GAE_VALUES[:, :3], GAE_MASK, 1.0, 1.0)
+    with pytest.raises(ValueError, match=r"expected shape \(3, 4\), got \(3, 3\)"):
+        discounted_return_to_go(GAE_REWARDS[:, :3], GAE_MASK, 1.0)
+    with pytest.raises(ValueError, match="mask must be"):
+        discounted_return_to_go(GAE_REWARDS, GAE_MASK[0], 1.0)
 
 
 # -------------------------------------------------------------------- properties

@@ -79,3 +79,13 @@ def test_holes_put_score_on_last_valid_token():
 def test_needs_both_logprobs():
     with pytest.raises(ValueError, match="both"):
         token_level_rewards(SCORES, MASK, ref_logprobs=torch.zeros(3, 4))
+
+
+def test_scores_keep_their_float64_dtype():
+    # Rewards are built in the scores' dtype (at least float32): float64 scores stay float64.
+    scores = torch.tensor([0.1, 0.2], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
+    placed = place_on_last_token(scores, mask)
+    assert placed.dtype == torch.float64
+    assert placed.tolist() == [[0.0, 0.1, 0.0], [0.0, 0.0, 0.0]]  # an empty row gets nothing
+    assert token_level_rewards(scores, mask).rewards.dtype == torch.float64

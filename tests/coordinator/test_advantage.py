@@ -1,10 +1,16 @@
 """compute_advantages: the coordinator's dispatch from scores to advantages, numbers by hand."""
 
+import statistics
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from meshrl.config.schema import AlgorithmConfig
+from meshrl.ragged import Ragged
 from services.coordinator.advantage import AdvantageInputs, compute_advantages
+from services.coordinator.ppo_step import PPOStep
+from services.coordinator.rollout_batch import RolloutBatch
 
 
 def _two_responses_one_prompt(scores=(1.0, 1.0)) -> AdvantageInputs:
@@ -164,6 +170,31 @@ class _RecordingKLController:
         self.updates.append((current_kl, n_steps))
 
 
+def _floats(*rows):
+    return Ragged.from_lists(list(rows), dtype=torch.float32)
+
+
+def _rollout_batch(n_rows=1, **filled) -> RolloutBatch:
+    """``n_rows`` responses of 3 tokens, one group; ``filled``: the phases' fields."""
+    return RolloutBatch(
+        prompts=Ragged.from_lists([[5, 6]] * n_rows),
+        responses=Ragged.from_lists([[7, 8, 9]] * n_rows),
+        rollout_logprobs=_floats(*[[-9.0] * 3] * n_rows),  # not an input of the advantages
+        finish_reasons=["stop"] * n_rows,
+        group_ids=torch.zeros(n_rows, dtype=torch.long),
+        data_sources=["d"] * n_rows,
+        ground_truths=["g"] * n_rows,
+        extra_infos=[{}] * n_rows,
+        weight_version=0,
+        **filled,
+    )
+
+
+def _ppo_step(algorithm: AlgorithmConfig, kl_ctrl) -> SimpleNamespace:
+    # PPOStep.advantages reads only these two attributes of its step.
+    return SimpleNamespace(cfg=SimpleNamespace(algorithm=algorithm), kl_ctrl=kl_ctrl)
+
+
 def test_ppo_step_passes_values_log_probs_and_the_controllers_coefficient():
     # PPOStep.advantages, the coordinator's call site, on one response of 3 tokens:
     # old log-probs -1, reference -1.5 (k1 = 0.5 a token), beta 0.2 from the controller:
@@ -172,29 +203,11 @@ def test_ppo_step_passes_values_log_probs_and_the_controllers_coefficient():
     #   t1: d = -0.1 + 0.5*0.6 - 0.4 = -0.2        A1 = -0.2 + 0.4*0.3   = -0.08
     #   t0: d = -0.1 + 0.5*0.4 - 0.2 = -0.1        A0 = -0.1 + 0.4*-0.08 = -0.132
     #   returns = A + V = (0.068, 0.32, 0.9)
-    from types import SimpleNamespace
-
-    from meshrl.ragged import Ragged
-    from services.coordinator.ppo_step import PPOStep
-    from services.coordinator.rollout_batch import RolloutBatch
-
-    def floats(row):
-        return Ragged.from_lists([row], dtype=torch.float32)
-
-    batch = RolloutBatch(
-        prompts=Ragged.from_lists([[5, 6]]),
-        responses=Ragged.from_lists([[7, 8, 9]]),
-        rollout_logprobs=floats([-9.0, -9.0, -9.0]),  # not an input of the advantages
-        finish_reasons=["stop"],
-        group_ids=torch.tensor([0]),
-        data_sources=["d"],
-        ground_truths=["g"],
-        extra_infos=[{}],
-        weight_version=0,
+    batch = _rollout_batch(
         scores=torch.tensor([1.0]),
-        old_logprobs=floats([-1.0, -1.0, -1.0]),
-        ref_logprobs=floats([-1.5, -1.5, -1.5]),
-        values=floats([0.2, 0.4, 0.6]),
+        old_logprobs=_floats([-1.0, -1.0, -1.0]),
+        ref_logprobs=_floats([-1.5, -1.5, -1.5]),
+        values=_floats([0.2, 0.4, 0.6]),
     )
     algorithm = AlgorithmConfig(
         adv_estimator="gae",
@@ -205,10 +218,51 @@ def test_ppo_step_passes_values_log_probs_and_the_controllers_coefficient():
         kl_penalty="kl",
     )
     kl_ctrl = _RecordingKLController(BETA)
-    step = SimpleNamespace(cfg=SimpleNamespace(algorithm=algorithm), kl_ctrl=kl_ctrl)
-    advantages, returns, metrics = PPOStep.advantages(step, batch)
-    torch.testing.assert_close(advantages.values, torch.tensor([-0.132, -0.08, 0.3]))
-    torch.testing.assert_close(returns.values, torch.tensor([0.068, 0.32, 0.9]))
+    advantages, returns, metrics = PPOStep.advantages(_ppo_step(algorithm, kl_ctrl), batch)
+    adv, ret = [-0.132, -0.08, 0.3], [0.068, 0.32, 0.9]
+    torch.testing.assert_close(advantages.values, torch.tensor(adv))
+    torch.testing.assert_close(returns.values, torch.tensor(ret))
     assert metrics["actor/reward_kl_penalty"] == pytest.approx(0.5)
     assert metrics["actor/reward_kl_penalty_coeff"] == pytest.approx(BETA)
     assert kl_ctrl.updates == [(pytest.approx(0.5), 1)]
+    expected = {
+        "critic/advantages": adv,
+        "critic/returns": ret,
+        "critic/rewards": [0.7],  # the response's token rewards summed
+        "critic/values": [0.2, 0.4, 0.6],
+    }
+    for prefix, xs in expected.items():
+        assert metrics[f"{prefix}/mean"] == pytest.approx(statistics.fmean(xs)), prefix
+        assert metrics[f"{prefix}/max"] == pytest.approx(max(xs)), prefix
+        assert metrics[f"{prefix}/min"] == pytest.approx(min(xs)), prefix
+    # 1 - Var[R - V] / (Var[R] + 1e-5), R - V = A
+    ev = 1 - statistics.variance(adv) / (statistics.variance(ret) + 1e-5)
+    assert metrics["critic/vf_explained_var"] == pytest.approx(ev, rel=1e-5)
+
+
+def test_ppo_step_groups_outcome_estimators_by_the_batchs_group_ids():
+    # grpo without a critic or a reference: rows 0, 1 in group 0 (scores 0, 1), rows 2, 3 in
+    # group 1 (scores 1, 1): A = (-0.7071, 0.7071, 0, 0) on every token.
+    batch = _rollout_batch(4, scores=torch.tensor([0.0, 1.0, 1.0, 1.0]))
+    batch.group_ids = torch.tensor([0, 0, 1, 1])
+    batch.old_logprobs = _floats(*[[-1.0] * 3] * 4)
+    cfg = AlgorithmConfig(adv_estimator="grpo", use_kl_in_reward=False)
+    kl_ctrl = _RecordingKLController(BETA)
+    advantages, returns, metrics = PPOStep.advantages(_ppo_step(cfg, kl_ctrl), batch)
+    expected = torch.tensor([-0.7071, 0.7071, 0.0, 0.0]).repeat_interleave(3)
+    torch.testing.assert_close(advantages.values, expected, atol=1e-4, rtol=0)
+    assert "critic/values/mean" not in metrics and "actor/reward_kl_penalty" not in metrics
+    assert kl_ctrl.updates == []  # no KL in the reward: the controller stays
+
+
+def test_ppo_step_gives_remax_the_greedy_baseline_scores():
+    # ReMax: return-to-go (score 1 on the last token: 1 on every token) minus the greedy
+    # response's score 0.25.
+    batch = _rollout_batch(
+        scores=torch.tensor([1.0]),
+        old_logprobs=_floats([-1.0, -1.0, -1.0]),
+        baseline_scores=torch.tensor([0.25]),
+    )
+    cfg = AlgorithmConfig(adv_estimator="remax", use_kl_in_reward=False)
+    advantages, _, _ = PPOStep.advantages(_ppo_step(cfg, _RecordingKLController(BETA)), batch)
+    torch.testing.assert_close(advantages.values, torch.tensor([0.75, 0.75, 0.75]))
