@@ -1,6 +1,6 @@
 """`make mutation`: mutmut over the PPO math and its plumbing, then a kill-rate report.
 
-    python .ci/mutation.py run [PATTERN ...]   # mutmut run over MUTANTS (or the patterns)
+    python .ci/mutation.py run [NAME ...]      # mutmut run over MUTANTS (or these, again)
     python .ci/mutation.py report              # kill rate per module, and every survivor
 
 mutmut's settings (files, test selection, process isolation) are in pyproject.toml's
@@ -40,8 +40,9 @@ MUTANTS = [
     "meshrl.weight_sync.receiver.*",
 ]
 
-# mutmut's exit-code meanings (mutmut.stats.status_by_exit_code), for the report.
-KILLED = {1, 3}
+# mutmut's exit-code meanings (mutmut.stats.status_by_exit_code), for the report. A test
+# process the mutant crashed (SIGABRT from gloo, SIGSEGV) failed: counted as killed.
+KILLED = {1, 3, -6, -11}
 SURVIVED = {0}
 NOT_RUN = {None, 2}
 
@@ -67,12 +68,24 @@ def _allow_no_grad_decorator() -> None:
     file_mutation.MutationVisitor._skip_node_and_children = patched
 
 
-def run(patterns: list[str]) -> None:
+def run(names: list[str]) -> None:
+    """Without ``names``: the mutants of MUTANTS that have no result yet (a run resumes
+    where it stopped). With ``names`` (mutmut's names or patterns): those, run again even
+    if they have a result, as ``mutmut run NAME`` does (after a test was added)."""
     _allow_no_grad_decorator()
-    from mutmut.__main__ import cli
+    import mutmut.__main__ as mutmut_main
 
-    sys.argv = ["mutmut", "run", *(patterns or MUTANTS)]
-    cli()
+    if not names:
+        # mutmut runs every mutant named on its command line again, results or not; a
+        # filter applied where it lists the mutants keeps the results it already has.
+        collect = mutmut_main.collect_source_file_mutation_data
+
+        def only_ours(*, mutant_names):
+            return collect(mutant_names=MUTANTS)
+
+        mutmut_main.collect_source_file_mutation_data = only_ours
+    sys.argv = ["mutmut", "run", *names]
+    mutmut_main.cli()
 
 
 def _selected(name: str) -> bool:
