@@ -266,3 +266,28 @@ def test_ppo_step_gives_remax_the_greedy_baseline_scores():
     cfg = AlgorithmConfig(adv_estimator="remax", use_kl_in_reward=False)
     advantages, _, _ = PPOStep.advantages(_ppo_step(cfg, _RecordingKLController(BETA)), batch)
     torch.testing.assert_close(advantages.values, torch.tensor([0.75, 0.75, 0.75]))
+
+
+def test_estimators_without_their_inputs_say_what_is_missing():
+    inputs = _one_response()._replace(values=None)
+    with pytest.raises(
+        ValueError, match=r"^adv_estimator gae needs critic values \(critic.enable\)$"
+    ):
+        compute_advantages(AlgorithmConfig(adv_estimator="gae"), inputs, kl_coef=0.0)
+    with pytest.raises(ValueError, match="^adv_estimator remax needs the greedy baseline scores$"):
+        compute_advantages(AlgorithmConfig(adv_estimator="remax"), inputs, kl_coef=0.0)
+    unchecked = AlgorithmConfig.model_construct(
+        **{**AlgorithmConfig().__dict__, "adv_estimator": "nope"}
+    )
+    with pytest.raises(ValueError, match="^unknown adv_estimator 'nope'$"):
+        compute_advantages(unchecked, inputs, kl_coef=0.0)
+
+
+def test_remax_subtracts_the_baseline_from_the_undiscounted_return():
+    # Score 1 on the last of 3 tokens, gamma 0.5 ignored (ReMax does not discount), baseline
+    # 0.25: A = 1 - 0.25 on every token; returns 1.
+    inputs = _one_response()._replace(baseline_scores=torch.tensor([0.25]))
+    cfg = AlgorithmConfig(adv_estimator="remax", gamma=GAMMA)
+    out = compute_advantages(cfg, inputs, kl_coef=BETA)
+    torch.testing.assert_close(out.advantages, torch.tensor([[0.75, 0.75, 0.75]]))
+    torch.testing.assert_close(out.returns, torch.tensor([[1.0, 1.0, 1.0]]))
