@@ -88,6 +88,62 @@ def run(names: list[str]) -> None:
     mutmut_main.cli()
 
 
+def _function_source(lines: list[str], name: str) -> list[str]:
+    """The body of ``def name(`` in a mutated file (its def line dropped)."""
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith(f"def {name}("))
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    depth, end = 0, start  # the signature may take several lines
+    for end in range(start, len(lines)):
+        depth += lines[end].count("(") - lines[end].count(")")
+        if depth == 0 and lines[end].rstrip().endswith(":"):
+            break
+    body = []
+    for line in lines[end + 1 :]:
+        if line.strip() and len(line) - len(line.lstrip()) <= indent:
+            break
+        body.append(line)
+    return body
+
+
+def mutant_diff(name: str) -> tuple[str, str]:
+    """(original line(s), mutated line(s)) of a mutant, from the files mutmut wrote."""
+    module, _, function = name.rpartition(".")
+    path = Path("mutants", *module.split(".")).with_suffix(".py")
+    lines = path.read_text().splitlines()
+    orig = _function_source(lines, function.rsplit("__mutmut_", 1)[0] + "__mutmut_orig")
+    mutated = _function_source(lines, function)
+    removed = [a.strip() for a in orig if a not in mutated]
+    added = [b.strip() for b in mutated if b not in orig]
+    return " / ".join(removed), " / ".join(added)
+
+
+def classify(before: str, after: str) -> str:
+    """A survivor's class, from its diff; "" when it needs a look."""
+    import re
+
+    if " / " in before or " / " in after:  # several lines: needs a look
+        return ""
+    if re.search(r"\(dim=-1\)|unsqueeze\(-1\)|shape\[-1\]|dim=-1", before) and "+1" in after:
+        return "axis"
+    if "strict=True" in before:
+        return "zip-strict"
+    if "device" in before and (
+        "device=None" in after or "device" not in after or ".to(None)" in after
+    ):
+        return "device"
+    if "dtype" in before and (
+        "dtype=None" in after or "dtype" not in after or ".to(None)" in after
+    ):
+        return "dtype"
+    if ".to(" in before and ".to(None)" in after:
+        return "dtype"
+    if re.search(r"raise \w+\(|ValueError\(|f\"", before) and re.search(
+        r"XX|\(None\)|[A-Z]{4,}", after
+    ):
+        return "message"
+    return ""
+
+
 def _selected(name: str) -> bool:
     from fnmatch import fnmatch
 
@@ -127,8 +183,12 @@ def report() -> None:
     other = n - total["killed"] - total["survived"]
     print(f"| all | {n} | {total['killed']} | {total['survived']} | {other} | {rate:.1%} |")
     print()
+    print("| survivor | original | mutant | class |")
+    print("|---|---|---|---|")
     for name in survivors:
-        print(f"- `{name}`")
+        before, after = mutant_diff(name)
+        cell = lambda code: f"`{code}`".replace("|", "\\|") if code else ""  # noqa: E731
+        print(f"| `{name}` | {cell(before)} | {cell(after)} | {classify(before, after)} |")
 
 
 if __name__ == "__main__":

@@ -253,6 +253,9 @@ def test_ppo_step_groups_outcome_estimators_by_the_batchs_group_ids():
     torch.testing.assert_close(advantages.values, expected, atol=1e-4, rtol=0)
     assert "critic/values/mean" not in metrics and "actor/reward_kl_penalty" not in metrics
     assert kl_ctrl.updates == []  # no KL in the reward: the controller stays
+    # each response's reward is its score: mean 0.75 over the 4 responses
+    rewards = {k: metrics[f"critic/rewards/{k}"] for k in ("mean", "max", "min")}
+    assert rewards == {"mean": 0.75, "max": 1.0, "min": 0.0}
 
 
 def test_ppo_step_gives_remax_the_greedy_baseline_scores():
