@@ -125,6 +125,8 @@ def classify(before: str, after: str) -> str:
         return ""
     if re.search(r"\(dim=-1\)|unsqueeze\(-1\)|shape\[-1\]|dim=-1", before) and "+1" in after:
         return "axis"
+    if "record_function(" in before:
+        return "label"
     if "strict=True" in before:
         return "zip-strict"
     if "device" in before and (
