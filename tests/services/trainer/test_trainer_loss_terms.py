@@ -13,6 +13,7 @@ import pytest
 import torch
 from trainer_helpers import make_batch, trainer_config
 
+from meshrl.ragged import Ragged
 from services.trainer.actor import ActorRole
 from services.trainer.critic import CriticRole
 
@@ -146,3 +147,29 @@ def test_value_clipping_by_hand(
         assert _token_mean(after.values) < -1e-4
     else:
         assert torch.count_nonzero(after.values) == 0
+
+
+@pytest.mark.parametrize("wrong", ["old_values", "returns"])
+def test_critic_names_the_input_of_the_wrong_length(world, tiny_model_dir, wrong):
+    critic = CriticRole.build(trainer_config(tiny_model_dir), world)
+    batch = make_batch(4, seed=15)
+    n = batch.num_response_tokens
+    right = Ragged.from_tensors([torch.zeros(int(k)) for k in batch.response_lengths])
+    short = Ragged.from_lists([[0.0]], dtype=torch.float32)
+    args = {"old_values": right, "returns": right, wrong: short}
+    with pytest.raises(ValueError, match=f"^{wrong} has 1 values for {n} response tokens$"):
+        critic.update_value(batch, args["old_values"], args["returns"], global_step=1)
+
+
+@pytest.mark.parametrize(
+    "wrong", ["old_logprobs", "advantages", "ref_logprobs", "rollout_logprobs"]
+)
+def test_actor_names_the_input_of_the_wrong_length(world, tiny_model_dir, wrong):
+    actor = _actor(world, tiny_model_dir, ["actor_rollout_ref.actor.use_kl_loss=true"])
+    batch = make_batch(4, seed=15)
+    n = batch.num_response_tokens
+    right = Ragged.from_tensors([torch.zeros(int(k)) for k in batch.response_lengths])
+    args = dict.fromkeys(["old_logprobs", "advantages", "ref_logprobs", "rollout_logprobs"], right)
+    args[wrong] = Ragged.from_lists([[0.0]], dtype=torch.float32)
+    with pytest.raises(ValueError, match=f"^{wrong} has 1 values for {n} response tokens$"):
+        actor.update_policy(batch, global_step=1, **args)
