@@ -173,3 +173,13 @@ def test_actor_names_the_input_of_the_wrong_length(world, tiny_model_dir, wrong)
     args[wrong] = Ragged.from_lists([[0.0]], dtype=torch.float32)
     with pytest.raises(ValueError, match=f"^{wrong} has 1 values for {n} response tokens$"):
         actor.update_policy(batch, global_step=1, **args)
+
+
+def test_kl_loss_without_reference_log_probs_is_refused(world, tiny_model_dir):
+    actor = _actor(world, tiny_model_dir, ["actor_rollout_ref.actor.use_kl_loss=true"])
+    batch = make_batch(4, seed=15)
+    old, _ = actor.compute_log_probs(batch)
+    with pytest.raises(
+        ValueError, match="^use_kl_loss is set but the request has no ref_logprobs$"
+    ):
+        actor.update_policy(batch, old, old, None, None, global_step=1)
