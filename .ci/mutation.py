@@ -114,14 +114,14 @@ def mutant_diff(name: str) -> tuple[str, str]:
     mutated = _function_source(lines, function)
     removed = [a.strip() for a in orig if a not in mutated]
     added = [b.strip() for b in mutated if b not in orig]
-    return " / ".join(removed), " / ".join(added)
+    return " ⏎ ".join(removed), " ⏎ ".join(added)
 
 
 def classify(before: str, after: str) -> str:
     """A survivor's class, from its diff; "" when it needs a look."""
     import re
 
-    if " / " in before or " / " in after:  # several lines: needs a look
+    if " ⏎ " in before or " ⏎ " in after:  # several lines: needs a look
         return ""
     if re.search(r"\(dim=-1\)|unsqueeze\(-1\)|shape\[-1\]|dim=-1", before) and "+1" in after:
         return "axis"

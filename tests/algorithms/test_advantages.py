@@ -254,6 +254,10 @@ def test_shape_mismatch_raises():
         discounted_return_to_go(GAE_REWARDS[:, :3], GAE_MASK, 1.0)
     with pytest.raises(ValueError, match="mask must be"):
         discounted_return_to_go(GAE_REWARDS, GAE_MASK[0], 1.0)
+    with pytest.raises(ValueError, match=r"expected shape \(3, 4\), got \(3, 3\)"):
+        gae_advantages(GAE_REWARDS[:, :3], GAE_VALUES, GAE_MASK, 1.0, 1.0)
+    with pytest.raises(ValueError, match="mask must be"):
+        gae_advantages(GAE_REWARDS[0], GAE_VALUES[0], GAE_MASK[0], 1.0, 1.0)
 
 
 # -------------------------------------------------------------------- properties
