@@ -89,7 +89,7 @@ def run(names: list[str]) -> None:
 
 
 def _function_source(lines: list[str], name: str) -> list[str]:
-    """The body of ``def name(`` in a mutated file (its def line dropped)."""
+    """The lines of ``def name(`` in a mutated file, from its parameters on."""
     start = next(i for i, line in enumerate(lines) if line.lstrip().startswith(f"def {name}("))
     indent = len(lines[start]) - len(lines[start].lstrip())
     depth, end = 0, start  # the signature may take several lines
@@ -97,7 +97,8 @@ def _function_source(lines: list[str], name: str) -> list[str]:
         depth += lines[end].count("(") - lines[end].count(")")
         if depth == 0 and lines[end].rstrip().endswith(":"):
             break
-    body = []
+    # the signature (defaults are mutated too) without the name, then the body
+    body = [lines[start].split("(", 1)[1], *lines[start + 1 : end + 1]]
     for line in lines[end + 1 :]:
         if line.strip() and len(line) - len(line.lstrip()) <= indent:
             break

@@ -602,3 +602,34 @@ def test_truncated_is_weights_cap_must_be_positive_and_may_be_below_one():
         truncated_is_weights(old, rollout, mask, cap=0)
     w = truncated_is_weights(old, rollout, mask, cap=0.5)  # exp(1) and exp(-1) = 0.37
     torch.testing.assert_close(w, torch.tensor([[0.5, math.exp(-1.0)]]))
+
+
+def test_cov_losses_default_to_the_configs_defaults():
+    # Called without them (as the tests do), the functions behave as a default config.
+    import inspect
+
+    from meshrl.config.schema import PolicyLossConfig
+
+    cfg = PolicyLossConfig()
+    for fn, names in [
+        (clip_cov_policy_loss, ["clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"]),
+        (kl_cov_policy_loss, ["kl_cov_ratio", "ppo_kl_coef"]),
+    ]:
+        params = inspect.signature(fn).parameters
+        assert {n: params[n].default for n in names} == {n: getattr(cfg, n) for n in names}
+
+
+@pytest.mark.parametrize("mode", ["seq-mean-token-sum", "seq-mean-token-sum-norm"])
+def test_kl_cov_passes_the_global_counts_and_length_to_the_aggregation(mode):
+    # At ratio 1 and with no token penalised (ratio 0 of them) KL-Cov's per-token loss is
+    # -A; a micro-batch of 2 of the mini-batch's 5 responses, T = 7.
+    adv = torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    logp = torch.zeros(2, 3)
+    out = kl_cov_policy_loss(
+        logp, logp, adv, mask, kl_cov_ratio=1e-9, loss_agg_mode=mode,
+        global_token_count=9, global_seq_count=5, norm_length=7,
+    )  # fmt: skip
+    # seq-mean-token-sum: (-3 + -3) / 5; -norm: each row's sum / 7 as well.
+    expected = -6 / 5 if mode == "seq-mean-token-sum" else -6 / 7 / 5
+    assert out.loss.item() == pytest.approx(expected)

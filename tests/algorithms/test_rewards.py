@@ -114,3 +114,8 @@ def test_defaults_are_no_penalty_and_the_k1_estimator():
     )
     assert out.rewards.tolist() == [[0.0, 1.0]]
     assert out.kl.tolist() == [[-0.5, 0.5]]
+
+
+def test_log_probs_come_in_pairs():
+    with pytest.raises(ValueError, match="^pass both logprobs and ref_logprobs, or neither$"):
+        token_level_rewards(torch.tensor([1.0]), torch.ones(1, 2), logprobs=torch.zeros(1, 2))

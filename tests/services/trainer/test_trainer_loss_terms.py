@@ -183,3 +183,18 @@ def test_kl_loss_without_reference_log_probs_is_refused(world, tiny_model_dir):
         ValueError, match="^use_kl_loss is set but the request has no ref_logprobs$"
     ):
         actor.update_policy(batch, old, old, None, None, global_step=1)
+
+
+def test_critic_reports_the_mean_prediction_over_its_micro_batches(world, tiny_model_dir):
+    # Two micro-batches of 2 rows a mini-batch: each adds its token mean times its share of
+    # the tokens, which sums to the mean over all tokens. A first step moves the values off
+    # the zero head; the second update's metric is the mean of the values before it.
+    critic = CriticRole.build(trainer_config(tiny_model_dir), world)
+    batch = make_batch(4, seed=16)
+    values = critic.compute_values(batch)
+    returns = values.with_values(torch.full_like(values.values, -1.0))
+    critic.update_value(batch, values, returns, global_step=1)
+    moved = critic.compute_values(batch)
+    assert _token_mean(moved.values) < -1e-4
+    metrics = critic.update_value(batch, moved, returns, global_step=2)
+    assert metrics["critic/vpred_mean"] == pytest.approx(_token_mean(moved.values), rel=1e-4)
