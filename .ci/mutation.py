@@ -124,7 +124,7 @@ def classify(before: str, after: str) -> str:
 
     if " ⏎ " in before or " ⏎ " in after:  # several lines: needs a look
         return ""
-    if re.search(r"\(dim=-1\)|unsqueeze\(-1\)|shape\[-1\]|dim=-1", before) and "+1" in after:
+    if "-1" in before and before.replace("-1", "+1") == after:
         return "axis"
     if "record_function(" in before:
         return "label"

@@ -14,7 +14,7 @@ import torch
 from trainer_helpers import make_batch, trainer_config
 
 from meshrl.ragged import Ragged
-from services.trainer.actor import ActorRole
+from services.trainer.actor import ActorRole, PolicyLossSettings
 from services.trainer.critic import CriticRole
 
 
@@ -83,19 +83,30 @@ def test_kl_loss_pulls_each_log_prob_towards_the_reference(
 
 
 @pytest.mark.parametrize(
-    "rollout_shift, weight",
+    "rollout_shift, cap, weight",
     [
-        (-math.log(2.0), 2.0),  # the engine gave the tokens half the trainer's probability
-        (math.log(2.0), 0.5),  # twice the trainer's probability
-        (-math.log(5.0), 3.0),  # 5, truncated at the cap
+        (-math.log(2.0), 3.0, 2.0),  # the engine gave the tokens half the trainer's probability
+        (math.log(2.0), 3.0, 0.5),  # twice the trainer's probability
+        (-math.log(5.0), 3.0, 3.0),  # 5, truncated at the cap
+        (-math.log(2.0), 0.5, 0.5),  # a cap below 1 is a cap too
     ],
 )
+@pytest.mark.parametrize("loss_mode", ["vanilla", "gspo", "geo_mean", "clip_cov", "kl_cov"])
 def test_is_correction_weighs_each_token_by_old_over_rollout_probability(
-    world, tiny_model_dir, rollout_shift, weight
+    world, tiny_model_dir, rollout_shift, cap, weight, loss_mode
 ):
-    # Truncated IS (tis_imp_ratio_cap 3): w = min(pi_old / pi_rollout, 3) on every token.
-    # At ratio 1 with advantage 1 each token's loss is -A * w = -w, so the token mean is -w.
-    actor = _actor(world, tiny_model_dir, ["actor_rollout_ref.actor.tis_imp_ratio_cap=3.0"])
+    # Truncated IS: w = min(pi_old / pi_rollout, cap), the same on every token. At ratio 1
+    # with advantage 1 each token's loss is -A * w = -w, and so is every mode's mean (GSPO
+    # and GMPO take one weight a response, the geometric mean of its tokens': w; Clip-Cov
+    # drops no token of so few, KL-Cov penalises none at ratio 1).
+    actor = _actor(
+        world,
+        tiny_model_dir,
+        [
+            f"actor_rollout_ref.actor.tis_imp_ratio_cap={cap}",
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}",
+        ],
+    )
     batch = make_batch(4, seed=13)
     old, _ = actor.compute_log_probs(batch)
     rollout = old.with_values(old.values + rollout_shift)
@@ -198,3 +209,45 @@ def test_critic_reports_the_mean_prediction_over_its_micro_batches(world, tiny_m
     assert _token_mean(moved.values) < -1e-4
     metrics = critic.update_value(batch, moved, returns, global_step=2)
     assert metrics["critic/vpred_mean"] == pytest.approx(_token_mean(moved.values), rel=1e-4)
+
+
+def test_policy_loss_settings_take_each_value_from_its_own_key(tiny_model_dir):
+    # Every setting a different number, so a value read from the wrong key shows.
+    keys = {
+        "clip_ratio_low": 0.11,
+        "clip_ratio_high": 0.12,
+        "clip_ratio_c": 3.3,
+        "entropy_coeff": 0.014,
+        "kl_loss_coef": 0.015,
+        "tis_imp_ratio_cap": 1.6,
+    }
+    policy = {
+        "clip_cov_ratio": 0.0017,
+        "clip_cov_lb": 1.8,
+        "clip_cov_ub": 1.9,
+        "kl_cov_ratio": 0.002,
+        "ppo_kl_coef": 0.21,
+    }
+    overrides = [f"actor_rollout_ref.actor.{k}={v}" for k, v in keys.items()]
+    overrides += [f"actor_rollout_ref.actor.policy_loss.{k}={v}" for k, v in policy.items()]
+    overrides += [
+        "actor_rollout_ref.actor.clip_ratio=0.3",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.actor.kl_loss_type=mse",
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=kl_cov",
+        "trainer.seed=23",
+    ]
+    settings = PolicyLossSettings.from_config(trainer_config(tiny_model_dir, overrides))
+    assert {k: getattr(settings, k) for k in keys} == keys
+    assert {k: getattr(settings, k) for k in policy} == policy
+    assert settings.use_kl_loss and settings.kl_loss_type == "mse"
+    assert settings.loss_agg_mode == "seq-mean-token-sum" and settings.loss_mode == "kl_cov"
+    assert settings.loss_width == 8 and settings.seed == 23  # data.max_response_length
+    # clip_ratio stands in for an unset side only
+    only_high = trainer_config(
+        tiny_model_dir,
+        ["actor_rollout_ref.actor.clip_ratio=0.3", "actor_rollout_ref.actor.clip_ratio_high=0.12"],
+    )
+    settings = PolicyLossSettings.from_config(only_high)
+    assert (settings.clip_ratio_low, settings.clip_ratio_high) == (0.3, 0.12)
