@@ -36,7 +36,7 @@ test-fast: setup
 	$(PYTEST) $(PARALLEL) -m "not slow"
 
 # Mutation testing (docs/testing.md): mutmut over the PPO math, the trainer's loss
-# assembly, the coordinator's advantages and the weight-sync receiver. About an hour on two
+# assembly, the coordinator's advantages and the weight-sync receiver. One to two hours on two
 # cores; not part of `make test`. It resumes where an interrupted run stopped (mutants/).
 mutation: setup
 	OMP_NUM_THREADS=1 $(PY) .ci/mutation.py run
