@@ -9,8 +9,8 @@ mutmut's settings (files, test selection, process isolation) are in pyproject.to
 Two things mutmut does not do by itself, done here:
 - It skips every decorated function, and the advantage estimators, the token rewards and
   the truncated IS weights are ``@torch.no_grad()`` functions. The trampoline mutmut puts
-  in front of a function keeps its decorators, so that one decorator is safe to allow: it
-  is, for the run started here.
+  in front of a function keeps its decorators, so allowing that one decorator is safe;
+  ``run`` does.
 - It mutates whole files; the trainer's and the coordinator's files are restricted to the
   functions that assemble the losses and the advantages (MUTANTS).
 """
@@ -154,44 +154,52 @@ def _selected(name: str) -> bool:
 
 
 def report() -> None:
-    """Markdown: a row per module (killed / survived / other), then the survivors."""
+    """Markdown: a row per module, then every survivor with its reason (docs/testing.md)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from mutation_reasons import AUTO, MANUAL
+
     by_module: dict[str, Counter] = defaultdict(Counter)
-    survivors: list[str] = []
+    rows = []
     for meta in sorted(Path("mutants").rglob("*.py.meta")):
         codes = json.loads(meta.read_text())["exit_code_by_key"]
         for name, code in sorted(codes.items()):
             if not _selected(name):
                 continue
-            module = name.split(".x", 1)[0]
-            if code in KILLED:
-                by_module[module]["killed"] += 1
+            c = by_module[name.split(".x", 1)[0]]
+            c["total"] += 1
+            if code in NOT_RUN:
+                c["not run"] += 1
+            elif code in KILLED:
+                c["killed"] += 1
             elif code in SURVIVED:
-                by_module[module]["survived"] += 1
-                survivors.append(name)
-            elif code in NOT_RUN:
-                by_module[module]["not run"] += 1
+                before, after = mutant_diff(name)
+                reason = MANUAL.get(name) or AUTO.get(classify(before, after), "")
+                equivalent = reason.startswith(("equivalent", "dtype"))
+                c["equivalent" if equivalent else "survived"] += 1
+                rows.append((name, before, after, reason or "NEEDS A REASON"))
             else:
-                by_module[module][f"exit {code}"] += 1
-    print("| module | mutants | killed | survived | other | kill rate |")
-    print("|---|---:|---:|---:|---:|---:|")
-    total = Counter()
-    for module, c in sorted(by_module.items()):
-        n = sum(c.values())
-        other = n - c["killed"] - c["survived"]
-        rate = c["killed"] / max(c["killed"] + c["survived"], 1)
-        print(f"| `{module}` | {n} | {c['killed']} | {c['survived']} | {other} | {rate:.1%} |")
-        total.update(c)
-    n = sum(total.values())
-    rate = total["killed"] / max(total["killed"] + total["survived"], 1)
-    other = n - total["killed"] - total["survived"]
-    print(f"| all | {n} | {total['killed']} | {total['survived']} | {other} | {rate:.1%} |")
+                c["other"] += 1  # timeouts: none in the recorded run
+    print("| module | mutants | run | killed | equivalent | survived, not equivalent "
+          "| killed of the non-equivalent |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    total: Counter = Counter()
+    for module, c in [*sorted(by_module.items()), ("all", None)]:
+        c = total if c is None else c
+        run = c["total"] - c["not run"]
+        denom = c["killed"] + c["survived"]
+        rate = f"{c['killed'] / denom:.1%}" if denom else "–"
+        label = module if module == "all" else f"`{module}`"
+        print(f"| {label} | {c['total']} | {run} | {c['killed']} | {c['equivalent']} "
+              f"| {c['survived']} | {rate} |")  # fmt: skip
+        if module != "all":
+            total.update(c)
     print()
-    print("| survivor | original | mutant | class |")
+    print("| survivor | original | mutant | reason |")
     print("|---|---|---|---|")
-    for name in survivors:
-        before, after = mutant_diff(name)
-        cell = lambda code: f"`{code}`".replace("|", "\\|") if code else ""  # noqa: E731
-        print(f"| `{name}` | {cell(before)} | {cell(after)} | {classify(before, after)} |")
+    for name, before, after, reason in rows:
+        cell = lambda code: "`" + code.replace("|", "\\|") + "`" if code else ""  # noqa: E731
+        short = name.replace("__mutmut_", " #")
+        print(f"| `{short}` | {cell(before)} | {cell(after)} | {reason} |")
 
 
 if __name__ == "__main__":

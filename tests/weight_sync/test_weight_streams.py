@@ -257,3 +257,12 @@ def test_receive_weights_passes_the_targets_on(pair):
     send_weights(sender, iter(params.items()), manifest)
     thread.join(30)
     assert torch.equal(target, params["embed"]) and got["embed"] == target.data_ptr()
+
+
+def test_a_manifest_of_another_group_is_refused(pair):
+    sender, receiver = pair
+    manifest = WeightManifest(1, plan_buckets([("w", (2,))], torch.float32, 64), "another-group")
+    with pytest.raises(
+        ValueError, match=f"^manifest is for group another-group, not {receiver.group_id}$"
+    ):
+        WeightReceiver(receiver, manifest)
