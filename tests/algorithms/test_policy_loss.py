@@ -620,16 +620,22 @@ def test_cov_losses_default_to_the_configs_defaults():
 
 
 @pytest.mark.parametrize("mode", ["seq-mean-token-sum", "seq-mean-token-sum-norm"])
-def test_kl_cov_passes_the_global_counts_and_length_to_the_aggregation(mode):
+@pytest.mark.parametrize("fn", ["kl_cov", "clip_cov"])
+def test_cov_losses_pass_the_global_counts_and_length_to_the_aggregation(mode, fn):
     # At ratio 1 and with no token penalised (ratio 0 of them) KL-Cov's per-token loss is
     # -A; a micro-batch of 2 of the mini-batch's 5 responses, T = 7.
     adv = torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     logp = torch.zeros(2, 3)
-    out = kl_cov_policy_loss(
-        logp, logp, adv, mask, kl_cov_ratio=1e-9, loss_agg_mode=mode,
-        global_token_count=9, global_seq_count=5, norm_length=7,
-    )  # fmt: skip
+    counts = {"global_token_count": 9, "global_seq_count": 5, "norm_length": 7}
+    if fn == "kl_cov":
+        out = kl_cov_policy_loss(
+            logp, logp, adv, mask, kl_cov_ratio=1e-9, loss_agg_mode=mode, **counts
+        )
+    else:  # at ratio 1 no token is clipped, and a ratio of 1e-9 of 3 tokens draws none
+        out = clip_cov_policy_loss(
+            logp, logp, adv, mask, clip_cov_ratio=1e-9, loss_agg_mode=mode, **counts
+        )
     # seq-mean-token-sum: (-3 + -3) / 5; -norm: each row's sum / 7 as well.
     expected = -6 / 5 if mode == "seq-mean-token-sum" else -6 / 7 / 5
     assert out.loss.item() == pytest.approx(expected)

@@ -266,3 +266,18 @@ def test_a_manifest_of_another_group_is_refused(pair):
         ValueError, match=f"^manifest is for group another-group, not {receiver.group_id}$"
     ):
         WeightReceiver(receiver, manifest)
+
+
+def test_waiting_for_the_sender_first_reads_its_header_once(pair):
+    # The rollout worker waits for the header, then iterates: the header is not read again.
+    sender, receiver = pair
+    params = _params()
+    named = [(n, tuple(t.shape)) for n, t in params.items()]
+    manifest = WeightManifest(1, plan_buckets(named, torch.float32, 128), sender.group_id)
+    stream = WeightReceiver(receiver, manifest)
+    with ThreadPoolExecutor(1) as pool:
+        sending = pool.submit(send_weights, sender, iter(params.items()), manifest)
+        stream.wait_for_sender()
+        got = {n: t.clone() for n, t in stream}
+        sending.result(timeout=30)
+    assert all(torch.equal(got[n], params[n]) for n in params)

@@ -26,11 +26,12 @@ def _token_mean(values: torch.Tensor) -> float:
     return float(values.double().mean())
 
 
-def test_entropy_bonus_raises_the_entropy(world, tiny_model_dir):
+@pytest.mark.parametrize("coeff", [0.1, 1.0])
+def test_entropy_bonus_raises_the_entropy(world, tiny_model_dir, coeff):
     # Advantages 0: the policy-gradient term is 0 and so is its gradient, so the loss is
     # -entropy_coeff * H alone. Minimising it must raise the entropy of every position's
     # next-token distribution (on average over the response tokens).
-    actor = _actor(world, tiny_model_dir, ["actor_rollout_ref.actor.entropy_coeff=0.1"])
+    actor = _actor(world, tiny_model_dir, [f"actor_rollout_ref.actor.entropy_coeff={coeff}"])
     batch = make_batch(4, seed=11)
     old, entropy_before = actor.compute_log_probs(batch, with_entropy=True)
     zeros = old.with_values(torch.zeros_like(old.values))
@@ -251,3 +252,27 @@ def test_policy_loss_settings_take_each_value_from_its_own_key(tiny_model_dir):
     )
     settings = PolicyLossSettings.from_config(only_high)
     assert (settings.clip_ratio_low, settings.clip_ratio_high) == (0.3, 0.12)
+
+
+@pytest.mark.parametrize(
+    "loss_mode, log_ratio, advantage, overrides, pg_loss",
+    [
+        # A > 0, ratio e^0.5 = 1.65: clipped at 1 + clip_ratio_high = 1.1, loss -1.1 a token
+        ("vanilla", 0.5, 1.0, ["actor_rollout_ref.actor.clip_ratio_high=0.1"], -1.1),
+        ("clip_cov", 0.5, 1.0, ["actor_rollout_ref.actor.clip_ratio_high=0.1"], -1.1),
+        # A < 0, ratio e^2 = 7.4: PPO's loss 7.4 a token, the dual clip caps it at c = 2
+        ("vanilla", 2.0, -1.0, ["actor_rollout_ref.actor.clip_ratio_c=2.0"], 2.0),
+    ],
+)
+def test_the_configured_clip_ratios_reach_the_loss(
+    world, tiny_model_dir, loss_mode, log_ratio, advantage, overrides, pg_loss
+):
+    # Old log-probs lowered by log_ratio: every token's ratio starts at e^log_ratio.
+    cfg = [f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}", *overrides]
+    actor = _actor(world, tiny_model_dir, cfg)
+    batch = make_batch(4, seed=17)
+    old, _ = actor.compute_log_probs(batch)
+    shifted = old.with_values(old.values - log_ratio)
+    adv = old.with_values(torch.full_like(old.values, advantage))
+    metrics = actor.update_policy(batch, shifted, adv, None, None, global_step=1)
+    assert metrics["actor/pg_loss"] == pytest.approx(pg_loss, rel=1e-4)
