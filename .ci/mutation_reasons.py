@@ -94,3 +94,34 @@ MANUAL["services.trainer.actor.xǁActorRoleǁ_micro_loss__mutmut_136"] = (
 MANUAL["services.trainer.actor.xǁActorRoleǁ_micro_loss__mutmut_113"] = (
     "equivalent here (device): CPU only"
 )
+MANUAL["meshrl.algorithms.masked.x__mask_count__mutmut_7"] = (
+    "equivalent: `sum(dim=None)` sums every entry, as `sum()` does"
+)
+MANUAL["meshrl.algorithms.masked.x_masked_sum__mutmut_6"] = "equivalent: as above"
+MANUAL["meshrl.algorithms.masked.x_safe_div__mutmut_7"] = (
+    "equivalent: the denominator is 0 only for an empty mask, where the numerator is 0 too: 0/2 = 0/1"
+)
+MANUAL["meshrl.algorithms.masked.x_zero_masked__mutmut_6"] = (
+    "not killed: float64 values would be weighted by float32 weights; exact for the 0/1 masks every caller passes, a fractional float64 weight would lose precision"
+)
+MANUAL["meshrl.algorithms.masked.x_zero_masked__mutmut_7"] = (
+    "not killed: integer values would be weighted by integer weights; no caller masks integers"
+)
+MANUAL["meshrl.algorithms.policy_loss.x__token_log_ratios__mutmut_7"] = (
+    "not killed: below a log-ratio of -20 the ratio is e^-20 = 2e-9 or smaller either way, below float32 resolution next to the other tokens' terms"
+)
+MANUAL["meshrl.algorithms.policy_loss.x__token_log_ratios__mutmut_17"] = (
+    "not killed: as above (e^-21 for e^-20)"
+)
+MANUAL["meshrl.algorithms.policy_loss.x_ppo_policy_loss__mutmut_45"] = (
+    "equivalent: with A = 0 the token's loss is 0 and the dual-clip cap c·|A| is 0, so `pg > cap` is false either way"
+)
+MANUAL["meshrl.algorithms.policy_loss.x_ppo_policy_loss__mutmut_47"] = (
+    "not killed: at pg equal to the cap both branches give the same loss; only the dual-clip count could count the tie, and no test has one"
+)
+MANUAL["services.trainer.actor.xǁActorRoleǁ_targets__mutmut_44"] = (
+    "not killed: a cap of exactly 0 (the config accepts it; -1 is its 'off') would call the IS weights, which refuse it, instead of switching IS off"
+)
+MANUAL["services.trainer.actor.xǁActorRoleǁ_micro_loss__mutmut_200"] = (
+    "not killed (metric only): `actor/pg_clipfrac_lower` divided instead of multiplied by the micro-batch's share; no test reads it with several micro-batches"
+)
