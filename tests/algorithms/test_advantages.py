@@ -73,6 +73,64 @@ def test_gae_skips_holes():
     torch.testing.assert_close(out.returns, t64([[1.0, 0, 1.0]]))
 
 
+def test_gae_with_gamma_not_lambda_by_hand():
+    # gamma = 0.5 and lam = 0.8 differ, so gamma * lam = 0.4 is neither gamma^2 (0.25) nor
+    # lam^2 (0.64), and swapping them changes every delta (gamma discounts V_next, lam not).
+    # Row 0 (3 tokens), values (0.2, 0.4, 0.6), reward 1 on the last token:
+    #   t2: d = 1 + 0.5*0   - 0.6 =  0.4   A2 = 0.4
+    #   t1: d = 0 + 0.5*0.6 - 0.4 = -0.1   A1 = -0.1 + 0.4*0.4  = 0.06
+    #   t0: d = 0 + 0.5*0.4 - 0.2 =  0     A0 =  0   + 0.4*0.06 = 0.024
+    # Row 1 (2 tokens, then padding), values (1, 0.5), reward 2 on the last token:
+    #   t1: d = 2 - 0.5 = 1.5              A1 = 1.5
+    #   t0: d = 0 + 0.5*0.5 - 1 = -0.75    A0 = -0.75 + 0.4*1.5 = -0.15
+    # returns = A + V.
+    rewards = t64([[0, 0, 1], [0, 2, NAN]])
+    values = t64([[0.2, 0.4, 0.6], [1.0, 0.5, NAN]])
+    mask = t64([[1, 1, 1], [1, 1, 0]])
+    out = gae_advantages(rewards, values, mask, gamma=0.5, lam=0.8, whiten=False)
+    torch.testing.assert_close(out.advantages, t64([[0.024, 0.06, 0.4], [-0.15, 1.5, 0]]))
+    torch.testing.assert_close(out.returns, t64([[0.224, 0.46, 1.0], [0.85, 2.0, 0]]))
+
+
+def _one_step_td_errors(rewards, values, mask, gamma):
+    # lam = 0: A_t = r_t + gamma * V_{t+1} - V_t, with V = 0 after the last token.
+    out = torch.zeros_like(rewards)
+    for i in range(rewards.shape[0]):
+        valid = [j for j in range(rewards.shape[1]) if mask[i, j]]
+        for k, j in enumerate(valid):
+            v_next = values[i, valid[k + 1]].item() if k + 1 < len(valid) else 0.0
+            out[i, j] = rewards[i, j] + gamma * v_next - values[i, j]
+    return out
+
+
+def _discounted_returns_minus_values(rewards, values, mask, gamma):
+    # lam = 1: A_t = sum_k gamma^k r_{t+k} - V_t (Monte Carlo advantage).
+    out = torch.zeros_like(rewards)
+    for i in range(rewards.shape[0]):
+        valid = [j for j in range(rewards.shape[1]) if mask[i, j]]
+        for k, j in enumerate(valid):
+            ret = sum(gamma**n * rewards[i, jj].item() for n, jj in enumerate(valid[k:]))
+            out[i, j] = ret - values[i, j]
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gae_at_lambda_zero_and_one_is_td_error_and_monte_carlo(seed):
+    # The two ends of GAE's lambda, from their textbook formulas (Schulman et al. 2016,
+    # eq. 17 and 18), at a gamma that is neither 0 nor 1.
+    gen = torch.Generator().manual_seed(seed)
+    rewards = torch.randn(3, 5, generator=gen, dtype=D)
+    values = torch.randn(3, 5, generator=gen, dtype=D)
+    mask = t64([[1, 1, 1, 1, 1], [1, 1, 0, 1, 0], [1, 0, 0, 0, 0]])
+    gamma = 0.7
+    td = gae_advantages(rewards, values, mask, gamma, 0.0, whiten=False)
+    mc = gae_advantages(rewards, values, mask, gamma, 1.0, whiten=False)
+    torch.testing.assert_close(td.advantages, _one_step_td_errors(rewards, values, mask, gamma))
+    torch.testing.assert_close(
+        mc.advantages, _discounted_returns_minus_values(rewards, values, mask, gamma)
+    )
+
+
 # ------------------------------------------------------------------ group-based
 # Interleaved, non-contiguous group ids: group 0 = rows 1, 3, 5 (scores 1, 0, 1),
 # group 7 = rows 0, 4 (scores 3, 1), group 9 = row 2 alone (score 5).
@@ -192,6 +250,14 @@ def test_estimator_names():
 def test_shape_mismatch_raises():
     with pytest.raises(ValueError, match="shape"):
         gae_advantages(GAE_REWARDS, GAE_VALUES[:, :3], GAE_MASK, 1.0, 1.0)
+    with pytest.raises(ValueError, match=r"expected shape \(3, 4\), got \(3, 3\)"):
+        discounted_return_to_go(GAE_REWARDS[:, :3], GAE_MASK, 1.0)
+    with pytest.raises(ValueError, match="mask must be"):
+        discounted_return_to_go(GAE_REWARDS, GAE_MASK[0], 1.0)
+    with pytest.raises(ValueError, match=r"expected shape \(3, 4\), got \(3, 3\)"):
+        gae_advantages(GAE_REWARDS[:, :3], GAE_VALUES, GAE_MASK, 1.0, 1.0)
+    with pytest.raises(ValueError, match="mask must be"):
+        gae_advantages(GAE_REWARDS[0], GAE_VALUES[0], GAE_MASK[0], 1.0, 1.0)
 
 
 # -------------------------------------------------------------------- properties

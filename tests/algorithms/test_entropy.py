@@ -72,3 +72,13 @@ def test_logprobs_gradient():
     logits = torch.tensor([[0.0, math.log(3)]], requires_grad=True)
     logprobs_from_logits(logits, torch.tensor([1])).sum().backward()
     torch.testing.assert_close(logits.grad, torch.tensor([[-0.25, 0.25]]))
+
+
+def test_no_rows_give_an_empty_float32_result():
+    # A micro-batch with no response token: (0, vocab) logits, bf16 as the model's.
+    logits = torch.zeros(0, 7, dtype=torch.bfloat16)
+    for out in (
+        entropy_from_logits(logits),
+        logprobs_from_logits(logits, torch.zeros(0, dtype=torch.long)),
+    ):
+        assert out.shape == (0,) and out.dtype == torch.float32

@@ -29,3 +29,8 @@ def test_group_stats_std_matches_torch_std_and_accepts_strings():
 def test_group_stats_shape_check():
     with pytest.raises(ValueError, match=r"\(b,\)"):
         group_stats(torch.zeros(3), torch.tensor([0, 1]))
+
+
+def test_an_empty_batch_has_no_groups():
+    stats = group_stats(torch.zeros(0), torch.zeros(0, dtype=torch.long))
+    assert stats.mean.shape == stats.std.shape == stats.size.shape == (0,)

@@ -149,3 +149,39 @@ def test_make_kl_controller():
     assert (adaptive.value, adaptive.target, adaptive.horizon) == (0.2, 0.1, 500)
     with pytest.raises(ValueError, match="adaptive"):
         make_kl_controller("pid")
+
+
+def test_k3_gradient_is_finite_far_from_the_reference():
+    # log r = log pi_ref - log pi = 100: k3 is clamped at 10 and has no gradient there; the
+    # inner clamp of log r at 20 keeps exp(log r) finite, else inf * 0 would make it NaN.
+    logp = torch.tensor([-100.0, 0.0], requires_grad=True)
+    ref = torch.tensor([0.0, -100.0])
+    value = kl_penalty(logp, ref, "low_var_kl")
+    assert value.tolist() == [10.0, 10.0]
+    value.sum().backward()
+    assert logp.grad.tolist() == [0.0, 0.0]
+
+
+def test_make_kl_controller_defaults():
+    # verl's algorithm.kl_ctrl defaults: kl_coef 0.001, target_kl 0.1, horizon 10000.
+    assert make_kl_controller("fixed").value == 0.001
+    adaptive = make_kl_controller("adaptive")
+    assert (adaptive.value, adaptive.target, adaptive.horizon) == (0.001, 0.1, 10000.0)
+
+
+@pytest.mark.parametrize("target, horizon", [(0.0, 1.0), (1.0, 0.0), (-1.0, 1.0), (1.0, -1.0)])
+def test_adaptive_controller_needs_a_positive_target_and_horizon(target, horizon):
+    with pytest.raises(
+        ValueError, match=rf"target_kl \({target}\) and horizon \({horizon}\) must be > 0"
+    ):
+        make_kl_controller("adaptive", 0.1, target, horizon)
+
+
+def test_controller_state_names_its_type_and_a_state_without_one_loads():
+    adaptive = make_kl_controller("adaptive", 0.5)
+    assert adaptive.state_dict() == {"type": "adaptive", "value": 0.5}
+    assert make_kl_controller("fixed", 0.5).state_dict() == {"type": "fixed", "value": 0.5}
+    adaptive.load_state_dict({"value": 0.25})  # older checkpoints had no type
+    assert adaptive.value == 0.25
+    with pytest.raises(ValueError, match="'fixed', not 'adaptive'"):
+        adaptive.load_state_dict({"type": "fixed", "value": 0.25})

@@ -24,3 +24,13 @@ def test_a_buffer_of_the_whole_budget_penalises_from_the_first_token():
 def test_a_buffer_outside_the_budget_is_refused(buffer_len):
     with pytest.raises(ValueError, match="buffer_len must be in"):
         overlong_penalty(torch.tensor([3]), 20, buffer_len, 1.0)
+
+
+def test_a_one_token_buffer_is_allowed():
+    # buffer_len = 1: no penalty up to L_max - 1 tokens, the full factor at L_max.
+    out = overlong_penalty(
+        torch.tensor([3, 4]), max_response_length=4, buffer_len=1, penalty_factor=1.0
+    )
+    torch.testing.assert_close(out, torch.tensor([0.0, -1.0]))
+    with pytest.raises(ValueError, match="buffer_len"):
+        overlong_penalty(torch.tensor([3]), max_response_length=4, buffer_len=0, penalty_factor=1.0)

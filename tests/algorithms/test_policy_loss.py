@@ -554,3 +554,88 @@ def test_cov_losses_weigh_tokens_by_is_weights_and_check_their_ratio():
         clip_cov_policy_loss(COV_LOGP, COV_OLD, COV_ADV, COV_MASK, clip_cov_ratio=0.0)
     with pytest.raises(ValueError, match="kl_cov_ratio"):
         kl_cov_policy_loss(COV_LOGP, COV_OLD, COV_ADV, COV_MASK, kl_cov_ratio=0.0)
+
+
+def test_geo_mean_clip_fractions_count_only_tokens_beyond_their_bound():
+    # clip 0.25 both ways; log-ratios exact in binary. Row 0: +0.25 with A > 0 and -0.25
+    # with A < 0 sit on their bounds (not capped), -0.5 with A = 0 is no side's. Row 1:
+    # +0.5 with A > 0 and -0.5 with A < 0 are capped: 1 of 6 tokens each side.
+    old = torch.full((2, 3), -1.0)
+    logp = torch.tensor([[-0.75, -1.25, -1.5], [-0.5, -1.5, -1.0]])
+    adv = torch.tensor([[1.0, -1.0, 0.0], [1.0, -1.0, 0.0]])
+    out = geo_mean_policy_loss(
+        logp, old, adv, torch.ones(2, 3), clip_ratio_low=0.25, clip_ratio_high=0.25
+    )
+    assert out.clipfrac.item() == pytest.approx(1 / 6)
+    assert out.clipfrac_lower.item() == pytest.approx(1 / 6)
+
+
+def test_geo_mean_with_a_zero_is_weight_is_finite():
+    # A weight of 0 on one token: the response's geometric-mean weight is ~0, not NaN.
+    logp = torch.tensor([[-1.0, -1.0]], requires_grad=True)
+    out = geo_mean_policy_loss(
+        logp,
+        logp.detach(),
+        torch.ones(1, 2),
+        torch.ones(1, 2),
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.2,
+        is_weights=torch.tensor([[0.0, 1.0]]),
+    )
+    assert math.isfinite(out.loss.item()) and abs(out.loss.item()) < 1e-4
+    out.loss.backward()
+    assert torch.isfinite(logp.grad).all()
+
+
+def test_rollout_mismatch_std_of_one_token_is_zero_and_of_two_is_unbiased():
+    # |exp(old) - exp(rollout)|: one token -> std 0; two tokens |1 - e^-1|, 0 -> unbiased std.
+    one = rollout_mismatch_metrics(torch.zeros(1, 1), torch.full((1, 1), -1.0), torch.ones(1, 1))
+    assert one["training/rollout_probs_diff_std"] == 0.0
+    two = rollout_mismatch_metrics(torch.zeros(1, 2), torch.tensor([[-1.0, 0.0]]), torch.ones(1, 2))
+    d = 1 - math.exp(-1)
+    assert two["training/rollout_probs_diff_std"] == pytest.approx(statistics.stdev([d, 0.0]))
+
+
+def test_truncated_is_weights_cap_must_be_positive_and_may_be_below_one():
+    old, rollout, mask = torch.zeros(1, 2), torch.tensor([[-1.0, 1.0]]), torch.ones(1, 2)
+    with pytest.raises(ValueError, match="cap must be > 0, got 0"):
+        truncated_is_weights(old, rollout, mask, cap=0)
+    w = truncated_is_weights(old, rollout, mask, cap=0.5)  # exp(1) and exp(-1) = 0.37
+    torch.testing.assert_close(w, torch.tensor([[0.5, math.exp(-1.0)]]))
+
+
+def test_cov_losses_default_to_the_configs_defaults():
+    # Called without them (as the tests do), the functions behave as a default config.
+    import inspect
+
+    from meshrl.config.schema import PolicyLossConfig
+
+    cfg = PolicyLossConfig()
+    for fn, names in [
+        (clip_cov_policy_loss, ["clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"]),
+        (kl_cov_policy_loss, ["kl_cov_ratio", "ppo_kl_coef"]),
+    ]:
+        params = inspect.signature(fn).parameters
+        assert {n: params[n].default for n in names} == {n: getattr(cfg, n) for n in names}
+
+
+@pytest.mark.parametrize("mode", ["seq-mean-token-sum", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("fn", ["kl_cov", "clip_cov"])
+def test_cov_losses_pass_the_global_counts_and_length_to_the_aggregation(mode, fn):
+    # At ratio 1 and with no token penalised (ratio 0 of them) KL-Cov's per-token loss is
+    # -A; a micro-batch of 2 of the mini-batch's 5 responses, T = 7.
+    adv = torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    logp = torch.zeros(2, 3)
+    counts = {"global_token_count": 9, "global_seq_count": 5, "norm_length": 7}
+    if fn == "kl_cov":
+        out = kl_cov_policy_loss(
+            logp, logp, adv, mask, kl_cov_ratio=1e-9, loss_agg_mode=mode, **counts
+        )
+    else:  # at ratio 1 no token is clipped, and a ratio of 1e-9 of 3 tokens draws none
+        out = clip_cov_policy_loss(
+            logp, logp, adv, mask, clip_cov_ratio=1e-9, loss_agg_mode=mode, **counts
+        )
+    # seq-mean-token-sum: (-3 + -3) / 5; -norm: each row's sum / 7 as well.
+    expected = -6 / 5 if mode == "seq-mean-token-sum" else -6 / 7 / 5
+    assert out.loss.item() == pytest.approx(expected)

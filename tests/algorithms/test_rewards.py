@@ -79,3 +79,43 @@ def test_holes_put_score_on_last_valid_token():
 def test_needs_both_logprobs():
     with pytest.raises(ValueError, match="both"):
         token_level_rewards(SCORES, MASK, ref_logprobs=torch.zeros(3, 4))
+
+
+def test_scores_keep_their_float64_dtype():
+    # Rewards are built in the scores' dtype (at least float32): float64 scores stay float64.
+    scores = torch.tensor([0.1, 0.2], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
+    placed = place_on_last_token(scores, mask)
+    assert placed.dtype == torch.float64
+    assert placed.tolist() == [[0.0, 0.1, 0.0], [0.0, 0.0, 0.0]]  # an empty row gets nothing
+    assert token_level_rewards(scores, mask).rewards.dtype == torch.float64
+
+
+def test_integer_scores_give_float32_rewards_and_the_kl_takes_the_rewards_dtype():
+    mask = torch.ones(1, 2)
+    assert token_level_rewards(torch.tensor([1]), mask).rewards.dtype == torch.float32
+    out = token_level_rewards(
+        torch.tensor([1.0], dtype=torch.float64),
+        mask,
+        logprobs=torch.zeros(1, 2),
+        ref_logprobs=torch.full((1, 2), -0.5),
+        kl_coef=0.1,
+    )
+    assert out.rewards.dtype == out.kl.dtype == torch.float64
+
+
+def test_defaults_are_no_penalty_and_the_k1_estimator():
+    # Without kl_coef the log-probs change nothing; the KL reported is k1 = log pi - log pi_ref.
+    out = token_level_rewards(
+        torch.tensor([1.0]),
+        torch.ones(1, 2),
+        logprobs=torch.zeros(1, 2),
+        ref_logprobs=torch.tensor([[0.5, -0.5]]),
+    )
+    assert out.rewards.tolist() == [[0.0, 1.0]]
+    assert out.kl.tolist() == [[-0.5, 0.5]]
+
+
+def test_log_probs_come_in_pairs():
+    with pytest.raises(ValueError, match="^pass both logprobs and ref_logprobs, or neither$"):
+        token_level_rewards(torch.tensor([1.0]), torch.ones(1, 2), logprobs=torch.zeros(1, 2))

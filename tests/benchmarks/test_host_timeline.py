@@ -4,7 +4,6 @@ waits for a busy child, and not for an idle one."""
 
 import subprocess
 import sys
-import time
 import types
 from contextlib import nullcontext
 
@@ -53,9 +52,13 @@ def test_waits_while_a_child_process_is_busy():
     finally:
         busy.wait()
     assert 0.75 < waited < 10
-    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
+    idle = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE,
+    )
     try:
-        time.sleep(1.0)  # past the interpreter's start-up
-        assert wait_for_quiet_children(timeout_s=10, quiet_s=0.5) < 2.5
+        assert idle.stdout.readline() == b"ready\n"  # past the interpreter's start-up
+        assert wait_for_quiet_children(timeout_s=30, quiet_s=0.5) < 15  # not its timeout
     finally:
+        idle.kill()
         idle.wait()

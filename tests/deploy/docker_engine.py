@@ -10,7 +10,7 @@ storage driver first (a container starts in well under a second) and falls back 
 dependency layer stay cached; Docker's cache is keyed by content, so this is safe.
 
 Any reason the engine cannot run here becomes `DockerUnavailable(reason)`: tests skip
-with it.
+with it, or fail with it under CI (`docker_unavailable`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+
+import pytest
 
 PACKAGES = {
     "dockerd": "docker.io",
@@ -31,6 +33,14 @@ DRIVERS = ("overlay2", "vfs")
 
 class DockerUnavailable(RuntimeError):
     """Docker cannot run on this machine; the message says why."""
+
+
+def docker_unavailable(reason: str) -> None:
+    """Skips the test, or fails it under CI (``CI=true``): there the Docker tests must run,
+    so that a green CI run is one that ran them."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"Docker cannot run here, and CI=true requires the Docker tests: {reason}")
+    pytest.skip(f"Docker cannot run here: {reason}")
 
 
 def _run(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:

@@ -56,6 +56,34 @@ def board_texts(log_dir, tag: str) -> list[tuple[int, str]]:
     ]
 
 
+def _assert_every_step_updated(steps: list[dict]) -> None:
+    """The updates happened and did what they should. A step whose advantages are all 0
+    (every score 0, critic and actor still where they started: step 1 of this run) has
+    nothing to learn; every other step trains the actor, and the step after it sees the
+    actor away from the reference."""
+    import math
+
+    for r in steps:
+        for key in ("actor/pg_loss", "actor/entropy", "critic/vf_loss", "critic/advantages/mean"):
+            assert math.isfinite(r[key]), (r["step"], key)
+        assert r["actor/nonfinite_grad_steps"] == 0 == r["critic/nonfinite_grad_steps"]
+        assert r["actor/lr"] == pytest.approx(1e-3)
+    assert [r["rollout/weight_version"] for r in steps] == [0, 1, 2]
+    learning = [r for r in steps if r["critic/advantages/max"] > r["critic/advantages/min"]]
+    assert learning, "no step had an advantage to learn from: the run tests no update"
+    for r in learning:
+        assert r["actor/grad_norm"] > 0, r["step"]
+        # 16 rows, mini-batches of 8: the second is scored after the first's optimizer
+        # step, so the policy has moved from the rollout's.
+        assert abs(r["actor/ppo_kl"]) > 1e-6, r["step"]
+    # KL to the reference in the reward: none before the actor first trained (it is the
+    # reference), some after.
+    first = learning[0]["step"]
+    assert all(abs(r["actor/reward_kl_penalty"]) < 1e-5 for r in steps if r["step"] <= first)
+    assert all(abs(r["actor/reward_kl_penalty"]) > 1e-5 for r in steps if r["step"] > first)
+    assert first < steps[-1]["step"], "the actor trained only at the last step"
+
+
 def test_ppo_run_end_to_end(tiny_model, arithmetic_data, tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the run folder's own store
     before = role_server_pids(os.getpid())
@@ -84,6 +112,7 @@ def test_ppo_run_end_to_end(tiny_model, arithmetic_data, tmp_path, monkeypatch):
     ]:
         assert key in steps[-1], key
     assert 0.0 <= last["critic/score/mean"] <= 1.0
+    _assert_every_step_updated(steps)
     # no GPU in this run: the per-GPU throughput is the whole run's
     assert last["perf/throughput"] == pytest.approx(
         last["perf/total_num_tokens"] / last["perf/time_per_step"]

@@ -3,10 +3,12 @@ counts it in `<role>/nonfinite_grad_steps`, and the coordinator says so in its l
 
 from __future__ import annotations
 
+import multiprocessing as mp
 from types import SimpleNamespace
 
 import pytest
 import torch
+from nan_ranks import run_rank
 from torch import nn
 
 from services.coordinator.ppo_step import skipped_update_warnings
@@ -55,6 +57,41 @@ def test_nan_loss_skips_the_step_and_is_counted():
     assert metrics["actor/nonfinite_grad_steps"] == 0.0
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert not all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("poison", ["nan_loss", "one_shard"])
+def test_two_real_ranks_skip_together(tmp_path, poison):
+    """Two processes in a gloo group, the model sharded by FSDP2: a non-finite gradient on
+    rank 1 alone makes both ranks skip the step, through the gradients' reduce-scatter
+    ("nan_loss") or, when the inf lands in rank 0's shard only, through the all-reduce of
+    the global norm ("one_shard"): rank 1's own shards stay finite there."""
+    ctx = mp.get_context("spawn")
+    outs = [tmp_path / f"rank{r}.pt" for r in range(2)]
+    procs = [
+        ctx.Process(target=run_rank, args=(r, str(tmp_path / "init"), poison, str(outs[r])))
+        for r in range(2)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join(150)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    for out in outs:
+        result = torch.load(out)
+        # 4 rows, mini-batches of 2: two optimizer steps, both skipped on both ranks
+        assert result["poisoned"]["actor/nonfinite_grad_steps"] == 2.0
+        assert result["unchanged"], "weights must not move on a non-finite gradient"
+        assert not result["state_after_poisoned"]
+        assert result["clean"]["actor/nonfinite_grad_steps"] == 0.0
+        assert result["moved"] and result["finite"]
 
 
 def test_coordinator_reports_skipped_steps():

@@ -1,10 +1,12 @@
 """Two real processes form a gloo group; the test process sends, a spawned one receives."""
 
+import json
 import multiprocessing as mp
 import time
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import LlamaForCausalLM
 from weight_sync_peer import join_then_exit, receive_to_file
@@ -58,7 +60,12 @@ def _sync_once(tmp_path, dtype: torch.dtype, timeout_s: float = 30.0) -> None:
             peer.join()
     assert sent == manifest.nbytes and seconds >= 0
     received = load_file(str(out))
-    assert list(received) == [n for n, _ in named] or set(received) == {n for n, _ in named}
+    # A safetensors file does not keep the order its tensors were saved in: the peer wrote
+    # the order they arrived in as metadata. It is the manifest's: the model's own order.
+    with safe_open(str(out), "pt") as f:
+        arrival = json.loads(f.metadata()["order"])
+    assert arrival == [n for n, _ in named]
+    assert set(received) == set(arrival)
     for name, param in model.named_parameters():
         assert received[name].dtype == dtype
         assert torch.equal(received[name], param.detach().to(dtype)), name

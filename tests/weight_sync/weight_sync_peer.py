@@ -6,7 +6,10 @@ from meshrl.api.v1 import common_pb2
 
 
 def receive_to_file(spec_bytes: bytes, manifest_bytes: bytes, out_path: str) -> None:
-    """Joins the group described by `spec_bytes`, receives a manifest's buckets, saves them."""
+    """Joins the group described by `spec_bytes`, receives a manifest's buckets, saves them;
+    the order they arrived in is the file's metadata "order" (a JSON list of names)."""
+    import json
+
     import torch
     from safetensors.torch import save_file
 
@@ -20,7 +23,7 @@ def receive_to_file(spec_bytes: bytes, manifest_bytes: bytes, out_path: str) -> 
         received = {name: t.clone() for name, t in receive_weights(group, manifest)}
     finally:
         group.close()
-    save_file(received, out_path)
+    save_file(received, out_path, metadata={"order": json.dumps(list(received))})
 
 
 def join_then_exit(spec_bytes: bytes) -> None:

@@ -216,7 +216,7 @@ def test_slot_abandon_ends_the_calls_it_can_and_counts_the_others():
         assert started.acquire(timeout=5)
     t0 = time.monotonic()
     assert slot.abandon(timeout_s=0.5) == 1  # the stuck one is still running
-    assert time.monotonic() - t0 < 1.5
+    assert time.monotonic() - t0 < 5  # it waited its 0.5 s, not for the stuck call
     assert all(s.abandoned.is_set() for s in (old, stuck, current))
     with pytest.raises(NotReady):  # out of service: later calls are refused
         with slot.borrow():

@@ -305,11 +305,12 @@ def test_a_caller_that_leaves_stops_its_reward_model_batch(slow_rm_scorer):
 
 
 def test_a_caller_that_leaves_while_waiting_for_the_model_gives_up_at_once(slow_rm_scorer):
-    first = _Caller(slow_rm_scorer, 40)
+    first = _Caller(slow_rm_scorer, 80)  # 80 forwards of 0.2 s: 16 s
     _wait_for(lambda: slow_rm_scorer.forwards >= 1)
     second = _Caller(slow_rm_scorer, 3)
     time.sleep(2 * SLOW_FORWARD_S)
-    assert second.leave() < 1.0  # it never waits for the first call's batch
+    # It never waits for the first call's batch, which has more than 15 s left.
+    assert second.leave() < 5.0
     assert [o.reason for o in second.out] == [CANCELLED_REASON] * 3
     assert first.thread.is_alive()  # the first call goes on
     first.leave()

@@ -315,9 +315,18 @@ import time
 
 def score(data_source, solution_str, ground_truth, extra_info):
     if solution_str == "hang":
+        open(__file__ + ".hanging", "w").close()  # the test waits for this
         time.sleep(600)
     return 1.0
 """
+
+
+def _wait_for_file(path: Path, what: str, timeout_s: float = 60.0) -> None:
+    """Until ``path`` exists: a reward function's own signal that it has got that far."""
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
 
 
 def _hung_server(tmp_path: Path) -> Server:
@@ -345,11 +354,7 @@ def test_ctrl_c_does_not_wait_for_a_hung_reward_function(tmp_path):
 
     caller = threading.Thread(target=call)
     caller.start()
-    deadline = time.monotonic() + 30
-    while "rpc Score #1 started" not in (tmp_path / "own.log").read_text():
-        assert time.monotonic() < deadline, "the Score call never started"
-        time.sleep(0.1)
-    time.sleep(0.5)
+    _wait_for_file(tmp_path / "hung.py.hanging", "the reward function never started")
     t0 = time.monotonic()
     s.proc.send_signal(signal.SIGINT)
     assert s.proc.wait(30) == 0
@@ -390,6 +395,7 @@ def test_a_call_past_its_deadline_frees_the_workers_for_the_next_one(tmp_path):
 SLOW_IMPORT = """
 import time
 
+open(__file__ + ".importing", "w").close()  # the test waits for this
 time.sleep(20)  # a custom module that takes long to import: Initialize builds for 20 s
 
 
@@ -416,7 +422,7 @@ def test_ctrl_c_does_not_wait_for_an_initialize_building_its_scorer(tmp_path):
 
     caller = threading.Thread(target=initialize)
     caller.start()
-    time.sleep(2.0)  # inside the 20 s import
+    _wait_for_file(tmp_path / "slow_import.py.importing", "the import never started")
     t0 = time.monotonic()
     s.proc.send_signal(signal.SIGINT)
     assert s.proc.wait(30) == 0
