@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import threading
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -73,10 +74,11 @@ class RunResult(dict):
 
 
 class _LocalObserver:
-    """Progress to this process's log; Ctrl-C / SIGTERM handled once the run exists."""
+    """Progress to this process's log; Ctrl-C / SIGTERM handled once the run exists (until
+    ``handlers`` closes)."""
 
-    def __init__(self) -> None:
-        self.graceful: GracefulStop | None = None
+    def __init__(self, handlers: ExitStack) -> None:
+        self.handlers = handlers
 
     def progress(self, line: str) -> None:
         log.info("%s", line)
@@ -85,7 +87,7 @@ class _LocalObserver:
         return False  # a stop comes as a signal, which GracefulStop hands to the run
 
     def created(self, ppo: PPORun) -> None:
-        self.graceful = GracefulStop(ppo).__enter__()
+        self.handlers.enter_context(GracefulStop(ppo))
 
     def started(self, ppo: PPORun) -> None:
         pass
@@ -104,8 +106,7 @@ def run_local(cfg: RunConfig) -> RunResult:
         if warning := unused_gpu_warning(cfg, torch.cuda.device_count()):
             log.warning("%s", warning)
     run_dir = Path(cfg.trainer.default_local_dir)
-    observer = _LocalObserver()
-    try:
+    with ExitStack() as handlers:
         outcome = run_lifecycle(
             cfg,
             run_dir,
@@ -115,11 +116,8 @@ def run_local(cfg: RunConfig) -> RunResult:
             # server that does not answer) ends the run before the models load
             make_sinks=lambda: run_sinks(cfg, run_dir),
             make_ppo=lambda c, e, d, sinks, r: PPORun(c, e, d, sinks=sinks, restarter=r),
-            observer=observer,
+            observer=_LocalObserver(handlers),
         )
-    finally:
-        if observer.graceful is not None:
-            observer.graceful.__exit__(None, None, None)
     if outcome.note:  # a finished run run again: nothing to do
         log.warning("%s", outcome.note)
     return RunResult(outcome.metrics, finished=outcome.finished)

@@ -195,10 +195,9 @@ class ManagedRun:
             make_ppo=self.make_ppo,
             observer=self,
         )
-        if outcome.note:  # no step ran: a finished run run again, or a stop before the start
-            state = RunState.SUCCEEDED if outcome.finished else RunState.STOPPED
-            return state, outcome.note
         state = RunState.SUCCEEDED if outcome.finished else RunState.STOPPED
+        if outcome.note:  # no step ran: a finished run run again, or a stop before the start
+            return state, outcome.note
         return state, (
             f"run {state.name.lower()} after step {self.ppo.state.step} "
             f"({time.perf_counter() - start:.0f}s of PPO)"

@@ -12,25 +12,39 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Protocol
 
 import torch
 
 from meshrl.weight_sync.group import WeightGroup
 from meshrl.weight_sync.receiver import WeightReceiver
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
-from services.rollout.engine import IntakeFailed, ReceivedWeights, RolloutEngine
+from services.rollout.engine import IntakeFailed, ReceivedWeights
+
+
+class InProcessEngine(Protocol):
+    """What the intake needs of an engine of this process (the native and fast engines)."""
+
+    weight_version: int
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copies tensors into the model by Hugging Face name, as they arrive."""
+
+    def weight_targets(self) -> dict[str, torch.Tensor] | None:
+        """The model's own tensors by name, which a sync may receive straight into."""
+
+    def reset_prefix_cache(self) -> None: ...
 
 
 class InProcessIntake:
     """One formation of the group, as joined by an engine of this process."""
 
-    def __init__(self, engine: RolloutEngine, group):
+    def __init__(self, engine: InProcessEngine, group):
         self.engine = engine
         self.group = group
 
     @staticmethod
-    def join(engine: RolloutEngine, spec: GroupSpec) -> InProcessIntake:
+    def join(engine: InProcessEngine, spec: GroupSpec) -> InProcessIntake:
         """Joins as ``spec.rank``; blocks until every member joined."""
         if spec.transport == "cuda_ipc":  # the actor's GPU is ours: open its buffers
             from meshrl.weight_sync.cuda_ipc import IpcGroup
@@ -49,8 +63,8 @@ class InProcessIntake:
         if manifest.ipc_handles:  # cuda_ipc: views of the actor's ring buffers
             pairs = self.group.receive(manifest)
         else:  # gloo/nccl: buckets may land straight in the engine's weights
-            targets = getattr(self.engine, "weight_targets", None)
-            stream = pairs = WeightReceiver(self.group, manifest, targets() if targets else None)
+            targets = self.engine.weight_targets()
+            stream = pairs = WeightReceiver(self.group, manifest, targets)
         received = CountedPairs(pairs)
         try:
             if stream is not None:
@@ -70,7 +84,7 @@ class InProcessIntake:
     ) -> None:
         """Loads every tensor, drops cached prefixes, sets the version. A failure once
         weights were touched leaves version -1 (two versions mixed)."""
-        engine: Any = self.engine  # an in-process engine (native, fast): it has load_weights
+        engine = self.engine
         try:
             engine.load_weights(received)
             if received.tensors != len(manifest.param_names):

@@ -22,32 +22,40 @@ def build_native(cfg: RunConfig) -> RolloutEngine:
 
 def build_fast(cfg: RunConfig) -> RolloutEngine:
     """The CUDA-graph engine; refused off a GPU or for an architecture it does not know."""
-    from services.rollout.fast.engine import FastEngine, fast_path_reason
-
-    model, rollout = cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.rollout
     if cfg.trainer.device != "cuda":
         raise ValueError("actor_rollout_ref.rollout.name=fast needs trainer.device=cuda")
-    reason = fast_path_reason(model.path)
-    if reason is not None:
-        raise ValueError(f"actor_rollout_ref.rollout.name=fast cannot serve {model.path}: {reason}")
-    return FastEngine(
-        model.path,
-        gpu_memory_utilization=rollout.gpu_memory_utilization,
-        enforce_eager=rollout.enforce_eager,
-        **_native_kwargs(cfg),
-    )
+    path = cfg.actor_rollout_ref.model.path
+    if (reason := _fast_path_reason(path)) is not None:
+        raise ValueError(f"actor_rollout_ref.rollout.name=fast cannot serve {path}: {reason}")
+    return _fast_engine(cfg)
 
 
 def build_auto(cfg: RunConfig) -> RolloutEngine:
     """The fast engine on a GPU where it serves the model, else the native one."""
     if cfg.trainer.device == "cuda":
-        from services.rollout.fast.engine import fast_path_reason
-
-        reason = fast_path_reason(cfg.actor_rollout_ref.model.path)
+        reason = _fast_path_reason(cfg.actor_rollout_ref.model.path)
         if reason is None:
-            return build_fast(cfg)
+            return _fast_engine(cfg)
         log.warning("rollout fast path off (%s): using the native engine", reason)
     return build_native(cfg)
+
+
+def _fast_path_reason(model_path: str) -> str | None:
+    from services.rollout.fast.engine import fast_path_reason
+
+    return fast_path_reason(model_path)
+
+
+def _fast_engine(cfg: RunConfig) -> RolloutEngine:
+    from services.rollout.fast.engine import FastEngine
+
+    rollout = cfg.actor_rollout_ref.rollout
+    return FastEngine(
+        cfg.actor_rollout_ref.model.path,
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
+        enforce_eager=rollout.enforce_eager,
+        **_native_kwargs(cfg),
+    )
 
 
 def build_vllm(cfg: RunConfig) -> RolloutEngine:

@@ -17,17 +17,16 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
-from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from transformers import AutoTokenizer
 
 from meshrl.algorithms.entropy import entropy_from_logits, logprobs_from_logits
 from meshrl.ragged import Ragged
 from meshrl.weight_sync.types import GroupSpec
 from meshrl.wire import dtype_from_name
 from services.rollout.engine import MemoryReleasedError, WeightIntake, check_cancelled
+from services.rollout.eos import eos_token_ids
 from services.rollout.intake import InProcessIntake
 from services.rollout.native.batch import DecodeBatch, left_pad
 from services.rollout.native.model_runner import ModelRunner
@@ -78,7 +77,10 @@ class NativeEngine:
         )
         self.max_num_seqs = max_num_seqs
         self.logprob_batch_size = logprob_batch_size
-        self.eos_token_ids = eos_token_ids(self.runner.model, tokenizer_path or model_path)
+        model = self.runner.model
+        self.eos_token_ids = eos_token_ids(
+            [getattr(model, "generation_config", None), model.config], tokenizer_path or model_path
+        )
         self.weight_version = 0
         self._released = False
         log.info(
@@ -308,20 +310,6 @@ class NativeEngine:
             i = int((rows.lengths == 0).nonzero()[0])
             raise ValueError(f"{field}[{i}] is empty")
         rows.check_token_ids(field, self.vocab_size)
-
-
-def eos_token_ids(model, tokenizer_dir: str) -> list[int]:
-    """Every id that ends a response: the generation config's and model config's EOS ids and
-    the tokenizer's EOS (chat models often end a turn with a token only one of them names)."""
-    ids: set[int] = set()
-    sources = [getattr(model, "generation_config", None), model.config]
-    if any((Path(tokenizer_dir) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
-        sources.append(AutoTokenizer.from_pretrained(tokenizer_dir))
-    for source in sources:
-        eos = getattr(source, "eos_token_id", None)
-        if eos is not None:
-            ids.update([eos] if isinstance(eos, int) else eos)
-    return sorted(ids)
 
 
 def _ragged(rows: list[torch.Tensor], dtype: torch.dtype) -> Ragged:

@@ -17,12 +17,12 @@ the engine without vllm installed fails with a clear message.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 import time
 from contextlib import AbstractContextManager
-from pathlib import Path
 
 import torch
 
@@ -34,6 +34,7 @@ from services.rollout.engine import (
     ReceivedWeights,
     check_cancelled,
 )
+from services.rollout.eos import folder_eos_token_ids
 from services.rollout.types import GenerationResult, SamplingParams, TokenScores
 from services.rollout.vllm.extension import EXTENSION_CLS
 from services.rollout.vllm.mapping import (
@@ -68,28 +69,6 @@ def import_vllm():
             "engines, CPU and GPU)."
         ) from e
     return vllm
-
-
-def model_eos_ids(model_path: str, tokenizer_path: str) -> tuple[int, ...]:
-    """Every id that ends a response, read from the folders (as the native engine reads them
-    from its loaded model): the generation config's, the model config's and the tokenizer's."""
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-
-    sources: list = [AutoConfig.from_pretrained(model_path, local_files_only=True)]
-    try:
-        sources.append(GenerationConfig.from_pretrained(model_path, local_files_only=True))
-    except OSError:
-        pass  # no generation_config.json
-    if any(
-        (Path(tokenizer_path) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")
-    ):
-        sources.append(AutoTokenizer.from_pretrained(tokenizer_path, local_files_only=True))
-    ids: set[int] = set()
-    for source in sources:
-        eos = getattr(source, "eos_token_id", None)
-        if eos is not None:
-            ids.update([eos] if isinstance(eos, int) else eos)
-    return tuple(sorted(ids))
 
 
 class VllmEngine:
@@ -132,7 +111,7 @@ class VllmEngine:
         )
         self.weight_version = 0
         self.asleep: set[str] = set()  # vLLM's memory tags now released
-        self.eos_ids = model_eos_ids(model_path, tokenizer_path or model_path)
+        self.eos_ids = tuple(folder_eos_token_ids(model_path, tokenizer_path or model_path))
         self._num_parameters = int(self.llm.collective_rpc("meshrl_num_parameters")[0])
         self._vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
         log.info(
@@ -224,8 +203,6 @@ class VllmEngine:
 
     def served_checksums(self, names: list[str]) -> list[float]:
         """Sums of the named parameters as vLLM's worker holds them (checks and tests)."""
-        import json
-
         return self.llm.collective_rpc("meshrl_weight_checksum", args=(json.dumps(names),))[0]
 
     # --- memory and caches ---

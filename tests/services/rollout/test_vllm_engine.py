@@ -101,11 +101,11 @@ def test_outputs_become_rows_sample_j_of_prompt_i_at_i_times_n_plus_j():
 def test_eos_ids_are_read_from_the_model_folders(tmp_path):
     from transformers import GenerationConfig
 
-    from services.rollout.vllm.engine import model_eos_ids
+    from services.rollout.eos import folder_eos_token_ids
 
     model = make_tiny_model_dir(tmp_path / "m", hidden=32, intermediate=64)
     GenerationConfig(eos_token_id=[2, 9]).save_pretrained(model)
-    assert set(model_eos_ids(str(model), str(model))) >= {2, 9}
+    assert set(folder_eos_token_ids(str(model), str(model))) >= {2, 9}
 
 
 def test_prompt_logprobs_give_the_response_tokens():
