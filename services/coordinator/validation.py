@@ -9,15 +9,25 @@ reward is the core variable (`val-core/<data_source>/reward/mean@n`). With
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
 from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
-from services.coordinator.generations import GenerationRow, write_generations
+from services.coordinator.generations import (
+    GenerationRow,
+    generations_dir,
+    pick_shown,
+    write_generations,
+)
+from services.coordinator.metrics_sinks import MetricsSink, log_generations
 from services.coordinator.ppo_step import generate_split, reward_failure_summary
 from services.coordinator.rollout_batch import RolloutBatch
+from services.coordinator.rollout_memory import RolloutMemory
 from services.coordinator.validation_metrics import SampleResult, validation_metrics
 from services.reward.client import RewardClient
 from services.reward.types import ScoreItem, ScoreOutcome
@@ -98,3 +108,52 @@ def validate(
         scores, extras = [r.score for r in results], [r.extra for r in results]
         write_generations(generations, step, items, scores, extras, [r.failure for r in results])
     return validation_metrics(samples, seed=cfg.trainer.seed)
+
+
+class RunValidation:
+    """A run's validation at a step: the whole validation set, after rollout's caches are
+    woken, timed (``timing_s/testing``), its samples written to
+    ``trainer.validation_data_dir`` and ``trainer.log_val_generations`` of them shown to the
+    metrics sinks."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        records: Sequence,
+        tokenizer,
+        pool: ThreadPoolExecutor,
+        run_dir: Path,
+        sinks: list[MetricsSink],
+    ):
+        self.cfg = cfg
+        self.records = list(records)
+        self.tokenizer = tokenizer
+        self.pool = pool
+        self.generations = generations_dir(cfg.trainer.validation_data_dir, run_dir)
+        self.sinks = sinks
+
+    def __call__(
+        self,
+        step: int,
+        rollouts: list[RolloutClient],
+        reward: RewardClient,
+        memory: RolloutMemory,
+    ) -> dict[str, float]:
+        start = time.perf_counter()
+        memory.wake()  # validation generates: the caches come back first
+        shown_count = self.cfg.trainer.log_val_generations
+        shown: list[GenerationRow] | None = [] if shown_count else None
+        metrics = validate(
+            self.cfg,
+            self.records,
+            rollouts,
+            reward,
+            self.tokenizer,
+            self.pool,
+            self.generations,
+            step,
+            shown,
+        )
+        if shown:
+            log_generations(self.sinks, step, pick_shown(shown, shown_count, self.cfg.trainer.seed))
+        return {**metrics, "timing_s/testing": time.perf_counter() - start}
