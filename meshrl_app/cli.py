@@ -7,6 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
+from meshrl.rpc.metrics_port import use_metrics_port
 from services.coordinator.types import INTERRUPTED_EXIT_CODE, RunState
 
 # Exit codes of every command: a local `meshrl run` ends as a run followed through the
@@ -79,6 +80,7 @@ def _cmd_stop(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    use_metrics_port(args)  # MESHRL_METRICS_PORT, where every server reads it
     if args.service == "coordinator":
         from services.coordinator.server import serve as serve_coordinator
 
@@ -163,6 +165,7 @@ class _VersionAction(argparse.Action):
 def build_parser() -> argparse.ArgumentParser:
     # light: argument definitions only (no grpc, pyarrow or pydantic)
     from meshrl.rpc.address import host_port
+    from meshrl.rpc.metrics_port import add_metrics_port_argument
     from services.reward.arguments import (
         EVAL_EXIT_CODES,
         add_eval_arguments,
@@ -258,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="default: 50050 for the coordinator, else any free port",
     )
     serve.add_argument("--workdir", default=".", help="coordinator: base of relative run folders")
+    add_metrics_port_argument(serve)
     serve.set_defaults(fn=_cmd_serve)
 
     pre = sub.add_parser("preprocess", help="convert a raw data set to verl-schema parquet")
