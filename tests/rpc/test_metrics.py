@@ -194,3 +194,16 @@ def test_a_metrics_port_in_use_is_one_clear_error():
 def test_ports_of_the_environment_are_not_left_to_children():
     # Guard for the other tests of this worker: nothing here leaves the variable set.
     assert METRICS_PORT_ENV not in os.environ
+
+
+@pytest.mark.gpu
+def test_gpu_memory_of_a_process_that_uses_cuda(server):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    held = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda:0")  # 64 MiB
+    samples = scrape(server)
+    assert value(samples, "meshrl_gpu_memory_allocated_bytes", device="0") >= held.numel()
+    assert value(samples, "meshrl_gpu_memory_reserved_bytes", device="0") >= held.numel()
+    assert value(samples, "meshrl_gpu_memory_used_bytes", device="0") >= held.numel()
+    del held
