@@ -77,3 +77,51 @@ def test_a_base_out_of_range_is_refused():
 
     with pytest.raises(ConfigError, match="launcher.metrics_port_base: Input should be less"):
         build_config({}, ["launcher.metrics_port_base=70000"])
+
+
+def _free_run_of_ports(count: int) -> int:
+    """The first of ``count`` consecutive ports that are free now."""
+    import socket
+
+    from meshrl.launcher.ports import free_port
+
+    for _ in range(50):
+        base = free_port()
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_every_role_server_of_a_run_serves_its_metrics(tmp_path):
+    import urllib.request
+
+    from meshrl.testing.tiny_model import make_tiny_model_dir
+
+    model = make_tiny_model_dir(tmp_path / "model", seed=0, hidden=32, intermediate=64)
+    base = _free_run_of_ports(5)
+    cfg = build_config(
+        {},
+        [
+            f"actor_rollout_ref.model.path={model}",
+            "algorithm.adv_estimator=gae",
+            "algorithm.use_kl_in_reward=true",
+            f"launcher.metrics_port_base={base}",
+        ],
+    )
+    with LocalLauncher(cfg, tmp_path / "run") as launcher:
+        launcher.start()  # health checks: every server has answered calls
+        for offset, name in enumerate(["rollout0", "actor", "critic", "ref", "reward"]):
+            assert launcher.processes[name].metrics_port == base + offset
+            url = f"http://127.0.0.1:{base + offset}/metrics"
+            text = urllib.request.urlopen(url, timeout=10).read().decode()
+            assert 'grpc_method="Check",grpc_service="grpc.health.v1.Health"' in text, name
+            assert "process_resident_memory_bytes" in text, name
+        rollout = urllib.request.urlopen(f"http://127.0.0.1:{base}/metrics", timeout=10)
+        assert "meshrl_rollout_weight_version -1.0" in rollout.read().decode()
