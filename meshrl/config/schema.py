@@ -648,6 +648,11 @@ class LauncherConfig(Section):
     """local: role -> the GPUs its server sees (CUDA_VISIBLE_DEVICES, e.g. "0" or "0,1");
     unnamed roles see every GPU. Roles on one GPU are co-located (weights move by cuda_ipc),
     roles on different GPUs are split (weights move by NCCL)."""
+    metrics_port_base: int | None = Field(None, ge=1, le=65535)
+    """local: give each role server a Prometheus endpoint (http://HOST:PORT/metrics), on
+    consecutive ports from this one in the order rollout0, rollout1, ..., actor, critic,
+    ref, reward (only the roles the run starts). None: no endpoints, whatever
+    MESHRL_METRICS_PORT says in the launcher's environment (docs/deploy.md, "Metrics")."""
 
     @field_validator("role_gpus", mode="before")
     @classmethod

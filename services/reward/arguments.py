@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 
 from meshrl.rpc.address import host_port
+from meshrl.rpc.metrics_port import add_metrics_port_argument
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_NUM_WORKERS = 2
@@ -112,6 +113,7 @@ def add_serve_arguments(p: argparse.ArgumentParser, default_port: int) -> None:
         default=DEFAULT_MAX_CALLS,
         help="Score calls served at once (default %(default)s)",
     )
+    add_metrics_port_argument(p)
 
 
 RM_FLAGS = {
