@@ -14,6 +14,10 @@ from pathlib import Path
 
 from meshrl.rpc.address import host_port
 
+DEFAULT_PORT = 50055
+"""`meshrl reward serve`'s port: the reward server's in the mesh's own defaults
+(deploy/compose.yaml's MESHRL_REWARD_PORT; 50050 the coordinator, 50051 rollout, 50052 to
+50054 actor, critic and ref), as docs/reward.md's examples use it."""
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_NUM_WORKERS = 2
 DEFAULT_RM_MAX_LENGTH = 2048
