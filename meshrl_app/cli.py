@@ -246,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     rserve.set_defaults(fn=_cmd_reward)
     reval = rsub.add_parser(
         "eval",
-        help="accuracy per data_source of responses to a parquet set",
+        help="accuracy per data_source of saved responses (to a parquet set, or in samples files)",
         epilog=EVAL_EXIT_CODES,
     )
     add_eval_arguments(reval)
