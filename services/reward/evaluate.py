@@ -50,6 +50,7 @@ from services.reward.eval_inputs import (
     to_item,
 )
 from services.reward.scorers.custom import CustomFunctionError
+from services.reward.scorers.registry import UnknownDataSource, known_data_sources
 from services.reward.types import RewardModelError, ScoreItem, ScoreOutcome
 
 __all__ = ["evaluate", "evaluate_samples", "read_responses", "run", "summarize", "to_item"]
@@ -166,14 +167,13 @@ def score_input(
     """Scores what the scorer knows of `inputs` and reports it (see :func:`evaluate`)."""
     cfg = cfg or RewardConfig()
     known = _known_data_sources(server, cfg)
-    scorable = [
-        i for i, it in enumerate(inputs.items) if ANY_SOURCE in known or it.data_source in known
-    ]
-    unscored = Counter(it.data_source for it in inputs.items if it.data_source not in known)
-    if unscored and ANY_SOURCE not in known and (strict or not scorable):
+    accepts_any = ANY_SOURCE in known
+    scorable = [i for i, it in enumerate(inputs.items) if accepts_any or it.data_source in known]
+    unscored: Counter[str] = Counter(
+        it.data_source for it in inputs.items if not accepts_any and it.data_source not in known
+    )
+    if unscored and (strict or not scorable):
         name = unscored.most_common(1)[0][0]  # the commonest: likely the one to fix first
-        from services.reward.scorers.registry import UnknownDataSource
-
         hint = "" if cfg.reward_model.enable or server else f". {NEEDS_A_REWARD_MODEL}"
         raise ValueError(f"{UnknownDataSource(name, known)}{hint}")
     outcomes = _score([inputs.items[i] for i in scorable], server, cfg, sample_timeout_s)
@@ -182,21 +182,21 @@ def score_input(
         (index, k), it = inputs.keys[i], inputs.items[i]
         samples.append(
             SampleResult(
-                index,
-                k,
-                it.data_source,
-                o.score,
-                _acc(o),
-                o.ok,
-                o.reason,
-                o.pred,
-                it.response,
-                it.ground_truth,
-            )  # fmt: skip
+                index=index,
+                sample=k,
+                data_source=it.data_source,
+                score=o.score,
+                acc=_acc(o),
+                ok=o.ok,
+                reason=o.reason,
+                pred=o.pred,
+                response=it.response,
+                ground_truth=it.ground_truth,
+            )
         )
     report = summarize(samples, missing_rows=inputs.missing_rows)
-    if unscored and ANY_SOURCE not in known:
-        report.unscored, report.known = dict(sorted(unscored.items())), known
+    report.unscored = dict(sorted(unscored.items()))
+    report.known = known if unscored else []
     if output is not None:
         write_report(report, output)
     return report
@@ -206,8 +206,6 @@ def _known_data_sources(server: str | None, cfg: RewardConfig) -> list[str]:
     """The data_sources the scorer knows: the server's list, or in process the rule
     scorers' (and ANY_SOURCE with a custom function or a reward model)."""
     if server is None:
-        from services.reward.scorers.registry import known_data_sources
-
         names = known_data_sources()
         accepts_any = cfg.custom_function or cfg.reward_model.enable
         return [*names, ANY_SOURCE] if accepts_any else names
