@@ -167,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     from meshrl.rpc.address import host_port
     from meshrl.rpc.metrics_port import add_metrics_port_argument
     from services.reward.arguments import (
+        DEFAULT_PORT,
         EVAL_EXIT_CODES,
         add_eval_arguments,
         add_serve_arguments,
@@ -275,11 +276,11 @@ def build_parser() -> argparse.ArgumentParser:
     reward = sub.add_parser("reward", help="the reward service on its own")
     rsub = reward.add_subparsers(dest="reward_command", required=True)
     rserve = rsub.add_parser("serve", help="start the reward server")
-    add_serve_arguments(rserve, default_port=50051)
+    add_serve_arguments(rserve, default_port=DEFAULT_PORT)
     rserve.set_defaults(fn=_cmd_reward)
     reval = rsub.add_parser(
         "eval",
-        help="accuracy per data_source of responses to a parquet set",
+        help="accuracy per data_source of saved responses (to a parquet set, or in samples files)",
         epilog=EVAL_EXIT_CODES,
     )
     add_eval_arguments(reval)

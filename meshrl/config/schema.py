@@ -453,6 +453,11 @@ class RewardConfig(Section):
     """Per-sample scorer limit."""
     num_workers: int = Field(2, ge=1)
     """Scorer worker processes."""
+    gsm8k_method: Literal["strict", "flexible", "lenient"] = "strict"
+    """How the GSM8k rule scorer reads the answer: strict, verl's (`#### N` with one space,
+    in the response's last 300 characters); flexible, verl's (the last number there); lenient,
+    meshrl's own (the last `####` anywhere, spaces, a newline or `$` before the number and a
+    final period allowed)."""
     reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
     """A Hugging Face reward model, run in the reward server (docs/reward.md)."""
     overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)

@@ -2,7 +2,9 @@
 data_source, reported with verl's names: `val-core/<data_source>/acc/mean@n` (the core
 variable is the accuracy where the scorer reports one, as every rule scorer does) and
 `val-aux/<data_source>/reward/mean@n`; a reward model alone reports no accuracy, and its
-reward is the core variable (`val-core/<data_source>/reward/mean@n`). With
+reward is the core variable (`val-core/<data_source>/reward/mean@n`), as is the reward of
+GSM8k and MATH, which verl's own scorers score without an accuracy
+(`val-core/openai/gsm8k/reward/mean@1`). With
 `val_kwargs.n` > 1 also best@k, worst@k and maj@k
 (:mod:`services.coordinator.validation_metrics`)."""
 
@@ -30,6 +32,7 @@ from services.coordinator.rollout_batch import RolloutBatch
 from services.coordinator.rollout_memory import RolloutMemory
 from services.coordinator.validation_metrics import SampleResult, validation_metrics
 from services.reward.client import RewardClient
+from services.reward.scorers.registry import VERL_SCORES_WITHOUT_ACC
 from services.reward.types import ScoreItem, ScoreOutcome
 from services.rollout.client import RolloutClient
 from services.rollout.types import SamplingParams
@@ -107,7 +110,14 @@ def validate(
         items, results = [w[0] for w in written], [w[1] for w in written]
         scores, extras = [r.score for r in results], [r.extra for r in results]
         write_generations(generations, step, items, scores, extras, [r.failure for r in results])
-    return validation_metrics(samples, seed=cfg.trainer.seed)
+    return validation_metrics(samples, seed=cfg.trainer.seed, reward_is_core=reward_core(cfg))
+
+
+def reward_core(cfg: RunConfig) -> frozenset[str]:
+    """The data_sources whose reward is filed as core beside the accuracy, as verl files it
+    (its own scorer of them reports no acc): none with a custom function, which replaces
+    the rule scorers and may report an acc of its own."""
+    return frozenset() if cfg.reward.custom_function else VERL_SCORES_WITHOUT_ACC
 
 
 class RunValidation:

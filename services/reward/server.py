@@ -1,6 +1,6 @@
 """Reward server: gRPC glue around RewardScorer.
 
-    python -m services.reward.server --port 50053 [--custom-function f.py:fn] [--reward-model DIR]
+    python -m services.reward.server --port 50055 [--custom-function f.py:fn] [--reward-model DIR]
 
 Ready (health SERVING) as soon as the rule scorers' workers are up; Initialize applies a run's
 ``reward`` section (custom function, timeouts, workers, reward model) by building a new scorer
