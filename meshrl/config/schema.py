@@ -142,9 +142,11 @@ class DataConfig(Section):
 
 class ModelConfig(Section):
     path: PathText = ""
-    """Local Hugging Face model folder (config, weights, tokenizer). No hub downloads."""
+    """Hugging Face model folder (config, weights, tokenizer), or a hub id (org/name),
+    downloaded into the hub cache before any role server starts (``HF_HUB_OFFLINE=1``:
+    the cache alone)."""
     tokenizer_path: PathText | None = None
-    """Tokenizer folder if not the model's."""
+    """Tokenizer folder (or hub id) if not the model's."""
     enable_gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
     dtype: Annotated[Literal["float32", "bfloat16"], BeforeValidator(_dtype_name)] | None = None
@@ -421,7 +423,8 @@ class RewardModelConfig(Section):
     enable: bool = False
     """Score with a model besides (or instead of) the rule scorers."""
     path: PathText = ""
-    """Hugging Face sequence- or token-classification model folder."""
+    """Hugging Face sequence- or token-classification model folder, or a hub id (fetched as
+    model.path's)."""
     micro_batch_size: int = Field(16, gt=0)
     """(prompt, response) pairs per reward-model forward."""
     max_length: int = Field(2048, gt=0)

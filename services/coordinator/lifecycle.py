@@ -2,7 +2,7 @@
 machine (``meshrl_app/run_local.py``) and for a run of the coordinator service
 (``run_manager.py``), which differ only in how they report progress and ask to stop.
 
-    folder (locked for the run) -> data (a finished run ends here) -> config file -> sinks -> role servers up
+    folder (locked for the run) -> hub models fetched -> data (a finished run ends here) -> config file -> sinks -> role servers up
            -> PPORun -> set-up -> train -> close (the sinks learn how it ended) -> servers down
 
 The order is the user's protection: a bad data file, a model path or a logger that cannot
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from meshrl.config import RunConfig
+from meshrl.hub_models import with_local_models
 from services.coordinator.metrics_sinks import MetricsSink, close_sinks
 from services.coordinator.preflight import start_run_folder, write_run_config
 from services.coordinator.run_folder_lock import RunFolderLock
@@ -87,6 +88,9 @@ def _run_in_folder(
     make_ppo: Callable,
     observer: RunObserver,
 ) -> RunOutcome:
+    # A hub id among the model keys is fetched once, here: every role server gets the
+    # folder of its snapshot and reads no network.
+    cfg = with_local_models(cfg, say=observer.progress)
     observer.progress("reading the tokenizer and the data")
     try:
         data = load_data(cfg, run_dir)

@@ -143,7 +143,7 @@ def check_required_keys_given(cfg: RunConfig) -> None:
         )
     if not cfg.actor_rollout_ref.model.path:
         missing.append(
-            "actor_rollout_ref.model.path is empty: set it to a local Hugging Face model folder"
+            "actor_rollout_ref.model.path is empty: set it to a Hugging Face model folder or hub id"
         )
     raise_problems(missing)
 
@@ -360,11 +360,11 @@ def load_tokenizer(model: ModelConfig):
     key = "actor_rollout_ref.model." + ("tokenizer_path" if model.tokenizer_path else "path")
     path = model.tokenizer_path or model.path
     if not path:
-        raise ConfigError(f"{key} is empty: set it to a local Hugging Face model folder")
+        raise ConfigError(f"{key} is empty: set it to a Hugging Face model folder or hub id")
     if not Path(path).is_dir():
         raise ConfigError(
             f"{key}={path!r} is not a folder on this machine (the coordinator loads the "
-            "tokenizer from it; models are never downloaded)"
+            "tokenizer from it; a Hugging Face hub id, org/name, is downloaded instead)"
         )
     from transformers import AutoTokenizer  # heavy: only when a run starts
 
