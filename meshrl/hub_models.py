@@ -36,10 +36,14 @@ NOT_LOADED = [
 def is_hub_id(value: str) -> bool:
     """Whether ``value`` names a hub model rather than a local folder: no folder or file of
     that name here, not written as a path (``/``, ``./``, ``../``, ``~``), and of the form
-    ``name`` or ``org/name`` the hub accepts."""
+    ``org/name`` the hub accepts. A bare name (``gpt2``, the hub's oldest models, now also
+    ``openai-community/gpt2``) is read as a local folder: a mistyped folder name must not
+    turn into a network call."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     if not value or value.startswith(("/", "./", "../", "~")) or Path(value).exists():
+        return False
+    if value.count("/") != 1:
         return False
     try:
         validate_repo_id(value)

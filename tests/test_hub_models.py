@@ -24,8 +24,9 @@ def offline_cache(tmp_path, monkeypatch):
 def test_what_reads_as_a_hub_id(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models" / "mine").mkdir(parents=True)
-    assert is_hub_id("Qwen/Qwen2.5-0.5B-Instruct") and is_hub_id("gpt2")
-    for local in ("models/mine", "/abs/no-model", "./x", "../x", "~/x", "", "a/b/c", "a b"):
+    assert is_hub_id("Qwen/Qwen2.5-0.5B-Instruct") and is_hub_id("openai-community/gpt2")
+    for local in ("models/mine", "/abs/no-model", "./x", "../x", "~/x", "", "a/b/c", "a b/c",
+                  "gpt2", "never_read"):  # fmt: skip
         assert not is_hub_id(local), local  # a folder here, written as a path, or no repo id
 
 

@@ -364,7 +364,7 @@ def load_tokenizer(model: ModelConfig):
     if not Path(path).is_dir():
         raise ConfigError(
             f"{key}={path!r} is not a folder on this machine (the coordinator loads the "
-            "tokenizer from it; a Hugging Face hub id, org/name, is downloaded instead)"
+            "tokenizer from it; a Hugging Face hub id, org/name, would be downloaded)"
         )
     from transformers import AutoTokenizer  # heavy: only when a run starts
 
