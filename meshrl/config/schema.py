@@ -555,6 +555,11 @@ class TrainerConfig(Section):
     """Keep the newest N checkpoints; None or 0 = all."""
     resume_mode: PathText = "auto"
     """auto (latest complete checkpoint of the run folder), disable, or a checkpoint path."""
+    resume_allow_config_changes: bool = False
+    """Resume even from a checkpoint saved under a config its state does not fit (another
+    adv_estimator, a critic added or dropped, other LoRA settings, a model of other
+    shapes) or with a learning rate moved more than 10x: refused otherwise, naming each
+    change (docs/checkpoints.md). Other changes are always allowed, and listed."""
 
     @field_validator("resume_mode")
     @classmethod
