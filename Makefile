@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # pulls a multi-GB CUDA build through a looser requirement.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup demo test test-fast mutation mutation-report lint typecheck protos check-protos clean
+.PHONY: setup demo test test-fast mutation mutation-report lint typecheck protos check-protos config-docs clean
 
 setup: $(VENV)/.installed
 
@@ -58,6 +58,11 @@ protos: setup
 
 check-protos: setup
 	$(PY) protos/generate.py --check
+
+# docs/config.md from the config schema's docstrings (tests/config/test_config_docs.py
+# fails when the checked-in page is not what this writes).
+config-docs: setup
+	$(PY) -m meshrl.config.docs > docs/config.md
 
 clean:
 	rm -rf demo_out runs .pytest_cache mutants

@@ -7,6 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
+from meshrl.rpc.metrics_port import use_metrics_port
 from services.coordinator.types import INTERRUPTED_EXIT_CODE, RunState
 
 # Exit codes of every command: a local `meshrl run` ends as a run followed through the
@@ -46,6 +47,10 @@ def config_and_overrides(config: str | None, overrides: list[str]) -> tuple[str 
 def _cmd_run(args: argparse.Namespace) -> int:
     config, overrides = config_and_overrides(args.config, args.overrides)
     overrides = [*overrides, *_launcher_overrides(args)]
+    if args.print_config or args.cfg:
+        from meshrl_app.print_config import print_resolved_config
+
+        return print_resolved_config(config, overrides)
     if args.coordinator:
         from meshrl_app.remote import submit
 
@@ -85,6 +90,7 @@ def _cmd_stop(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    use_metrics_port(args)  # MESHRL_METRICS_PORT, where every server reads it
     if args.service == "coordinator":
         from services.coordinator.server import serve as serve_coordinator
 
@@ -152,10 +158,26 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+class _VersionAction(argparse.Action):
+    """argparse's "version" action with the line read only when asked for (it reads three
+    packages' metadata)."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from meshrl.version import versions_line
+
+        print(versions_line())  # to standard output, as argparse's own version action
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     # light: argument definitions only (no grpc, pyarrow or pydantic)
     from meshrl.rpc.address import host_port
+    from meshrl.rpc.metrics_port import add_metrics_port_argument
     from services.reward.arguments import (
+        DEFAULT_PORT,
         EVAL_EXIT_CODES,
         add_eval_arguments,
         add_serve_arguments,
@@ -166,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="meshrl", description="PPO post-training as a mesh of gRPC role servers"
     )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument(
+        "--version", action=_VersionAction, help="print meshrl's, torch's and grpcio's versions"
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser(
@@ -206,6 +231,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ADDR",
         default=None,
         help="Ray cluster to place role servers on (implies --launcher ray)",
+    )
+    run.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config (file, overrides, defaults) as YAML and exit; "
+        "starts nothing",
+    )
+    run.add_argument(
+        "--cfg", choices=["job", "all"], default=None, help="Hydra's spelling of --print-config"
     )
     run.set_defaults(fn=_cmd_run)
 
@@ -248,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="default: 50050 for the coordinator, else any free port",
     )
     serve.add_argument("--workdir", default=".", help="coordinator: base of relative run folders")
+    add_metrics_port_argument(serve)
     serve.set_defaults(fn=_cmd_serve)
 
     pre = sub.add_parser("preprocess", help="convert a raw data set to verl-schema parquet")
@@ -261,11 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
     reward = sub.add_parser("reward", help="the reward service on its own")
     rsub = reward.add_subparsers(dest="reward_command", required=True)
     rserve = rsub.add_parser("serve", help="start the reward server")
-    add_serve_arguments(rserve, default_port=50051)
+    add_serve_arguments(rserve, default_port=DEFAULT_PORT)
     rserve.set_defaults(fn=_cmd_reward)
     reval = rsub.add_parser(
         "eval",
-        help="accuracy per data_source of responses to a parquet set",
+        help="accuracy per data_source of saved responses (to a parquet set, or in samples files)",
         epilog=EVAL_EXIT_CODES,
     )
     add_eval_arguments(reval)

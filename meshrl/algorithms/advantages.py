@@ -227,9 +227,10 @@ def reinforce_plus_plus_advantages(
     Large Language Models"): discounted return-to-go of the token rewards (which carry
     the per-token KL penalty), whitened over all valid tokens of the batch.
 
-    Holes in the mask are skipped (see :func:`discounted_return_to_go`). verl resets
-    the running return at every masked position instead; the two agree for right
-    padding, which is the only layout verl's version is meant for.
+    Holes in the mask are skipped (see :func:`discounted_return_to_go`). verl's
+    ``compute_reinforce_plus_plus_outcome_advantage`` (0.9.1 too) instead multiplies its
+    running return by each position's mask after storing it, so a hole cuts the sum; the
+    two agree for right padding, the only layout rollout produces.
 
     Args:
         token_rewards: ``(b, t)`` token rewards.

@@ -18,9 +18,10 @@ each micro-batch's own count instead would re-weight tokens by the split. Under 
 parallelism pass the counts of the whole mini-batch across ranks *and* note that DDP
 averages gradients over ranks: multiply the loss by the world size to undo that.
 
-Note: verl's older ``seq-mean-token-sum-norm`` divides by ``T`` only (no ``N_seq``),
-which scales the loss with the batch size; here it is divided by ``N_seq * T``, the
-Dr. GRPO objective ``1/(G * T) * sum``, so learning rates transfer across batch sizes.
+``N_seq`` counts the sequences with at least one valid token: a fully masked row adds
+nothing to the sum and is left out of the count too, as in verl 0.9.1's ``agg_loss``
+(whose ``seq-mean-token-sum-norm`` is ``N_seq * T`` as well, ``T`` its
+``loss_scale_factor``, the response width, unless set; here ``data.max_response_length``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from torch import Tensor
 
 from meshrl.algorithms.masked import masked_sum, safe_div
 
-__all__ = ["LOSS_AGG_MODES", "aggregate_loss"]
+__all__ = ["LOSS_AGG_MODES", "aggregate_loss", "sequence_count"]
 
 LOSS_AGG_MODES = (
     "token-mean",
@@ -38,6 +39,12 @@ LOSS_AGG_MODES = (
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
 )
+
+
+def sequence_count(mask: Tensor) -> Tensor:
+    """``N_seq`` of ``mask`` ``(b, t)``: the rows with at least one valid token, a 0-d
+    tensor."""
+    return (mask.sum(dim=-1) > 0).sum()
 
 
 def aggregate_loss(
@@ -57,8 +64,9 @@ def aggregate_loss(
         mode: one of :data:`LOSS_AGG_MODES`.
         global_token_count: ``N_tok`` for ``token-mean``; default ``mask.sum()`` of this
             call (pass the mini-batch's count when accumulating micro-batches).
-        global_seq_count: ``N_seq`` for the ``seq-mean-*`` modes; default ``b``. Rows
-            with no valid token still count (as in verl's ``torch.mean``).
+        global_seq_count: ``N_seq`` for the ``seq-mean-*`` modes; default
+            :func:`sequence_count` of this call: the rows with a valid token (verl leaves
+            fully masked rows out too).
         norm_length: ``T`` for ``seq-mean-token-sum-norm``; default ``t`` of this call.
             Pass a constant (e.g. the max response length) when micro-batches are
             padded to different lengths, otherwise they are normalised differently.
@@ -80,7 +88,7 @@ def aggregate_loss(
             n_tok = masked_sum(torch.ones_like(loss_mat), mask)
         return safe_div(masked_sum(loss_mat, mask), n_tok)
 
-    n_seq = loss_mat.shape[0] if global_seq_count is None else global_seq_count
+    n_seq = sequence_count(mask) if global_seq_count is None else global_seq_count
     seq_sums = masked_sum(loss_mat, mask, dim=-1)  # (b,)
     if mode == "seq-mean-token-sum":
         return safe_div(seq_sums.sum(), n_seq)

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from meshrl.algorithms.aggregation import aggregate_loss
+from meshrl.algorithms.aggregation import aggregate_loss, sequence_count
 from meshrl.algorithms.masked import masked_mean, safe_div, valid_positions
 
 __all__ = [
@@ -294,7 +294,7 @@ def geo_mean_policy_loss(
         log_w = _where_valid((is_weights.detach() + 1e-10).log(), valid)
         pg = pg * (log_w.sum(dim=-1) / lengths).exp()
 
-    n_seq = logprobs.shape[0] if global_seq_count is None else global_seq_count
+    n_seq = sequence_count(valid) if global_seq_count is None else global_seq_count
     capped_high = (adv > 0) & (log_ratio > clip_ratio_high)
     capped_low = (adv < 0) & (log_ratio < -clip_ratio_low)
     return PolicyLoss(

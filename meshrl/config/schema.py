@@ -456,6 +456,11 @@ class RewardConfig(Section):
     """Per-sample scorer limit."""
     num_workers: int = Field(2, ge=1)
     """Scorer worker processes."""
+    gsm8k_method: Literal["strict", "flexible", "lenient"] = "strict"
+    """How the GSM8k rule scorer reads the answer: strict, verl's (`#### N` with one space,
+    in the response's last 300 characters); flexible, verl's (the last number there); lenient,
+    meshrl's own (the last `####` anywhere, spaces, a newline or `$` before the number and a
+    final period allowed)."""
     reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
     """A Hugging Face reward model, run in the reward server (docs/reward.md)."""
     overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
@@ -656,6 +661,11 @@ class LauncherConfig(Section):
     """local: role -> the GPUs its server sees (CUDA_VISIBLE_DEVICES, e.g. "0" or "0,1");
     unnamed roles see every GPU. Roles on one GPU are co-located (weights move by cuda_ipc),
     roles on different GPUs are split (weights move by NCCL)."""
+    metrics_port_base: int | None = Field(None, ge=1, le=65535)
+    """local: give each role server a Prometheus endpoint (http://HOST:PORT/metrics), on
+    consecutive ports from this one in the order rollout0, rollout1, ..., actor, critic,
+    ref, reward (only the roles the run starts). None: no endpoints, whatever
+    MESHRL_METRICS_PORT says in the launcher's environment (docs/deploy.md, "Metrics")."""
 
     @field_validator("role_gpus", mode="before")
     @classmethod

@@ -21,6 +21,7 @@ from meshrl.launcher.fork_server import ForkedServer, fork_server_process
 from meshrl.launcher.ports import free_port
 from meshrl.launcher.server_processes import stop_server, stop_servers
 from meshrl.rpc.client import wait_for_health
+from meshrl.rpc.metrics_port import METRICS_PORT_ENV
 from meshrl.rpc.security import SecuritySettings
 from meshrl.rpc.server import INSTANCE_ENV, instance_health_name
 
@@ -37,6 +38,7 @@ class RoleProcess:
     gpus: str | None = None  # CUDA_VISIBLE_DEVICES of the server; None: every GPU
     popen: subprocess.Popen | ForkedServer | None = None
     instance_id: str = ""  # new at every start; the server reports health under it
+    metrics_port: int | None = None  # its /metrics endpoint (launcher.metrics_port_base)
 
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
@@ -96,9 +98,15 @@ class LocalLauncher:
         self._ports.add(port)
         return port
 
+    def _max_servers(self) -> int:
+        return self.cfg.actor_rollout_ref.rollout.replicas + 4  # actor, critic, ref, reward
+
     def plan(self) -> list[RoleProcess]:
         cfg, host = self.cfg, self.host
-        procs = []
+        procs: list[RoleProcess] = []
+        metrics_base = cfg.launcher.metrics_port_base
+        if metrics_base is not None:  # never handed out as a gRPC port (at most replicas + 4)
+            self._ports.update(range(metrics_base, metrics_base + self._max_servers()))
 
         def add(name, module, extra=None, world_size=1, threads=1):
             port = self._new_port(host)
@@ -112,6 +120,7 @@ class LocalLauncher:
                     self.log_dir / f"{name}.log",
                     threads,
                     cfg.launcher.role_gpus.get(role),
+                    metrics_port=None if metrics_base is None else metrics_base + len(procs),
                 )
             )
 
@@ -192,6 +201,11 @@ class LocalLauncher:
             env["CUDA_VISIBLE_DEVICES"] = proc.gpus
         proc.instance_id = f"{proc.name}-{uuid.uuid4().hex[:12]}"
         env[INSTANCE_ENV] = proc.instance_id
+        # One port each: a MESHRL_METRICS_PORT of the launcher's own, inherited by every
+        # server, would have all but the first fail to bind it.
+        env.pop(METRICS_PORT_ENV, None)
+        if proc.metrics_port is not None:
+            env[METRICS_PORT_ENV] = str(proc.metrics_port)
         forked = None
         if self.cfg.launcher.start_method == "forkserver":
             try:
@@ -211,7 +225,8 @@ class LocalLauncher:
                     stdin=subprocess.DEVNULL,
                 )
         self.processes[proc.name] = proc
-        log.info("started %s (pid %d) at %s", proc.name, proc.popen.pid, proc.address)
+        metrics = f"; metrics on {self.host}:{proc.metrics_port}" if proc.metrics_port else ""
+        log.info("started %s (pid %d) at %s%s", proc.name, proc.popen.pid, proc.address, metrics)
 
     def restart(self, name: str) -> str:
         """Kills (if needed) and starts a role server again; waits for health; returns its

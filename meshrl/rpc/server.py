@@ -5,6 +5,9 @@ own service name stays NOT_SERVING until its model is loaded (see `mark_ready`).
 
 Security comes from the environment (see `meshrl.rpc.security`): TLS or mutual TLS, the
 shared-token check and the API-version check apply to every call, health checks included.
+
+With ``MESHRL_METRICS_PORT`` set (``--metrics-port``; see `meshrl.rpc.metrics_port`) the
+server also serves Prometheus metrics over HTTP (`meshrl.rpc.metrics`).
 """
 
 from __future__ import annotations
@@ -21,13 +24,18 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent import futures
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from meshrl.rpc.metrics_port import metrics_port_from_env
 from meshrl.rpc.options import server_options
 from meshrl.rpc.parent_watch import watch_parent
 from meshrl.rpc.security import SecuritySettings, server_credentials, server_interceptors
+
+if TYPE_CHECKING:
+    from meshrl.rpc.metrics import MetricsEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -85,20 +93,27 @@ class GrpcServer:
         port: int = 0,
         max_workers: int = 16,
         security: SecuritySettings | None = None,
+        metrics_port: int | None = None,
     ):
-        """`security` None = from the environment (MESHRL_TLS_*, MESHRL_AUTH_TOKEN_FILE)."""
+        """`security` None = from the environment (MESHRL_TLS_*, MESHRL_AUTH_TOKEN_FILE);
+        `metrics_port` None = from MESHRL_METRICS_PORT (unset: no metrics endpoint)."""
         self.service_name = service_name
         security = security if security is not None else SecuritySettings.from_env()
-        self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=max_workers),
-            options=server_options(),
-            interceptors=server_interceptors(security),
-        )
+        metrics_port = metrics_port if metrics_port is not None else metrics_port_from_env()
+        interceptors = server_interceptors(security)
+        executor = futures.ThreadPoolExecutor(max_workers=max_workers)
+        if metrics_port is not None:
+            from meshrl.rpc.metrics import MetricsInterceptor, QueueCountingExecutor
+
+            interceptors = [MetricsInterceptor(), *interceptors]  # outermost: refusals count
+            executor = QueueCountingExecutor(max_workers=max_workers)
+        self.server = grpc.server(executor, options=server_options(), interceptors=interceptors)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         credentials = server_credentials(security)
         self.port = self._bind(host, port, credentials)
         self.host = host
+        self.metrics = None if metrics_port is None else self._serve_metrics(host, metrics_port)
         self.security = _describe(security)
         if credentials is None and not _is_loopback(host):
             log.warning(
@@ -126,6 +141,17 @@ class GrpcServer:
             )
         return bound
 
+    def _serve_metrics(self, host: str, port: int) -> MetricsEndpoint:
+        from meshrl.rpc.metrics import MetricsEndpoint
+
+        try:
+            return MetricsEndpoint(host, port)
+        except OSError as e:
+            problem = _bind_problem(host, port) if port else str(e)
+            raise OSError(
+                f"{self.service_name} cannot serve metrics on {host}:{port}: {problem}"
+            ) from None
+
     def add(self, register: Callable, servicer) -> None:
         register(servicer, self.server)
 
@@ -144,12 +170,19 @@ class GrpcServer:
         if instance := os.environ.get(INSTANCE_ENV):
             self.health.set(instance_health_name(instance), health_pb2.HealthCheckResponse.SERVING)
         log.info(
-            "%s listening on %s:%d (%s)", self.service_name, self.host, self.port, self.security
+            "%s listening on %s:%d (%s)%s",
+            self.service_name,
+            self.host,
+            self.port,
+            self.security,
+            f"; metrics on {self.metrics.url}" if self.metrics else "",
         )
 
     def stop(self, grace: float = 2.0) -> None:
         self.health.enter_graceful_shutdown()
         self.server.stop(grace).wait()
+        if self.metrics is not None:  # scraped until the calls are done
+            self.metrics.close()
 
     def wait(self) -> None:
         """Blocks until SIGTERM/SIGINT, then stops gracefully."""

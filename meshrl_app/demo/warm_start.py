@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from meshrl_app.demo.arithmetic import addition_problem, prompt_text, solution_text
+from services.reward.scorers import gsm8k
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,8 @@ def _encode(tokenizer, a: int, b: int) -> tuple[list[int], int]:
 def greedy_accuracy(
     model, tokenizer, problems: list[tuple[int, int]], max_new_tokens: int = 24
 ) -> float:
-    """Share of `problems` whose greedy response ends in `#### a+b` (the GSM8k scorer's
-    rule for these responses)."""
+    """Share of `problems` whose greedy response the GSM8k scorer (verl's strict) counts
+    right: `#### a+b` in its last 300 characters."""
     was_training = model.training
     model.eval()
     prompts = [_prompt(tokenizer, a, b) for a, b in problems]
@@ -74,9 +75,7 @@ def greedy_accuracy(
     )
     texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
     right = sum(
-        t.split("####")[-1].strip() == str(a + b)
-        for t, (a, b) in zip(texts, problems, strict=True)
-        if "####" in t
+        gsm8k.compute_score(t, str(a + b)) == 1.0 for t, (a, b) in zip(texts, problems, strict=True)
     )
     model.train(was_training)
     return right / len(problems)

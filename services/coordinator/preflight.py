@@ -4,8 +4,10 @@
   with a message naming the keys, instead of a ValueError after the first generation.
 - The tokenizer comes from a local folder, with a message naming the config key, instead of
   transformers' "Repo id must be in the form ..." for a path that does not exist.
-- Every data_source of the data has a reward scorer, checked against the reward server once
-  it is initialized, instead of an INVALID_ARGUMENT after the first step's generation.
+- Every data_source of the data has a reward scorer: checked before any role server starts
+  when the config says what the reward server will score, and against the reward server's
+  own list once it is initialized, instead of an INVALID_ARGUMENT after the first step's
+  generation.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from meshrl.config.schema import ModelConfig, RunConfig
 from meshrl.data.errors import DataError
 from meshrl.launcher.external import external_endpoints
 from services.coordinator.generations import generations_dir
+from services.reward.scorers.registry import known_data_sources
 
 log = logging.getLogger(__name__)
 
@@ -417,6 +420,29 @@ def check_data_sources(datasets: dict[str, list[str]], known: list[str]) -> None
                 f"reward server scores {', '.join(known)}. Set reward.custom_function to score "
                 "it yourself, or enable reward.reward_model"
             )
+
+
+def scorers_known_here(cfg: RunConfig) -> list[str] | None:
+    """The data_sources the reward server will score with this run's ``reward`` section
+    (Initialize applies it, whatever the server was started with), when that can be told
+    without the server: ANY_SOURCE with a custom function; the rule scorers' names without
+    one and without a reward model. None with a reward model: which data_sources it scores
+    beside the rules is the server's to say, once it has loaded it."""
+    if cfg.reward.custom_function:
+        return [ANY_SOURCE]
+    if cfg.reward.reward_model.enable:
+        return None
+    return known_data_sources()
+
+
+def check_data_sources_here(cfg: RunConfig, datasets: dict[str, list[str]]) -> None:
+    """:func:`check_data_sources` before any role server starts, where the config alone
+    says what the reward server will score (:func:`scorers_known_here`): an unknown
+    data_source is refused in a second, not after every server has started and loaded its
+    model. The check against the reward server's own list still runs at set-up."""
+    known = scorers_known_here(cfg)
+    if known is not None:
+        check_data_sources(datasets, known)
 
 
 def check_filter_metric(cfg: RunConfig, datasets: dict[str, list[str]], known: list[str]) -> None:

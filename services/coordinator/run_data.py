@@ -24,7 +24,11 @@ from services.coordinator.checkpointing import (
     step_of,
     verify,
 )
-from services.coordinator.preflight import context_length_warning, load_tokenizer
+from services.coordinator.preflight import (
+    check_data_sources_here,
+    context_length_warning,
+    load_tokenizer,
+)
 from services.coordinator.resume_check import check_resume_config
 from services.coordinator.types import AlreadyTrained
 
@@ -60,6 +64,11 @@ def load_run_data(cfg: RunConfig, run_dir: Path | None = None) -> RunData:
     train = not cfg.trainer.val_only
     train_set = make_dataset(cfg, cfg.data.train_files, tokenizer) if train else None
     val_set = make_dataset(cfg, cfg.data.val_files, tokenizer) if cfg.data.val_files else None
+    sets = {"data.train_files": train_set, "data.val_files": val_set}
+    check_data_sources_here(
+        cfg,
+        {key: [r.data_source for r in ds.records] for key, ds in sets.items() if ds is not None},
+    )
     # train: train_set is a data set (make_dataset returns one or raises)
     loader = make_loader(cfg, train_set) if train else None  # type: ignore[arg-type]
     total_steps = 0

@@ -200,7 +200,7 @@ class ManagedRun:
         if outcome.note:  # no step ran: a finished run run again, or a stop before the start
             return state, outcome.note
         return state, (
-            f"run {state.name.lower()} after step {self.ppo.state.step} "
+            f"run {state.name.lower()} after step {self.ppo.progress.step} "
             f"({time.perf_counter() - start:.0f}s of PPO)"
         )
 
@@ -218,9 +218,9 @@ class ManagedRun:
         self.update(
             state=RunState.RUNNING,
             total_steps=ppo.total_steps,
-            step=ppo.state.step,
+            step=ppo.progress.step,
             line=(
-                f"validating the weights of step {ppo.state.step} (trainer.val_only)"
+                f"validating the weights of step {ppo.progress.step} (trainer.val_only)"
                 if self.cfg.trainer.val_only
                 else f"running {ppo.total_steps} PPO steps"
             ),

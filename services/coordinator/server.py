@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 
 from meshrl.api.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from meshrl.rpc.metrics_port import add_metrics_port_argument, use_metrics_port
 from meshrl.rpc.server import GrpcServer, ServiceError, rpc_method, wait_for_stop_signal
 from services.coordinator.convert import event_to_proto, status_to_proto
 from services.coordinator.run_manager import RunConflict, RunManager, UnknownRun
@@ -138,7 +139,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=50050)
     parser.add_argument("--workdir", default=".", help="base of relative run folders")
+    add_metrics_port_argument(parser)
     args = parser.parse_args(argv)
+    use_metrics_port(args)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -2,24 +2,37 @@
 data_source, reported with verl's names: `val-core/<data_source>/acc/mean@n` (the core
 variable is the accuracy where the scorer reports one, as every rule scorer does) and
 `val-aux/<data_source>/reward/mean@n`; a reward model alone reports no accuracy, and its
-reward is the core variable (`val-core/<data_source>/reward/mean@n`). With
+reward is the core variable (`val-core/<data_source>/reward/mean@n`), as is the reward of
+GSM8k and MATH, which verl's own scorers score without an accuracy
+(`val-core/openai/gsm8k/reward/mean@1`). With
 `val_kwargs.n` > 1 also best@k, worst@k and maj@k
 (:mod:`services.coordinator.validation_metrics`)."""
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
 from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
-from services.coordinator.generations import GenerationRow, write_generations
+from services.coordinator.generations import (
+    GenerationRow,
+    generations_dir,
+    pick_shown,
+    write_generations,
+)
+from services.coordinator.metrics_sinks import MetricsSink, log_generations
 from services.coordinator.ppo_step import generate_split, reward_failure_summary
 from services.coordinator.rollout_batch import RolloutBatch
+from services.coordinator.rollout_memory import RolloutMemory
 from services.coordinator.validation_metrics import SampleResult, validation_metrics
 from services.reward.client import RewardClient
+from services.reward.scorers.registry import VERL_SCORES_WITHOUT_ACC
 from services.reward.types import ScoreItem, ScoreOutcome
 from services.rollout.client import RolloutClient
 from services.rollout.types import SamplingParams
@@ -97,4 +110,60 @@ def validate(
         items, results = [w[0] for w in written], [w[1] for w in written]
         scores, extras = [r.score for r in results], [r.extra for r in results]
         write_generations(generations, step, items, scores, extras, [r.failure for r in results])
-    return validation_metrics(samples, seed=cfg.trainer.seed)
+    return validation_metrics(samples, seed=cfg.trainer.seed, reward_is_core=reward_core(cfg))
+
+
+def reward_core(cfg: RunConfig) -> frozenset[str]:
+    """The data_sources whose reward is filed as core beside the accuracy, as verl files it
+    (its own scorer of them reports no acc): none with a custom function, which replaces
+    the rule scorers and may report an acc of its own."""
+    return frozenset() if cfg.reward.custom_function else VERL_SCORES_WITHOUT_ACC
+
+
+class RunValidation:
+    """A run's validation at a step: the whole validation set, after rollout's caches are
+    woken, timed (``timing_s/testing``), its samples written to
+    ``trainer.validation_data_dir`` and ``trainer.log_val_generations`` of them shown to the
+    metrics sinks."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        records: Sequence,
+        tokenizer,
+        pool: ThreadPoolExecutor,
+        run_dir: Path,
+        sinks: list[MetricsSink],
+    ):
+        self.cfg = cfg
+        self.records = list(records)
+        self.tokenizer = tokenizer
+        self.pool = pool
+        self.generations = generations_dir(cfg.trainer.validation_data_dir, run_dir)
+        self.sinks = sinks
+
+    def __call__(
+        self,
+        step: int,
+        rollouts: list[RolloutClient],
+        reward: RewardClient,
+        memory: RolloutMemory,
+    ) -> dict[str, float]:
+        start = time.perf_counter()
+        memory.wake()  # validation generates: the caches come back first
+        shown_count = self.cfg.trainer.log_val_generations
+        shown: list[GenerationRow] | None = [] if shown_count else None
+        metrics = validate(
+            self.cfg,
+            self.records,
+            rollouts,
+            reward,
+            self.tokenizer,
+            self.pool,
+            self.generations,
+            step,
+            shown,
+        )
+        if shown:
+            log_generations(self.sinks, step, pick_shown(shown, shown_count, self.cfg.trainer.seed))
+        return {**metrics, "timing_s/testing": time.perf_counter() - start}

@@ -9,12 +9,16 @@ answer most of k samples give). Each metric is the mean of its per-prompt values
 Sections, as verl files them: ``val-core/<ds>/<core>/<metric>`` for the core variable's
 ``mean@n``, ``maj@n/*`` and ``best@n/*``; everything else under ``val-aux``. The core
 variable is ``acc`` where the scorer reports one (every rule scorer does), else ``reward``
-(a reward model alone, whose score is no verdict).
+(a reward model alone, whose score is no verdict). Where verl's own scorer of a
+data_source reports no ``acc`` (GSM8k's, MATH's: a bare float), verl's core variable is the
+reward: that data_source's reward is core too (``val-core/openai/gsm8k/reward/mean@1``, the
+figure verl's dashboards read), beside meshrl's ``acc``.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,18 +110,25 @@ def core_variable(variables: set[str]) -> str:
     return ACCURACY if ACCURACY in variables else REWARD
 
 
-def section(variable: str, metric: str, n: int, core_var: str = ACCURACY) -> str:
-    """verl's split: the core variable's mean, majority and best at the full n are core."""
-    core = variable == core_var and metric.startswith(("mean", "maj", "best")) and f"@{n}" in metric
+def section(variable: str, metric: str, n: int, core_vars: str | Collection[str] = ACCURACY) -> str:
+    """verl's split: a core variable's mean, majority and best at the full n are core."""
+    core_vars = {core_vars} if isinstance(core_vars, str) else core_vars
+    core = (
+        variable in core_vars and metric.startswith(("mean", "maj", "best")) and f"@{n}" in metric
+    )
     return "val-core" if core else "val-aux"
 
 
-def validation_metrics(samples: list[SampleResult], seed: int = 42) -> dict[str, float]:
+def validation_metrics(
+    samples: list[SampleResult], seed: int = 42, reward_is_core: Collection[str] = ()
+) -> dict[str, float]:
     """``<section>/<data_source>/<variable>/<metric>`` -> the mean over prompts.
 
     A data_source gets maj@k when its scorer reads answers for any of its samples (a sample
     without one votes as "no answer"). Bootstraps draw from one generator seeded with
-    ``seed``, so the same outcomes give the same metrics.
+    ``seed``, so the same outcomes give the same metrics. ``reward_is_core``: the
+    data_sources whose reward is a core variable beside their accuracy (verl's scorer of
+    them reports no ``acc``, so verl files their reward as core).
     """
     rng = np.random.default_rng(seed)
     by_prompt: dict[str, dict[int, list[SampleResult]]] = defaultdict(lambda: defaultdict(list))
@@ -131,7 +142,9 @@ def validation_metrics(samples: list[SampleResult], seed: int = 42) -> dict[str,
         n_max = max(len(group) for group in prompts.values())
         # A sample the scorer could not score has no accuracy of its own: it counts 0.
         variables = sorted({v for group in prompts.values() for s in group for v in s.values})
-        core_var = core_variable(set(variables))
+        core_vars = {core_variable(set(variables))}
+        if ds in reward_is_core:
+            core_vars.add(REWARD)
         for group in prompts.values():
             preds = [s.pred or "" for s in group] if votes else None
             for variable in variables:
@@ -139,6 +152,6 @@ def validation_metrics(samples: list[SampleResult], seed: int = 42) -> dict[str,
                 for metric, value in prompt_metrics(values, preds, rng).items():
                     per_metric[(variable, metric)].append(value)
         for (variable, metric), per_prompt in sorted(per_metric.items()):
-            name = f"{section(variable, metric, n_max, core_var)}/{ds}/{variable}/{metric}"
+            name = f"{section(variable, metric, n_max, core_vars)}/{ds}/{variable}/{metric}"
             metrics[name] = float(np.mean(per_prompt))
     return metrics

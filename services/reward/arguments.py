@@ -13,7 +13,12 @@ import math
 from pathlib import Path
 
 from meshrl.rpc.address import host_port
+from meshrl.rpc.metrics_port import add_metrics_port_argument
 
+DEFAULT_PORT = 50055
+"""`meshrl reward serve`'s port: the reward server's in the mesh's own defaults
+(deploy/compose.yaml's MESHRL_REWARD_PORT; 50050 the coordinator, 50051 rollout, 50052 to
+50054 actor, critic and ref), as docs/reward.md's examples use it."""
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_NUM_WORKERS = 2
 DEFAULT_RM_MAX_LENGTH = 2048
@@ -112,6 +117,7 @@ def add_serve_arguments(p: argparse.ArgumentParser, default_port: int) -> None:
         default=DEFAULT_MAX_CALLS,
         help="Score calls served at once (default %(default)s)",
     )
+    add_metrics_port_argument(p)
 
 
 RM_FLAGS = {
@@ -201,8 +207,32 @@ def reward_config(
 
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     """The offline evaluation's arguments."""
-    p.add_argument("--data", required=True, nargs="+", help="verl-schema parquet file(s)")
-    p.add_argument("--responses", required=True, help="responses.jsonl")
+    p.add_argument(
+        "--data",
+        nargs="+",
+        default=None,
+        help="verl-schema parquet file(s), whose rows --responses names by index",
+    )
+    p.add_argument(
+        "--responses",
+        default=None,
+        help='responses.jsonl: {"index": i, "response": "..."} (or "responses": [...]) a line',
+    )
+    p.add_argument(
+        "--samples",
+        nargs="+",
+        default=None,
+        metavar="FILE",
+        help="instead of --data and --responses: JSONL or parquet rows, each with "
+        "data_source, response (or responses) and ground_truth, and optional extra_info, "
+        "prompt and index (rows of one index are responses to one prompt)",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="a data_source no scorer knows fails the evaluation (default: its responses are "
+        "left unscored, counted and named, and the others scored)",
+    )
     p.add_argument(
         "--server",
         metavar="HOST:PORT",

@@ -1,6 +1,6 @@
 """The reward service's typed client, used by the coordinator, by evaluation and by users:
 
-    with RewardClient("127.0.0.1:50053", timeout_s=60) as rc:
+    with RewardClient("127.0.0.1:50055", timeout_s=60) as rc:
         outcomes = rc.score([ScoreItem("openai/gsm8k", "... #### 72", "72")])
 
 A failed call raises ``RoleCallError`` naming the server and the call.

@@ -1,12 +1,12 @@
-"""Offline evaluation: score saved responses against a verl-schema parquet file.
+"""Offline evaluation: score saved responses, per data_source.
 
     python -m services.reward.evaluate --data test.parquet --responses responses.jsonl \\
-        [--server HOST:PORT | --reward-model DIR] [--output report.json]
+        [--server HOST:PORT | --reward-model DIR] [--output report.json] [--strict]
+    python -m services.reward.evaluate --samples samples.jsonl [...]
 
-responses.jsonl, one JSON object a line: ``{"index": i, "response": "..."}`` or, for n samples
-of one prompt, ``{"index": i, "responses": ["...", "..."]}``; lines for the same index add up.
-``index`` is the row's position in the parquet file (0-based; for several files, the position
-across them in order). Rows without responses are counted as ``missing_rows``, not scored.
+The inputs (``eval_inputs``): verl-schema parquet rows joined with a responses file by row
+index (rows without responses are counted as ``missing_rows``, not scored), or a samples file
+(JSONL or parquet) whose rows carry ``data_source``, ``response`` and ``ground_truth``.
 
 Per data_source: ``mean_score`` is the mean reward over responses; ``acc`` the fraction of
 responses counted correct (the scorer's ``acc`` extra, which rule scorers set to
@@ -15,8 +15,11 @@ response; ``maj@n`` the fraction of prompts whose majority answer (the scorers' 
 correct; ``failed`` the responses whose scorer failed (scored 0). A data_source whose scored
 samples carry no ``acc`` (a reward model alone: its score is a logit, no verdict) has no
 ``acc``, ``pass@n`` or ``maj@n`` (``-``); the ``all`` line's are over the other data_sources.
-After the table, each data_source with failed samples is named on stderr with the first
-sample's reason; when every sample failed the exit code is 1 (arguments.EVAL_EXIT_CODES).
+Responses of a data_source no scorer knows are left unscored, counted per data_source
+(``unscored``) and named on stderr, and the rest is scored; ``--strict`` fails the whole
+evaluation on them instead, as does a run. After the table, each data_source with failed
+samples is named on stderr with the first sample's reason; when every sample failed the exit
+code is 1 (arguments.EVAL_EXIT_CODES).
 """
 
 from __future__ import annotations
@@ -24,12 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from meshrl.config.schema import RewardConfig
-from meshrl.data.rows import RawRow, read_rows
 from services.reward.arguments import (
     DEFAULT_NUM_WORKERS,
     DEFAULT_TIMEOUT_S,
@@ -40,10 +42,22 @@ from services.reward.arguments import (
     reward_config,
     reward_model_settings,
 )
+from services.reward.eval_inputs import (
+    EvalInput,
+    read_responses,
+    responses_input,
+    samples_input,
+    to_item,
+)
 from services.reward.scorers.custom import CustomFunctionError
+from services.reward.scorers.registry import UnknownDataSource, known_data_sources
 from services.reward.types import RewardModelError, ScoreItem, ScoreOutcome
 
+__all__ = ["evaluate", "evaluate_samples", "read_responses", "run", "summarize", "to_item"]
+
 EXIT_SCORED, EXIT_FAILED, EXIT_BAD_ARGUMENTS = 0, 1, 2
+ANY_SOURCE = "*"
+"""Listed by a scorer that scores every data_source (a custom function, a reward model)."""
 """See arguments.EVAL_EXIT_CODES."""
 CHUNK = 512
 """Items per Score call when scoring through a server."""
@@ -90,6 +104,8 @@ class SampleResult:
     reason: str = ""
     pred: str | None = None
     """The answer the scorer read from the response (None: it does not say)."""
+    response: str = ""
+    ground_truth: str = ""
 
 
 @dataclass
@@ -98,70 +114,13 @@ class EvalReport:
     overall: SourceStats
     missing_rows: int
     samples: list[SampleResult] = field(default_factory=list)
+    unscored: dict[str, int] = field(default_factory=dict)
+    """data_source -> its responses left unscored: no scorer knows it."""
+    known: list[str] = field(default_factory=list)
+    """The data_sources the scorer knows (``*``: every one), when some were unscored."""
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def read_responses(path: str | Path, num_rows: int) -> dict[int, list[str]]:
-    """Row index -> its responses, from a responses.jsonl file; ValueError naming the file
-    (and the line) when it cannot be read, a line is wrong, or it holds no line at all."""
-    out: dict[int, list[str]] = defaultdict(list)
-    try:
-        f = open(path, "rb")  # decoded a line at a time: bad bytes are named by their line
-    except OSError as e:
-        raise ValueError(f"responses file {path}: {e.strerror or e}") from None
-    with f:
-        for n, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            try:
-                index, responses = _parse_line(raw.decode("utf-8"), num_rows)
-            except UnicodeDecodeError as e:
-                reason = f"not UTF-8 text ({e.reason} at byte {e.start})"
-                raise ValueError(f"{path} line {n}: {reason}") from None
-            except ValueError as e:
-                raise ValueError(f"{path} line {n}: {e}") from None
-            out[index].extend(responses)
-    if not any(out.values()):  # nothing to score: a table of zeros would say nothing true
-        raise ValueError(
-            f'responses file {path} holds no responses: one JSON object a line, {{"index": i, '
-            f'"response": "..."}} or {{"index": i, "responses": [...]}}'
-        )
-    return out
-
-
-def _parse_line(line: str, num_rows: int) -> tuple[int, list[str]]:
-    """(index, responses) of one responses.jsonl line; ValueError saying what is wrong."""
-    try:
-        rec = json.loads(line)
-        index = rec["index"]
-        responses = rec["responses"] if "responses" in rec else [rec["response"]]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(
-            f'expected {{"index": int, "response": str}} '
-            f'or {{"index": int, "responses": [str, ...]}} ({type(e).__name__}: {e})'
-        ) from None
-    # Checked by type, not converted: int() would make true row 1 and 1.7 row 1, and a bare
-    # string of responses would be scored one character at a time.
-    if "response" in rec and "responses" in rec:  # one would be scored, the other dropped
-        raise ValueError('both "response" and "responses": give one of them')
-    if type(index) is not int:
-        raise ValueError(f"index must be an integer, got {json.dumps(index)}")
-    if not 0 <= index < num_rows:
-        raise ValueError(f"index {index} is outside the data's {num_rows} rows")
-    if not isinstance(responses, list):
-        raise ValueError(f"responses must be a list of strings, got {type(responses).__name__}")
-    if "responses" not in rec and not isinstance(responses[0], str):
-        raise ValueError(f"response must be a string, got {type(responses[0]).__name__}")
-    if not all(isinstance(r, str) for r in responses):
-        raise ValueError("responses must be strings")
-    return index, responses
-
-
-def to_item(row: RawRow, response: str) -> ScoreItem:
-    prompt = row.prompt if isinstance(row.prompt, str) else json.dumps(row.prompt)
-    return ScoreItem(row.data_source, response, row.ground_truth, prompt, row.extra_info)
 
 
 def evaluate(
@@ -172,39 +131,103 @@ def evaluate(
     output: str | Path | None = None,
     cfg: RewardConfig | None = None,
     sample_timeout_s: float | None = None,
+    strict: bool = False,
 ) -> EvalReport:
-    """Scores the responses (through `server` if given, else in this process with `cfg`).
-    `sample_timeout_s`: each sample's limit sent to the server; None keeps the server's own."""
+    """Scores the responses to the parquet rows (through `server` if given, else in this
+    process with `cfg`). `sample_timeout_s`: each sample's limit sent to the server; None
+    keeps the server's own. `strict`: a data_source no scorer knows fails the evaluation
+    (ValueError) instead of being left unscored."""
     files = data_path if isinstance(data_path, list) else [data_path]
-    rows = read_rows(files)
-    responses = read_responses(responses_path, len(rows))
-    keys = [(i, k) for i in sorted(responses) for k in range(len(responses[i]))]
-    items = [to_item(rows[i], responses[i][k]) for i, k in keys]
-    outcomes = _score(items, server, cfg or RewardConfig(), sample_timeout_s)
-    samples = [
-        SampleResult(i, k, rows[i].data_source, o.score, _acc(o), o.ok, o.reason, o.pred)
-        for (i, k), o in zip(keys, outcomes, strict=True)
-    ]
-    answered = sum(1 for r in responses.values() if r)  # "responses": [] answers nothing
-    report = summarize(samples, missing_rows=len(rows) - answered)
+    inputs = responses_input(files, responses_path)
+    return score_input(inputs, server, output, cfg, sample_timeout_s, strict)
+
+
+def evaluate_samples(
+    samples_path: str | Path | list[str | Path],
+    server: str | None = None,
+    *,
+    output: str | Path | None = None,
+    cfg: RewardConfig | None = None,
+    sample_timeout_s: float | None = None,
+    strict: bool = False,
+) -> EvalReport:
+    """:func:`evaluate` of samples files: rows with data_source, response, ground_truth."""
+    files = samples_path if isinstance(samples_path, list) else [samples_path]
+    return score_input(samples_input(files), server, output, cfg, sample_timeout_s, strict)
+
+
+def score_input(
+    inputs: EvalInput,
+    server: str | None,
+    output: str | Path | None = None,
+    cfg: RewardConfig | None = None,
+    sample_timeout_s: float | None = None,
+    strict: bool = False,
+) -> EvalReport:
+    """Scores what the scorer knows of `inputs` and reports it (see :func:`evaluate`)."""
+    cfg = cfg or RewardConfig()
+    known = _known_data_sources(server, cfg)
+    accepts_any = ANY_SOURCE in known
+    scorable = [i for i, it in enumerate(inputs.items) if accepts_any or it.data_source in known]
+    unscored: Counter[str] = Counter(
+        it.data_source for it in inputs.items if not accepts_any and it.data_source not in known
+    )
+    if unscored and (strict or not scorable):
+        name = unscored.most_common(1)[0][0]  # the commonest: likely the one to fix first
+        hint = "" if cfg.reward_model.enable or server else f". {NEEDS_A_REWARD_MODEL}"
+        raise ValueError(f"{UnknownDataSource(name, known)}{hint}")
+    outcomes = _score([inputs.items[i] for i in scorable], server, cfg, sample_timeout_s)
+    samples = []
+    for i, o in zip(scorable, outcomes, strict=True):
+        (index, k), it = inputs.keys[i], inputs.items[i]
+        samples.append(
+            SampleResult(
+                index=index,
+                sample=k,
+                data_source=it.data_source,
+                score=o.score,
+                acc=_acc(o),
+                ok=o.ok,
+                reason=o.reason,
+                pred=o.pred,
+                response=it.response,
+                ground_truth=it.ground_truth,
+            )
+        )
+    report = summarize(samples, missing_rows=inputs.missing_rows)
+    report.unscored = dict(sorted(unscored.items()))
+    report.known = known if unscored else []
     if output is not None:
         write_report(report, output)
     return report
+
+
+def _known_data_sources(server: str | None, cfg: RewardConfig) -> list[str]:
+    """The data_sources the scorer knows: the server's list, or in process the rule
+    scorers' (and ANY_SOURCE with a custom function or a reward model)."""
+    if server is None:
+        names = known_data_sources()
+        accepts_any = cfg.custom_function or cfg.reward_model.enable
+        return [*names, ANY_SOURCE] if accepts_any else names
+    from meshrl.rpc.role_client import RoleCallError
+    from services.reward.client import RewardClient
+
+    with RewardClient(server, timeout_s=60.0) as client:
+        try:
+            return client.list_scorers()
+        except RoleCallError as e:
+            code = e.code.name if e.code is not None else "ERROR"
+            raise RuntimeError(f"reward server {server}: {code}: {e.details}") from None
 
 
 def _score(
     items: list[ScoreItem], server: str | None, cfg: RewardConfig, sample_timeout_s: float | None
 ) -> list[ScoreOutcome]:
     if server is None:
-        from services.reward.scorers.registry import UnknownDataSource
         from services.reward.scoring import RewardScorer
 
         with RewardScorer(cfg) as scorer:
-            try:
-                return scorer.score(items)
-            except UnknownDataSource as e:
-                hint = "" if cfg.reward_model.enable else f". {NEEDS_A_REWARD_MODEL}"
-                raise ValueError(f"{e}{hint}") from None
+            return scorer.score(items)
     from meshrl.rpc.role_client import RoleCallError
     from services.reward.client import RewardClient
 
@@ -317,6 +340,9 @@ def format_table(report: EvalReport) -> str:
         )
     if report.missing_rows:
         lines.append(f"({report.missing_rows} rows of the data had no response)")
+    if report.unscored:
+        named = ", ".join(f"{ds} {n}" for ds, n in report.unscored.items())
+        lines.append(f"({sum(report.unscored.values())} responses not scored: {named})")
     return "\n".join(lines)
 
 
@@ -345,6 +371,16 @@ def failure_lines(report: EvalReport) -> list[str]:
     ]
 
 
+def unscored_lines(report: EvalReport) -> list[str]:
+    """One warning a data_source whose responses were left unscored, saying why and how to
+    make that an error (``--strict``)."""
+    return [
+        f"warning: data_source {ds!r}: {n} responses not scored, no reward scorer knows it "
+        f"(known: {', '.join(report.known)}); --strict makes this an error"
+        for ds, n in report.unscored.items()
+    ]
+
+
 def in_process_flags(args: argparse.Namespace) -> dict[str, object]:
     """The flags given that only build the in-process scorer (flag -> value): a reward server
     scores with the custom function, workers and reward model it was started with.
@@ -356,6 +392,28 @@ def in_process_flags(args: argparse.Namespace) -> dict[str, object]:
         **{flag: flag_value(args, flag) for flag in RM_FLAGS},
     }
     return {flag: value for flag, value in flags.items() if value is not None}
+
+
+def input_conflict(args: argparse.Namespace) -> str | None:
+    """Why the inputs given are not one of the two kinds (parquet rows and their responses,
+    or samples files), or None."""
+    if args.samples and (args.data or args.responses):
+        return (
+            "--samples cannot be used with --data or --responses: a samples file holds each "
+            "row's data_source, response and ground truth itself"
+        )
+    if args.samples:
+        return None
+    if args.data and args.responses:
+        return None
+    if args.data:
+        return "--data needs --responses FILE, the responses to its rows"
+    if args.responses:
+        return "--responses needs --data FILE..., the parquet rows its indexes name"
+    return (
+        "nothing to score: give --data FILE... with --responses FILE, or --samples FILE... "
+        "of rows with data_source, response and ground_truth"
+    )
 
 
 def server_conflict(args: argparse.Namespace) -> str | None:
@@ -395,15 +453,20 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:  # a reward-model setting without --reward-model
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_ARGUMENTS
+    if problem := input_conflict(args):
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENTS
+    settings = {
+        "output": args.output,
+        "cfg": cfg,
+        "sample_timeout_s": args.timeout_s,
+        "strict": args.strict,
+    }
     try:
-        report = evaluate(
-            args.data,
-            args.responses,
-            args.server,
-            output=args.output,
-            cfg=cfg,
-            sample_timeout_s=args.timeout_s,
-        )
+        if args.samples:
+            report = evaluate_samples(args.samples, args.server, **settings)
+        else:
+            report = evaluate(args.data, args.responses, args.server, **settings)
     except CustomFunctionError as e:  # --custom-function names nothing loadable: an argument
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_ARGUMENTS
@@ -414,7 +477,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED
     print(format_table(report), flush=True)  # before the failures, which go to stderr
-    for line in failure_lines(report):
+    for line in [*unscored_lines(report), *failure_lines(report)]:
         print(line, file=sys.stderr)
     every_sample_failed = 0 < report.overall.responses == report.overall.failed
     return EXIT_FAILED if every_sample_failed else EXIT_SCORED

@@ -17,6 +17,7 @@ import threading
 import time
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
 
 from pebble import ProcessExpired, ProcessPool
 
@@ -76,13 +77,25 @@ class ScorerPool:
             ) from None
 
     def submit(
-        self, items: list[ScoreItem], timeout_s: float, custom_function: str | None = None
+        self,
+        items: list[ScoreItem],
+        timeout_s: float,
+        custom_function: str | None = None,
+        rule_options: dict[str, dict[str, Any]] | None = None,
     ) -> list[Future]:
-        """Starts scoring `items`; `collect` waits for them."""
+        """Starts scoring `items`; `collect` waits for them. `rule_options`: keyword
+        arguments per scorer family (``scorer_process.score_sample``)."""
         return [
             self._schedule(
                 scorer_process.score_sample,
-                (it.data_source, it.response, it.ground_truth, it.extra_info, custom_function),
+                (
+                    it.data_source,
+                    it.response,
+                    it.ground_truth,
+                    it.extra_info,
+                    custom_function,
+                    rule_options,
+                ),
                 timeout_s,
             )
             for it in items
@@ -117,9 +130,13 @@ class ScorerPool:
         return [_outcome(f, timeout_s) for f in futures]
 
     def score(
-        self, items: list[ScoreItem], timeout_s: float, custom_function: str | None = None
+        self,
+        items: list[ScoreItem],
+        timeout_s: float,
+        custom_function: str | None = None,
+        rule_options: dict[str, dict[str, Any]] | None = None,
     ) -> list[ScoreOutcome]:
-        return self.collect(self.submit(items, timeout_s, custom_function), timeout_s)
+        return self.collect(self.submit(items, timeout_s, custom_function, rule_options), timeout_s)
 
     @staticmethod
     def cancel(futures: list[Future]) -> None:

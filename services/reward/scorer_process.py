@@ -13,7 +13,7 @@ import resource
 from typing import Any
 
 from services.reward.scorers.custom import CustomFunctionError, load_custom_function
-from services.reward.scorers.registry import get_answer_reader, get_scorer
+from services.reward.scorers.registry import family_of, get_answer_reader, get_scorer
 from services.reward.types import ScoreOutcome
 
 
@@ -73,16 +73,21 @@ def score_sample(
     ground_truth: str,
     extra_info: dict[str, Any],
     custom_function: str | None,
+    rule_options: dict[str, dict[str, Any]] | None = None,
 ) -> ScoreOutcome:
-    """One sample's outcome; raises ScorerError (what the scorer raised) or BadScore."""
+    """One sample's outcome; raises ScorerError (what the scorer raised) or BadScore.
+
+    ``rule_options``: keyword arguments per scorer family (``{"gsm8k": {"method":
+    "lenient"}}``), given to its ``compute_score`` and ``read_answer`` alike."""
     pred = None  # a custom function gives its own, or none
     try:
         if custom_function:
             fn = load_custom_function(custom_function)
             value = fn(data_source, response, ground_truth, extra_info)
         else:
-            value = get_scorer(data_source)(response, ground_truth, extra_info)
-            pred = get_answer_reader(data_source)(response, extra_info) or ""
+            options = (rule_options or {}).get(family_of(data_source), {})
+            value = get_scorer(data_source)(response, ground_truth, extra_info, **options)
+            pred = get_answer_reader(data_source)(response, extra_info, **options) or ""
     except BaseException as e:  # noqa: BLE001 - any failure is this sample's; see ScorerError
         raise ScorerError.of(e) from None
     outcome = coerce(value)

@@ -17,7 +17,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from meshrl.config.schema import RewardConfig
 from services.reward.pool import DEFAULT_MEMORY_LIMIT_MB, ScorerPool
@@ -68,6 +68,11 @@ class RewardScorer:
             self.pool.close()
             raise
 
+    @property
+    def _rule_options(self) -> dict[str, dict[str, Any]]:
+        """The rule scorers' keyword arguments per family, from the config."""
+        return {"gsm8k": {"method": self.cfg.gsm8k_method}}
+
     def known_data_sources(self) -> list[str]:
         names = known_data_sources()
         return names + [ANY_SOURCE] if self._accepts_any else names
@@ -101,7 +106,7 @@ class RewardScorer:
         timeout = timeout_s if timeout_s and timeout_s > 0 else self.cfg.timeout_s
         custom = self.cfg.custom_function
         ruled = [i for i, it in enumerate(items) if custom or it.data_source in DATA_SOURCES]
-        pending = self.pool.submit([items[i] for i in ruled], timeout, custom)
+        pending = self.pool.submit([items[i] for i in ruled], timeout, custom, self._rule_options)
         cancelled = threading.Event()  # read by the reward model between micro-batches
 
         def cancel() -> None:

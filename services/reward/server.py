@@ -1,6 +1,6 @@
 """Reward server: gRPC glue around RewardScorer.
 
-    python -m services.reward.server --port 50053 [--custom-function f.py:fn] [--reward-model DIR]
+    python -m services.reward.server --port 50055 [--custom-function f.py:fn] [--reward-model DIR]
 
 Ready (health SERVING) as soon as the rule scorers' workers are up; Initialize applies a run's
 ``reward`` section (custom function, timeouts, workers, reward model) by building a new scorer
@@ -29,6 +29,7 @@ from meshrl.config.loader import ConfigError, config_from_yaml
 from meshrl.config.schema import RewardConfig
 from meshrl.rpc.call_count import CallCount
 from meshrl.rpc.call_markers import CallMarkers
+from meshrl.rpc.metrics_port import use_metrics_port
 from meshrl.rpc.server import GrpcServer, ServiceError, StopSignal, exit_at_once, rpc_method
 from services.reward.arguments import add_serve_arguments, reward_config, reward_model_settings
 from services.reward.convert import item_from_proto, outcome_to_proto
@@ -236,6 +237,7 @@ def shut_down(server: GrpcServer, servicer: RewardServicer) -> None:
 def serve_from_args(args: argparse.Namespace) -> None:
     """`serve` with the arguments of `add_serve_arguments`; ConfigError (exit 2 for both
     commands) when it cannot start as asked (see `start_up_errors`)."""
+    use_metrics_port(args)
     serve(
         args.host,
         args.port,

@@ -32,12 +32,14 @@ from meshrl.api.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from meshrl.config import config_from_yaml
 from meshrl.gpus import gpu_names
 from meshrl.rpc.call_markers import CallMarkers
+from meshrl.rpc.metrics_port import add_metrics_port_argument, use_metrics_port
 from meshrl.rpc.server import GrpcServer, ServiceError, StopSignal, exit_at_once, rpc_method
 from meshrl.weight_sync.group import WeightGroupError
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
 from meshrl.wire import ragged_from_proto, tensor_to_proto
 from services.rollout.convert import generation_to_proto, sampling_from_proto
 from services.rollout.engine import GenerationCancelled, MemoryReleasedError
+from services.rollout.metrics import count_generation, report_weight_version
 from services.rollout.worker import (
     NotInitializedError,
     NoWeightGroupError,
@@ -100,6 +102,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.worker = worker
         self._on_ready = on_ready
         self.markers = CallMarkers("rollout")  # "rpc Generate #k started/finished" log lines
+        report_weight_version(lambda: worker.engine.weight_version if worker.ready else -1)
 
     def _info(self) -> common_pb2.ServerInfo:
         ready = self.worker.ready
@@ -143,6 +146,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             except GenerationCancelled as e:
                 log.info("Generate: %s (its RPC ended: the caller left or the server stops)", e)
                 raise
+        count_generation(prompts, result.responses, result.finish_reasons)
         return generation_to_proto(result)
 
     @_rollout_rpc
@@ -215,7 +219,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="meshrl rollout server")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (logged)")
+    add_metrics_port_argument(parser)
     args = parser.parse_args(argv)
+    use_metrics_port(args)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -41,7 +41,8 @@ class MiniBatch:
 
     rows: torch.Tensor  # (n,) int64, every rank's rows
     token_count: int  # response tokens of the whole mini-batch (all ranks)
-    seq_count: int  # sequences of the whole mini-batch (all ranks)
+    seq_count: int  # sequences of the whole mini-batch (all ranks) with a response token
+    # (a fully masked row is left out of N_seq, as verl's agg_loss leaves it out)
     micro_batches: list[MicroBatch]  # this rank's; the same count on every rank
 
 
@@ -110,7 +111,7 @@ def _plan_mini_batch(
     return MiniBatch(
         rows=rows,
         token_count=int(lengths[rows].sum()),
-        seq_count=rows.numel(),
+        seq_count=int((lengths[rows] > 0).sum()),
         micro_batches=micro,
     )
 
@@ -140,7 +141,7 @@ def _plan_by_tokens(
     return MiniBatch(
         rows=rows,
         token_count=int(response_lengths[rows].sum()),
-        seq_count=rows.numel(),
+        seq_count=int((response_lengths[rows] > 0).sum()),
         micro_batches=micro,
     )
 

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from meshrl.api.v1 import common_pb2, trainer_pb2_grpc
 from meshrl.rpc.call_count import CallCount
 from meshrl.rpc.call_markers import CallMarkers
+from meshrl.rpc.metrics_port import add_metrics_port_argument, use_metrics_port
 from meshrl.rpc.server import GrpcServer, ServiceError, StopSignal, exit_at_once, rpc_method
 from meshrl.weight_sync.group import WeightGroupError
 from meshrl.weight_sync.types import GroupSpec
@@ -361,7 +362,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--role", required=True, choices=sorted(ROLES))
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    add_metrics_port_argument(parser)
     args = parser.parse_args(argv)
+    use_metrics_port(args)
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(
         level=logging.INFO,

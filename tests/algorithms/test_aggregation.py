@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshrl.algorithms.aggregation import LOSS_AGG_MODES, aggregate_loss
+from meshrl.algorithms.aggregation import LOSS_AGG_MODES, aggregate_loss, sequence_count
 
 NAN = float("nan")
 # Rows of length 3, 1 and 4 (padding in the middle of the batch); nan under padding.
@@ -36,9 +36,15 @@ def test_hand_computed(mode, kwargs, expected):
 
 def test_empty_row_and_empty_batch():
     mask = MASK.clone()
-    mask[1] = 0.0  # row 1 now has no token: token-mean 32 / 7, seq-means count it as 0
+    mask[1] = 0.0  # row 1 now has no token: token-mean 32 / 7
     assert aggregate_loss(LOSS, mask, "token-mean").item() == pytest.approx(32 / 7)
-    assert aggregate_loss(LOSS, mask, "seq-mean-token-mean").item() == pytest.approx(8.5 / 3)
+    # The seq-means leave the empty row out of N_seq (verl 0.9.1): rows 0 and 2 remain,
+    # sums 6 and 26, means 2 and 6.5 (before, N_seq was 3: 8.5 / 3 and 32 / 3).
+    assert sequence_count(mask).item() == 2
+    assert aggregate_loss(LOSS, mask, "seq-mean-token-mean").item() == pytest.approx(8.5 / 2)
+    assert aggregate_loss(LOSS, mask, "seq-mean-token-sum").item() == pytest.approx(32 / 2)
+    # T = 4 (the width): 32 / (2 * 4)
+    assert aggregate_loss(LOSS, mask, "seq-mean-token-sum-norm").item() == pytest.approx(4.0)
     for mode in LOSS_AGG_MODES:
         assert aggregate_loss(LOSS, torch.zeros_like(MASK), mode).item() == 0.0
 
@@ -78,7 +84,7 @@ def test_micro_batches_with_global_counts_sum_to_mini_batch_loss(batch, mode, tr
     full = aggregate_loss(loss, mask, mode)
     counts = {
         "global_token_count": mask.sum(),
-        "global_seq_count": loss.shape[0],
+        "global_seq_count": sequence_count(mask),
         "norm_length": loss.shape[1],
     }
     total = torch.zeros((), dtype=loss.dtype)

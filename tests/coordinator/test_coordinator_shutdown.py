@@ -38,7 +38,7 @@ class FakePPO:
 
     def __init__(self, cfg, endpoints, run_dir, sinks, restarter):
         self.sinks, self.total_steps = sinks, 10_000
-        self.state = SimpleNamespace(step=0)
+        self.progress = SimpleNamespace(step=0)
         self.stopped = threading.Event()
 
     def setup(self, data=None):
@@ -46,17 +46,17 @@ class FakePPO:
 
     @property
     def finished(self):
-        return self.state.step >= self.total_steps
+        return self.progress.step >= self.total_steps
 
     def stop(self):
         self.stopped.set()
 
     def train(self):
-        while self.state.step < self.total_steps and not self.stopped.is_set():
+        while self.progress.step < self.total_steps and not self.stopped.is_set():
             time.sleep(0.05)
-            self.state.step += 1
+            self.progress.step += 1
             for sink in self.sinks:
-                sink.log(self.state.step, {"critic/score/mean": 0.5})
+                sink.log(self.progress.step, {"critic/score/mean": 0.5})
 
     def close(self, error=None):
         pass
@@ -121,11 +121,10 @@ class ResumingPPO(FakePPO):
         self.cfg, self.run_dir = cfg, run_dir
 
     def setup(self, data=None):
-        from services.coordinator.run import PPORun
+        from services.coordinator.checkpointing import CheckpointManager
+        from services.coordinator.run_checkpoints import resume_folder
 
-        run = PPORun.__new__(PPORun)  # only its resume_folder: no role clients
-        run.cfg = self.cfg
-        run.resume_folder()
+        resume_folder(self.cfg, CheckpointManager(self.run_dir))
 
 
 def test_a_run_whose_resume_checkpoint_does_not_verify_is_rejected_exit_2(tmp_path):

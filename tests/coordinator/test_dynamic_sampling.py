@@ -242,11 +242,11 @@ def test_a_retried_step_draws_the_same_further_prompts(tmp_path):
     from tests.coordinator.test_run_bookkeeping import make_run
 
     run = make_run(tmp_path)
-    run.loader = PromptLoader(list(range(100)), 4, shuffle=False)
+    run.progress.loader = PromptLoader(list(range(100)), 4, shuffle=False)
     first = run.draw_records(2)  # a step that drew two further batches, then failed
     assert run.draw_records(1) == [0, 1, 2, 3] and first == [4, 5, 6, 7]
     assert run.draw_records(2) == first  # the retry: nothing new taken from the loader
-    assert run.loader.state_dict()["batch_in_epoch"] == 2
+    assert run.progress.loader.state_dict()["batch_in_epoch"] == 2
 
 
 # --- DAPO's soft overlong punishment, applied to the step's scores ---------------------------

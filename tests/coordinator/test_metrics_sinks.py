@@ -350,7 +350,7 @@ def test_a_managed_run_whose_training_fails_closes_its_run_with_the_error(tmp_pa
     closed = []
 
     class FailingPPO:
-        total_steps, state = 4, SimpleNamespace(step=0)
+        total_steps, progress = 4, SimpleNamespace(step=0)
 
         def setup(self, data=None):
             pass

@@ -125,15 +125,17 @@ def mesh_run(tmp_path, *overrides, steps=4, seconds=0.02, fail_at=None):
     0, 1, 2, ... in order); the KV-cache hand-over on, as on a shared GPU."""
     cfg = ["trainer.one_step_off_policy=true", "actor_rollout_ref.rollout.n=2", *overrides]
     run = make_run(tmp_path, cfg)
-    run.loader = PromptLoader([Record(i) for i in range(1000)], 4, shuffle=False)
+    run.progress.loader = PromptLoader([Record(i) for i in range(1000)], 4, shuffle=False)
     run.total_steps = steps
     events = Events()
     rollout, actor = Rollout(events, seconds), Actor(events, fail_at)
-    run.roles = Roles(rollouts=[rollout], actor=actor, reward=Reward())
+    run.servers.roles = Roles(rollouts=[rollout], actor=actor, reward=Reward())
     run.tokenizer = Tokenizer()
 
     def step_runner() -> PPOStep:
-        runner = PPOStep(run.cfg, run.roles, Tokenizer(), Syncer(rollout), run.kl_ctrl)
+        runner = PPOStep(
+            run.cfg, run.servers.roles, Tokenizer(), Syncer(rollout), run.progress.kl_ctrl
+        )
         runner.memory = RolloutMemory([rollout], enabled=True)
         return runner
 
@@ -166,14 +168,14 @@ def test_the_next_batch_is_generated_while_the_step_trains(tmp_path):
 
 def test_a_retried_step_trains_on_its_own_prompts_with_the_resynced_weights(tmp_path):
     run, events, rows, step_runner = mesh_run(tmp_path, "launcher.max_restarts=1", fail_at=2)
-    run.restarter = object()
+    run.recovery.restarter = object()
 
     def recover(err, updated=False):  # a restarted actor, nothing lost: retry in place
         run.step_runner = step_runner()
-        run.step_runner.syncer.sync(run.state.step - 1)
+        run.step_runner.syncer.sync(run.progress.step - 1)
         return False
 
-    run.recover = recover
+    run.recovery.recover = recover
     run.train()
     assert [e[1:] for e in events.log if e[0] == "update"] == [(1, 0), (2, 4), (3, 8), (4, 12)]
     # step 2's retry generates its own batch (the one made ahead went with the failed try),
@@ -186,30 +188,33 @@ def test_a_stop_during_a_steps_generation_starts_no_batch_ahead(tmp_path):
     """Before, the next batch was started all the same, and the stop's sync, checkpoint and
     exit waited for a generation that was then thrown away."""
     run, events, rows, _ = mesh_run(tmp_path, steps=10)
-    generate = run.roles.rollouts[0].generate
+    generate = run.servers.roles.rollouts[0].generate
 
     def stop_while_generating(prompts, sampling):
         if prompts.tolist()[0][0] == 0:  # step 1's own batch
             run.stop()
         return generate(prompts, sampling)
 
-    run.roles.rollouts[0].generate = stop_while_generating
+    run.servers.roles.rollouts[0].generate = stop_while_generating
     run.train()
     assert [e[1:] for e in events.log if e[0] == "update"] == [(1, 0)]  # the step ends
     assert [e[1] for e in events.log if e[0] == "gen start"] == [0]  # none for step 2
     assert ("release",) in events.log  # nothing ahead: the KV cache went to the trainers
     # the stop's checkpoint resumes at step 2's prompts
-    [saved] = [run.checkpoints.load_state(f) for f in run.checkpoints.root.glob("global_step_*")]
+    [saved] = [
+        run.checkpoints.manager.load_state(f)
+        for f in run.checkpoints.manager.root.glob("global_step_*")
+    ]
     assert (saved.step, saved.loader["batch_in_epoch"]) == (1, 1)
 
 
 def test_a_rewind_forgets_the_prompts_drawn_ahead(tmp_path):
     run, _, _, _ = mesh_run(tmp_path)
-    run.state.step = 1
-    run.loader.next_batch()
+    run.progress.step = 1
+    run.progress.loader.next_batch()
     run.ahead.start(2, run.next_step_prompts(), lambda records, step: records)
     run.ahead.settle()
     assert run.ahead.prompts_for(2) is not None
-    run.rewind()  # no checkpoint yet: back to step 0, the loader from the start
-    assert run.ahead.prompts_for(2) is None and run.state.step == 0
-    assert run.loader.next_batch()[1][0].prompt_ids == [0]
+    run.recovery.rewind()  # no checkpoint yet: back to step 0, the loader from the start
+    assert run.ahead.prompts_for(2) is None and run.progress.step == 0
+    assert run.progress.loader.next_batch()[1][0].prompt_ids == [0]

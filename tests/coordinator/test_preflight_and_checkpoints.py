@@ -135,18 +135,18 @@ def test_a_role_server_that_refuses_the_config_at_initialize_is_a_wrong_request(
     nowhere = Endpoints(rollout=["127.0.0.1:9"], actor="127.0.0.1:9", reward="127.0.0.1:9")
     cfg = build_config({}, ["trainer.logger=[console]", "trainer.plot=false"])
     run = PPORun(cfg, nowhere, tmp_path / "run")
-    for name, client in run.named_clients().items():
+    for name, client in run.servers.named().items():
 
         def refuse(config_yaml, run_dir, name=name):
             raise RoleCallError(name, "10.0.0.2:50051", "Initialize", Refused())
 
         client.initialize = refuse
     with pytest.raises(Exception) as raised:
-        run.initialize_roles()
+        run.servers.initialize()
     # a restarted server (recovery names it) that refuses what its first start took
     # points at the server, not the request: a failure either way
     with pytest.raises(RoleCallError):
-        run.initialize_roles(["actor"])
+        run.servers.initialize(["actor"])
     run.close(error=raised.value)
     assert type(raised.value).__name__ == getattr(ends_as, "__name__", ends_as)
     assert "/models/qwen has no config.json" in str(raised.value)

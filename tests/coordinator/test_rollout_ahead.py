@@ -91,7 +91,7 @@ def test_a_checkpoint_saves_the_loader_from_before_the_prompts_drawn_ahead():
 def ahead_run(tmp_path, overrides=()):
     run = make_run(tmp_path, ["trainer.one_step_off_policy=true", *overrides])
     run.total_steps = 4
-    run.ahead = RolloutAhead()  # as PPORun.__init__ makes it for the config
+    assert run.ahead is not None  # made by PPORun for trainer.one_step_off_policy
     return run
 
 
@@ -130,7 +130,7 @@ def test_each_step_trains_on_the_prompts_drawn_for_it_and_none_is_skipped(tmp_pa
     # the checkpoint of step 2 resumes at step 3's prompts, though they were drawn already
     saved = [
         CheckpointManager(run.run_dir).load_state(f)
-        for f in sorted(run.checkpoints.root.glob("global_step_*"))
+        for f in sorted(run.checkpoints.manager.root.glob("global_step_*"))
     ]
     assert [(s.step, s.loader["batch_in_epoch"]) for s in saved] == [(2, 2), (4, 4)]
 
@@ -139,25 +139,25 @@ def test_the_checkpoint_of_a_run_one_step_off_policy_resumes_at_the_next_steps_p
     tmp_path,
 ):
     run = ahead_run(tmp_path)
-    run.state.step = 1
-    run.loader.next_batch()  # step 1's
+    run.progress.step = 1
+    run.progress.loader.next_batch()  # step 1's
     run.ahead.start(2, run.next_step_prompts(), lambda r, s: r)
     run.ahead.settle()
-    folder = run.save_checkpoint()
+    folder = run.checkpoints.save()
     resumed = ahead_run(tmp_path / "again")
-    resumed.load_checkpoint(folder)
-    assert resumed.loader.next_batch()[1] == [4, 5, 6, 7]  # step 2's, drawn again
+    resumed.checkpoints.load(folder)
+    assert resumed.progress.loader.next_batch()[1] == [4, 5, 6, 7]  # step 2's, drawn again
     run.ahead.close()
     resumed.ahead.close()
 
 
 def test_no_prompts_are_drawn_ahead_of_the_last_step_or_after_a_stop(tmp_path):
     run = ahead_run(tmp_path)
-    run.state.step = 3
+    run.progress.step = 3
     assert run.next_step_prompts() is not None
-    run.state.step = 4  # the last
+    run.progress.step = 4  # the last
     assert run.next_step_prompts() is None
-    run.state.step = 2
+    run.progress.step = 2
     run.stop()
     assert run.next_step_prompts() is None
     run.ahead.close()
@@ -182,14 +182,14 @@ def test_a_failed_step_drops_its_batch_ahead_and_a_rewind_forgets_its_prompts(tm
     rewinds = []
 
     def rewind_to_start(err, updated=False):
-        rewinds.append(run.state.step)
+        rewinds.append(run.progress.step)
         run.ahead.forget()  # as rewind() does
-        run.state.step = 0
-        run.loader.load_state_dict({"epoch": 0, "batch_in_epoch": 0, "seed": 1})
+        run.progress.step = 0
+        run.progress.loader.load_state_dict({"epoch": 0, "batch_in_epoch": 0, "seed": 1})
         return True
 
     run.step_runner = type("Runner", (), {"run": staticmethod(step)})()
-    run.recover = rewind_to_start
+    run.recovery.recover = rewind_to_start
     run.train()
     assert attempts == [1, 2, 1, 2, 3] and rewinds == [2]
     # after the rewind the loader serves from the start again: step 3's prompts of the

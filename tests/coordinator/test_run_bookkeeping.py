@@ -9,7 +9,6 @@ from pathlib import Path
 import grpc
 import pytest
 
-from meshrl.algorithms.kl import make_kl_controller
 from meshrl.api.v1 import common_pb2
 from meshrl.config import build_config
 from meshrl.data.loader import PromptLoader
@@ -50,12 +49,9 @@ def make_run(run_dir, overrides=(), sinks=(), restarter=None) -> PPORun:
     run = PPORun(
         build_config({}, [*GRPO, *overrides]), ENDPOINTS, run_dir, list(sinks), None, restarter
     )
-    run.roles.actor = FakeActor()
-    run.loader = PromptLoader(list(range(1000)), 4, shuffle=False)
-    run.kl_ctrl = make_kl_controller("fixed")
-    run.checkpoints = CheckpointManager(run.run_dir)
+    run.servers.roles.actor = FakeActor()
+    run.progress.loader = PromptLoader(list(range(1000)), 4, shuffle=False)
     run.total_steps = 25
-    run.val_set = None
     return run
 
 
@@ -71,24 +67,24 @@ def test_rewind_after_resuming_from_another_folder_goes_back_there(tmp_path):
     # run saved a checkpoint of its own: the run must go back to step 50, not to step 0.
     earlier = write_checkpoint(tmp_path / "earlier", 50)
     run = make_run(tmp_path / "now", [f"trainer.resume_mode={earlier}"])
-    run.resume()
-    run.state.step = 53
-    run.rewind()
-    assert run.state.step == 50
-    assert run.loader.state_dict()["batch_in_epoch"] == 50
-    assert run.roles.actor.loaded == [str(earlier / "actor")] * 2
+    run.checkpoints.resume()
+    run.progress.step = 53
+    run.recovery.rewind()
+    assert run.progress.step == 50
+    assert run.progress.loader.state_dict()["batch_in_epoch"] == 50
+    assert run.servers.roles.actor.loaded == [str(earlier / "actor")] * 2
 
 
 def test_rewind_prefers_the_checkpoint_the_run_saved(tmp_path):
     earlier = write_checkpoint(tmp_path / "earlier", 50)
     run = make_run(tmp_path / "now", [f"trainer.resume_mode={earlier}"])
-    run.resume()
-    run.state.step = 60
-    newer = run.save_checkpoint()
-    run.state.step = 63
-    run.rewind()
-    assert run.state.step == 60
-    assert run.roles.actor.loaded[-1] == str(newer / "actor")
+    run.checkpoints.resume()
+    run.progress.step = 60
+    newer = run.checkpoints.save()
+    run.progress.step = 63
+    run.recovery.rewind()
+    assert run.progress.step == 60
+    assert run.servers.roles.actor.loaded[-1] == str(newer / "actor")
 
 
 def test_resuming_an_older_step_sets_the_later_history_aside(tmp_path):
@@ -96,32 +92,35 @@ def test_resuming_an_older_step_sets_the_later_history_aside(tmp_path):
     # history: a crash must not rewind to it, `auto` must not resume from it, and pruning
     # (max_ckpt_to_keep=1) must not delete this run's own step-15 save in its favour.
     step10, step20 = write_checkpoint(tmp_path, 10), write_checkpoint(tmp_path, 20)
-    run = make_run(tmp_path, [f"trainer.resume_mode={step10}"])
-    run.checkpoints = CheckpointManager(run.run_dir, max_to_keep=1)
-    run.resume()
+    run = make_run(tmp_path, [f"trainer.resume_mode={step10}", "trainer.max_ckpt_to_keep=1"])
+    run.checkpoints.resume()
     assert not step20.exists()
-    (aside,) = run.checkpoints.root.glob("abandoned-*")
+    (aside,) = run.checkpoints.manager.root.glob("abandoned-*")
     assert (aside / "global_step_20" / "actor").is_dir()  # moved, not deleted
-    run.state.step = 13
-    run.rewind()
-    assert run.state.step == 10
-    run.state.step = 15
-    own = run.save_checkpoint()
-    assert own.is_dir() and run.checkpoints.latest_valid() == own
-    run.state.step = 17
-    run.rewind()
-    assert run.state.step == 15
+    run.progress.step = 13
+    run.recovery.rewind()
+    assert run.progress.step == 10
+    run.progress.step = 15
+    own = run.checkpoints.save()
+    assert own.is_dir() and run.checkpoints.manager.latest_valid() == own
+    run.progress.step = 17
+    run.recovery.rewind()
+    assert run.progress.step == 15
 
 
 def test_starting_over_in_a_used_folder_never_rewinds_into_its_old_checkpoints(tmp_path):
     write_checkpoint(tmp_path, 40)
     run = make_run(tmp_path, ["trainer.resume_mode=disable"])
-    run.resume()
-    assert run.checkpoints.latest_valid() is None
-    run.state.step = 3
-    run.rewind()
-    assert run.state.step == 0
-    assert run.roles.actor.loaded == ["initialized from the model"]
+    run.checkpoints.resume()
+    assert run.checkpoints.manager.latest_valid() is None
+    run.progress.step = 3
+    run.recovery.rewind()
+    assert run.progress.step == 0
+    assert run.servers.roles.actor.loaded == ["initialized from the model"]
+
+
+VALIDATION = object()
+"""A run's validation, called through ``PPORun.validate``, which the tests replace."""
 
 
 def _stub_steps(run: PPORun) -> None:
@@ -131,18 +130,18 @@ def _stub_steps(run: PPORun) -> None:
 def test_a_dead_server_during_validation_is_recovered_not_fatal(tmp_path):
     run = make_run(tmp_path, ["trainer.test_freq=1"], restarter=object())
     _stub_steps(run)
-    run.total_steps, run.val_set = 2, ["a prompt"]
+    run.total_steps, run.validation = 2, VALIDATION
     validations = []
 
     def validate():
-        validations.append(run.state.step)
+        validations.append(run.progress.step)
         if len(validations) == 1:
             raise RoleCallError("rollout", "127.0.0.1:1", "Generate", Unavailable())
         return {"val-core/x/acc/mean@1": 1.0}
 
     recovered = []
     run.validate = validate
-    run.recover = lambda err, updated=False: recovered.append(updated) or False
+    run.recovery.recover = lambda err, updated=False: recovered.append(updated) or False
     last = run.train()
     assert validations == [1, 1, 2]  # step 1's validation ran again after the restart
     assert recovered == [True]  # rollout gets step 1's weights back: its updates are done
@@ -152,7 +151,7 @@ def test_a_dead_server_during_validation_is_recovered_not_fatal(tmp_path):
 def test_validation_failure_without_a_restarter_still_fails_the_run(tmp_path):
     run = make_run(tmp_path, ["trainer.test_freq=1"])
     _stub_steps(run)
-    run.total_steps, run.val_set = 2, ["a prompt"]
+    run.total_steps, run.validation = 2, VALIDATION
     run.validate = lambda: (_ for _ in ()).throw(
         RoleCallError("rollout", "127.0.0.1:1", "Generate", Unavailable())
     )
@@ -168,10 +167,10 @@ def test_validation_failure_without_a_restarter_still_fails_the_run(tmp_path):
 def test_a_stop_saves_each_step_once(tmp_path, stop_at, saved_steps):
     run = make_run(tmp_path, ["trainer.save_freq=2"])
     saved = []
-    run.save_checkpoint = lambda: saved.append(run.state.step)
+    run.checkpoints.save = lambda: saved.append(run.progress.step)
 
     def step(records):
-        if run.state.step == stop_at:
+        if run.progress.step == stop_at:
             run.stop()  # Ctrl-C during this step
         return {"critic/score/mean": 0.5}
 
@@ -196,12 +195,12 @@ def test_a_crash_that_recurs_after_each_rewind_ends_the_run(tmp_path):
         return {"critic/score/mean": 0.5}
 
     def rewind_to_start(err, updated=False):
-        run.state.step = 0
-        run.loader.load_state_dict({"epoch": 0, "batch_in_epoch": 0, "seed": 1})
+        run.progress.step = 0
+        run.progress.loader.load_state_dict({"epoch": 0, "batch_in_epoch": 0, "seed": 1})
         return True
 
     run.step_runner = type("Runner", (), {"run": staticmethod(step)})()
-    run.recover = rewind_to_start
+    run.recovery.recover = rewind_to_start
     with pytest.raises(RoleCallError, match="UpdatePolicy"):
         run.train()
     assert attempts == [1, 2, 1, 2, 1, 2]  # the first try and 2 restarts
@@ -213,19 +212,22 @@ def test_a_run_out_of_restarts_says_so_and_where_it_resumes_from(tmp_path, caplo
     error alone: `actor at ... failed during UpdatePolicy: UNAVAILABLE: Socket closed`."""
     run = make_run(tmp_path / "run", ["launcher.max_restarts=0"], restarter=object())
     if checkpoint == "own":
-        run.last_saved = write_checkpoint(tmp_path / "run", 2)
+        run.checkpoints.last_saved = write_checkpoint(tmp_path / "run", 2)
     if checkpoint == "elsewhere":  # resumed by resume_mode=<path> from another run's folder
-        run.resumed_from = write_checkpoint(tmp_path / "earlier", 2)
+        run.checkpoints.resumed_from = write_checkpoint(tmp_path / "earlier", 2)
     err = RoleCallError("actor", "127.0.0.1:2", "UpdatePolicy", Unavailable())
     with caplog.at_level("ERROR"), pytest.raises(RoleCallError):
-        run.count_failure(3, err, "step 3 failed")
+        run.recovery.count_failure(3, err, "step 3 failed")
     said = caplog.text
     assert "launcher.max_restarts=0 recoveries of this step are spent, so the run ends" in said
     if checkpoint == "own":
-        assert f"its last checkpoint, {run.last_saved}, resumes it: run it again with " in said
+        assert (
+            f"its last checkpoint, {run.checkpoints.last_saved}, resumes it: run it again with "
+            in said
+        )
         assert "trainer.resume_mode=auto" in said
     elif checkpoint == "elsewhere":  # auto would find nothing in this run's folder
-        assert f"run it again with trainer.resume_mode={run.resumed_from}" in said
+        assert f"run it again with trainer.resume_mode={run.checkpoints.resumed_from}" in said
     else:
         assert "it has no checkpoint yet (trainer.save_freq)" in said
 
@@ -237,7 +239,7 @@ def test_a_resume_path_that_does_not_verify_is_a_config_error_naming_the_key(tmp
     (partial / "MANIFEST.json").unlink()
     run = make_run(tmp_path / "now", [f"trainer.resume_mode={partial}"])
     with pytest.raises(ConfigError, match=r"trainer.resume_mode: .*no MANIFEST.json"):
-        run.resume()
+        run.checkpoints.resume()
 
 
 @pytest.mark.parametrize(
@@ -260,7 +262,7 @@ def test_a_resume_path_that_is_no_checkpoint_says_what_it_is(tmp_path, name, say
         write_checkpoint(path, 5)
     run = make_run(tmp_path / "now", [f"trainer.resume_mode={path}"])
     with pytest.raises(ConfigError, match=f"trainer.resume_mode: {path}: {says}"):
-        run.resume()
+        run.checkpoints.resume()
 
 
 @pytest.mark.parametrize("mode", ["auto", "path"])
@@ -387,18 +389,18 @@ def test_resuming_from_a_checkpoint_of_another_model_is_a_bad_request_saying_how
     def load_checkpoint(path):
         raise RoleCallError("actor", "127.0.0.1:2", "LoadCheckpoint", InvalidArgument())
 
-    run.roles.actor.load_checkpoint = load_checkpoint
+    run.servers.roles.actor.load_checkpoint = load_checkpoint
     with pytest.raises(ConfigError) as e:
-        run.resume()
+        run.checkpoints.resume()
     assert "trainer.resume_mode=auto: actor at 127.0.0.1:2 failed during LoadCheckpoint" in str(e)
     assert "does not fit this role's model" in str(e.value)
     assert "use another trainer.default_local_dir or set trainer.resume_mode=disable" in str(
         e.value
     )
     named = make_run(tmp_path, [f"trainer.resume_mode={tmp_path / 'checkpoints/global_step_7'}"])
-    named.roles.actor.load_checkpoint = load_checkpoint
+    named.servers.roles.actor.load_checkpoint = load_checkpoint
     with pytest.raises(ConfigError, match="name another checkpoint in trainer.resume_mode or set"):
-        named.resume()
+        named.checkpoints.resume()
 
 
 def test_val_only_validates_once_logs_it_and_trains_nothing(tmp_path):
@@ -407,10 +409,10 @@ def test_val_only_validates_once_logs_it_and_trains_nothing(tmp_path):
     logged = []
     sink = type("Sink", (), {"log": lambda self, step, m: logged.append((step, m)), "close": id})
     run = make_run(tmp_path, ["trainer.val_only=true", f"trainer.resume_mode={step10}"], [sink()])
-    run.resume()
+    run.checkpoints.resume()
     assert step20.is_dir()  # an evaluation writes no history: nothing moved
     run.run_step = lambda records: pytest.fail("val_only must not train")
-    run.val_set = ["a prompt"]
+    run.validation = VALIDATION
     run.validate = lambda: {"val-core/x/acc/mean@1": 0.75}
     assert run.train() == {"val-core/x/acc/mean@1": 0.75}
     assert logged == [(10, {"val-core/x/acc/mean@1": 0.75})] and run.finished
@@ -444,7 +446,7 @@ def test_only_an_evaluation_may_leave_out_the_training_files():
 
 def test_val_only_validates_again_after_a_recovery_and_not_at_all_when_stopped(tmp_path):
     run = make_run(tmp_path, ["trainer.val_only=true"], restarter=object())
-    run.val_set = ["a prompt"]
+    run.validation = VALIDATION
     calls = []
 
     def validate():
@@ -454,12 +456,12 @@ def test_val_only_validates_again_after_a_recovery_and_not_at_all_when_stopped(t
         return {"val-core/x/acc/mean@1": 0.5}
 
     run.validate = validate
-    run.recover = lambda err, updated=False: True
+    run.recovery.recover = lambda err, updated=False: True
     assert run.train() == {"val-core/x/acc/mean@1": 0.5} and run.finished
     assert calls == [0, 1]
 
     stopped = make_run(tmp_path / "b", ["trainer.val_only=true"])
-    stopped.val_set = ["a prompt"]
+    stopped.validation = VALIDATION
     stopped.validate = lambda: pytest.fail("a stopped run must not validate")
     stopped.stop()
     assert stopped.train() == {} and not stopped.finished  # exit 3, as a stopped run
@@ -478,15 +480,15 @@ class ServerOn:
 def test_the_run_counts_each_gpu_once_and_a_restarted_server_by_its_new_gpus(tmp_path, caplog):
     run = make_run(tmp_path / "run")
     # a 2-rank actor, rollout on the actor's first GPU, the reward service on the CPU
-    run.roles.actor = ServerOn("GPU-a", "GPU-b")
-    run.roles.rollouts = [ServerOn("GPU-a")]
-    run.roles.reward = ServerOn()
+    run.servers.roles.actor = ServerOn("GPU-a", "GPU-b")
+    run.servers.roles.rollouts = [ServerOn("GPU-a")]
+    run.servers.roles.reward = ServerOn()
     with caplog.at_level(logging.INFO):
-        run.initialize_roles()
-    assert run.role_gpus == {"rollout0": ["GPU-a"], "actor": ["GPU-a", "GPU-b"], "reward": []}
-    assert count_gpus(run.role_gpus.values()) == 2
+        run.servers.initialize()
+    assert run.servers.gpus == {"rollout0": ["GPU-a"], "actor": ["GPU-a", "GPU-b"], "reward": []}
+    assert count_gpus(run.servers.gpus.values()) == 2
     assert "the role servers compute on 2 GPU(s); perf/throughput is per GPU" in caplog.text
 
-    run.roles.actor = ServerOn("GPU-c")  # restarted on one other GPU
-    run.initialize_roles(["actor"])
-    assert count_gpus(run.role_gpus.values()) == 2  # GPU-a (rollout) and GPU-c
+    run.servers.roles.actor = ServerOn("GPU-c")  # restarted on one other GPU
+    run.servers.initialize(["actor"])
+    assert count_gpus(run.servers.gpus.values()) == 2  # GPU-a (rollout) and GPU-c

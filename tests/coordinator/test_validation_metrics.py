@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from meshrl.config import build_config
 from services.coordinator.validation_metrics import (
     SampleResult,
     bootstrap_majority,
@@ -135,3 +136,24 @@ def test_a_sample_the_scorer_failed_counts_as_inaccurate():
         ]
     )
     assert m["val-core/gsm8k/acc/mean@1"] == 0.5
+
+
+def test_gsm8ks_reward_is_core_as_verl_files_it_and_its_accuracy_stays():
+    """verl's GSM8k scorer returns a bare float, so verl's dashboards read
+    val-core/openai/gsm8k/reward/mean@1; meshrl's acc (the demo's held-out accuracy) stays."""
+    from services.coordinator.validation import reward_core
+
+    m = validation_metrics(
+        samples("openai/gsm8k", [[1.0], [0.0], [1.0], [1.0]]), reward_is_core={"openai/gsm8k"}
+    )
+    assert m == {
+        "val-core/openai/gsm8k/acc/mean@1": 0.75,
+        "val-core/openai/gsm8k/reward/mean@1": 1.5,  # acc * 2 in these samples
+    }
+    n4 = validation_metrics(
+        samples("openai/gsm8k", [[1, 0, 0, 1]]), reward_is_core={"openai/gsm8k"}
+    )
+    assert "val-core/openai/gsm8k/reward/best@4/mean" in n4
+    assert "val-aux/openai/gsm8k/reward/std@4" in n4  # only mean, maj and best at n are core
+    assert "openai/gsm8k" in reward_core(build_config({}))
+    assert reward_core(build_config({}, ["reward.custom_function=f.py:fn"])) == frozenset()

@@ -116,6 +116,8 @@ def test_math_json_tree(tmp_path):
     assert (
         test[0]["extra_info"]["level"] == "Level 1" and test[0]["extra_info"]["type"] == "Algebra"
     )
+    # top-level columns too, as verl's math_dataset.py leaves them
+    assert (test[0]["level"], test[0]["type"]) == ("Level 1", "Algebra")
     train = read(tmp_path / "out/train.parquet")
     assert train[0]["reward_model"]["ground_truth"] == "\\left( 3, \\frac{\\pi}{2} \\right)"
 
@@ -130,10 +132,37 @@ def test_math500_jsonl(tmp_path):
         "unique_id": "test/algebra/9.json",
     }
     jsonl(tmp_path / "math_splits/test.jsonl", [rec])
-    assert run("math", tmp_path / "math_splits", tmp_path / "out") == {"test": 1}
-    row = read(tmp_path / "out/test.parquet")[0]
+    assert run("math", tmp_path / "math_splits", tmp_path / "out") == {"math500": 1}
+    row = read(tmp_path / "out/math500.parquet")[0]
     assert row["extra_info"]["level"] == "Level 2"
+    assert (row["level"], row["type"]) == ("Level 2", "Algebra")
     assert row["extra_info"]["unique_id"] == "test/algebra/9.json"
+    assert row["data_source"] == "HuggingFaceH4/MATH-500"
+
+
+def test_math_with_math500_beside_it_keeps_the_full_test_set_apart(tmp_path):
+    """A folder holding both (raw/math: MATH/test/... and math_splits/test.jsonl) gave one
+    test.parquet of 5,500 rows, MATH-500's 500 problems twice in it."""
+    for rel, rec in MATH_TREE.items():
+        p = tmp_path / "math" / "MATH" / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(rec))
+    subset = {
+        "problem": "Solve $x+1=3$.",
+        "solution": "so \\boxed{2}",
+        "answer": "2",
+        "subject": "Algebra",
+        "level": 1,
+        "unique_id": "test/algebra/1.json",
+    }
+    jsonl(tmp_path / "math/math_splits/test.jsonl", [subset])
+    written = run("math", tmp_path / "math", tmp_path / "out")
+    assert written == {"test": 2, "train": 1, "math500": 1}
+    test = read(tmp_path / "out/test.parquet")
+    assert {r["data_source"] for r in test} == {"DigitalLearningGmbH/MATH-lighteval"}
+    assert [r["extra_info"]["index"] for r in test] == [0, 1]
+    (only,) = read(tmp_path / "out/math500.parquet")
+    assert only["extra_info"]["index"] == 0 and only["data_source"] == "HuggingFaceH4/MATH-500"
 
 
 HELLA = {

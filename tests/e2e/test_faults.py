@@ -121,7 +121,7 @@ def test_role_server_killed_inside_its_call(
 ):
     name, role, method, k = VICTIMS[victim]
     monkeypatch.setenv(TEST_SLOW_ENV, f"{role}.{method}={HOLD_S}@{k}")  # servers inherit
-    caplog.set_level(logging.INFO, logger="services.coordinator.run")
+    caplog.set_level(logging.INFO, logger="services.coordinator")
     cfg = build_config({}, _overrides(tiny_model, arithmetic_data, tmp_path))
     last, killer, new_pid, actor_log = run_killing(cfg, tmp_path, name, method, k)
     assert killer.killed.is_set(), f"{name} never started {method} #{k}"
@@ -223,7 +223,7 @@ def test_rollout_killed_while_generating_ahead_one_step_off_policy(
     launcher restarts it and syncs step 3's weights; step 4 then generates its batch itself
     from the prompts drawn for it (weight lag 0), and step 5's is generated ahead again."""
     monkeypatch.setenv(TEST_SLOW_ENV, f"rollout.Generate={HOLD_S}@4")
-    caplog.set_level(logging.INFO, logger="services.coordinator.run")
+    caplog.set_level(logging.INFO, logger="services.coordinator")
     overrides = [*_overrides(tiny_model, arithmetic_data, tmp_path), "trainer.rollout_data_dir=gen"]
     cfg = build_config({}, [*overrides, "trainer.one_step_off_policy=true"])
     last, killer, new_pid, actor_log = run_killing(cfg, tmp_path, "rollout0", "Generate", 4)

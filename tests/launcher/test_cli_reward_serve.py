@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -208,7 +209,9 @@ def _raise(error: BaseException):
 )
 def test_serve_reward_is_reward_serve_with_its_arguments_and_defaults(monkeypatch, argv):
     """Before, `meshrl serve reward` took no --custom-function or --reward-model and
-    listened on any free port, where `meshrl reward serve` listens on 50051."""
+    listened on any free port, where `meshrl reward serve` listens on 50055 (the reward
+    server's port in the mesh's defaults; it was 50051, rollout's, while the docs said
+    50053, the critic's)."""
     from meshrl_app import cli
     from services.reward import server as server_module
 
@@ -216,7 +219,7 @@ def test_serve_reward_is_reward_serve_with_its_arguments_and_defaults(monkeypatc
     monkeypatch.setattr(server_module, "serve_from_args", served.append)
     assert cli.main(argv) == 0
     (args,) = served
-    assert (args.host, args.port, args.custom_function) == ("127.0.0.1", 50051, "my.py:score")
+    assert (args.host, args.port, args.custom_function) == ("127.0.0.1", 50055, "my.py:score")
 
 
 def test_serve_reward_after_its_options_serves_on_the_port_given(monkeypatch):
@@ -227,3 +230,18 @@ def test_serve_reward_after_its_options_serves_on_the_port_given(monkeypatch):
     monkeypatch.setattr(server_module, "serve_from_args", served.append)
     assert cli.main(["serve", "--port", "5305", "reward"]) == 0
     assert served[0].port == 5305 and served[0].num_workers is not None
+
+
+def test_the_reward_servers_default_port_is_the_one_the_docs_and_the_mesh_use():
+    from services.reward.arguments import DEFAULT_PORT
+
+    root = Path(__file__).resolve().parents[2]
+    assert "MESHRL_REWARD_PORT:-50055" in (root / "deploy/compose.yaml").read_text()
+    for doc in ("README.md", "docs/reward.md"):
+        text = (root / doc).read_text()
+        ports = set(re.findall(r"reward (?:serve|\.server) --port (\d+)", text))
+        ports |= set(re.findall(r'RewardClient\("127\.0\.0\.1:(\d+)"', text))
+        ports |= set(re.findall(r"--server 127\.0\.0\.1:(\d+)", text))
+        ports |= set(re.findall(r"reward service alone, port (\d+)", text))
+        assert ports == {str(DEFAULT_PORT)}, (doc, ports)
+    assert f"`--port` defaults to {DEFAULT_PORT}" in (root / "docs/reward.md").read_text()

@@ -199,3 +199,92 @@ def test_a_machine_with_gpus_left_unused_by_the_default_device_is_warned_about()
     )
     assert unused_gpu_warning(default, 0) is None
     assert unused_gpu_warning(build_config({}, ["trainer.device=cuda"]), 2) is None
+
+
+def _unknown_source_run(tmp_path, *overrides):
+    from meshrl.testing.tiny_model import make_tiny_model_dir
+
+    data = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(_rows(["openai/gsm8k", "my/own", "my/own"])), data)
+    return [
+        f"actor_rollout_ref.model.path={make_tiny_model_dir(tmp_path / 'model')}",
+        f"data.train_files=[{data}]",
+        "data.train_batch_size=1",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+        f"trainer.default_local_dir={tmp_path / 'run'}",
+        "trainer.logger=[]",
+        *overrides,
+    ]
+
+
+UNKNOWN_MY_OWN = (
+    "data.train_files: data_source 'my/own' (2 rows) has no reward scorer; the reward server "
+    f"scores {', '.join(known_data_sources())}. Set reward.custom_function to score it "
+    "yourself, or enable reward.reward_model"
+)
+
+
+def test_an_unknown_data_source_is_refused_by_meshrl_run_before_any_server_starts(tmp_path):
+    """Before, found once every role server had started and the reward server listed its
+    scorers (21 s into a run on a loaded machine)."""
+    import subprocess
+    import sys
+
+    config = tmp_path / "run.yaml"
+    config.write_text("{}\n")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "meshrl_app.cli",
+            "run",
+            str(config),
+            *_unknown_source_run(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == f"meshrl: {UNKNOWN_MY_OWN}"
+    assert "Traceback" not in out.stderr
+    assert "starting role servers" not in out.stderr, "no role server was started"
+    assert not (tmp_path / "run" / "logs").exists()
+
+
+def test_a_coordinator_service_rejects_an_unknown_data_source_before_its_servers_start(tmp_path):
+    from services.coordinator.run_manager import ManagedRun
+    from services.coordinator.types import RunState
+
+    class Launcher:
+        started = False
+
+        def start(self):
+            Launcher.started = True
+
+        def stop(self):
+            pass
+
+    cfg = build_config({}, _unknown_source_run(tmp_path))
+    run = ManagedRun("r1", cfg, tmp_path / "run", Launcher(), make_ppo=None)
+    run._main()  # the run's thread, here
+    assert run.status.state == RunState.REJECTED
+    assert run.status.message.endswith(UNKNOWN_MY_OWN)
+    assert not Launcher.started, "no role server started for it"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "known"),
+    [
+        ([], known_data_sources()),
+        (["reward.custom_function=my.py:fn"], ["*"]),
+        # a reward model scores rows the rules do not: the reward server says which, at set-up
+        (["reward.reward_model.enable=true", "reward.reward_model.path=org/rm"], None),
+    ],
+)
+def test_the_scorers_a_run_will_have_are_known_before_its_servers_start_unless_a_model(
+    overrides, known
+):
+    from services.coordinator.preflight import scorers_known_here
+
+    assert scorers_known_here(build_config({}, overrides)) == known

@@ -3,7 +3,8 @@
     python -m meshrl.data.preprocess gsm8k raw/gsm8k data/gsm8k
 
 One module per dataset, each with ``convert(record, split, index)``, ``SPLIT_MAP`` and
-``DATA_SOURCE``; the instructions appended to prompts are verl's, so scores compare.
+``DATA_SOURCE`` (and ``output_split(record, split)`` where a subset gets a file of its own);
+the instructions appended to prompts are verl's, so scores compare.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from types import ModuleType
 
 from meshrl.data.errors import DataError
 from meshrl.data.preprocess import gsm8k, hellaswag, hh_rlhf, math_dataset
-from meshrl.data.preprocess.common import Converted, convert_files, write_splits
+from meshrl.data.preprocess.common import Converted, convert_files, same_split, write_splits
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,8 @@ def convert(name: str, input_path: str | Path) -> Converted:
     if name not in PREPROCESSORS:
         raise DataError(f"unknown dataset {name!r}; known: {', '.join(PREPROCESSORS)}")
     module = PREPROCESSORS[name]
-    return convert_files(input_path, module.convert, module.SPLIT_MAP)
+    output_split = getattr(module, "output_split", same_split)
+    return convert_files(input_path, module.convert, module.SPLIT_MAP, output_split)
 
 
 def run(name: str, input_path: str | Path, output_dir: str | Path) -> dict[str, int]:

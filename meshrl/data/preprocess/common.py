@@ -37,6 +37,14 @@ SPLIT_TOKENS = {
 
 # convert(record, split, index) -> a verl row, or a str saying why the record is skipped.
 Converter = Callable[[dict[str, Any], str, int], "dict[str, Any] | str"]
+# output_split(record, split) -> the output file a record goes to (its split, unless a data set
+# keeps a subset apart: MATH-500 within MATH's test split).
+Router = Callable[[dict[str, Any], str], str]
+
+
+def same_split(record: dict[str, Any], split: str) -> str:
+    """The default :data:`Router`: every record goes to its split's file."""
+    return split
 
 
 @dataclass
@@ -131,9 +139,13 @@ def _open_text(path: Path):
 
 
 def convert_files(
-    input_path: str | Path, convert: Converter, split_map: dict[str, str] | None = None
+    input_path: str | Path,
+    convert: Converter,
+    split_map: dict[str, str] | None = None,
+    output_split: Router = same_split,
 ) -> Converted:
-    """Runs `convert` over every record; `split_map` renames raw splits (e.g. validation->test)."""
+    """Runs `convert` over every record; `split_map` renames raw splits (e.g.
+    validation->test); `output_split` picks each record's output file."""
     out = Converted()
     root = Path(input_path)
     for path in find_raw_files(root):
@@ -144,8 +156,8 @@ def convert_files(
                 "name it (or a folder above it) train, test or validation"
             )
         split = (split_map or {}).get(raw_split, raw_split)
-        rows = out.rows.setdefault(split, [])
         for rec in read_records(path):
+            rows = out.rows.setdefault(output_split(rec, split), [])
             row = convert(rec, split, len(rows))
             if isinstance(row, str):
                 out.skipped[row] = out.skipped.get(row, 0) + 1

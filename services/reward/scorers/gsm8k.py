@@ -1,12 +1,20 @@
-"""GSM8k: the final number of the response against the ground truth, verl's semantics.
+"""GSM8k: the final number of the response against the ground truth.
 
-- ``strict``: the number after the last ``####`` (verl's format: the model must write it);
-- ``flexible``: the last number anywhere in the response.
+Three ways to read the answer (``method``; ``reward.gsm8k_method`` picks the run's):
 
-Commas and ``$`` are stripped, and a sentence's final period (``#### 72.``); then the strings
-must be equal (``"72"`` vs ``"72.0"`` is wrong, as in verl). An extracted but wrong answer
-scores ``format_score``; no answer at all scores 0. Unlike verl, the whole response is
-searched (verl looks at its last 300 characters only).
+- ``strict`` (the default, verl's ``verl/utils/reward_score/gsm8k.py``): the number in the
+  last ``#### N`` (exactly one space after ``####``) of the response's last 300
+  characters, commas removed. ``#### $18``, ``####18``, ``####\\n18`` and an answer
+  before the last 300 characters give nothing, and ``#### 72.`` reads ``72.``: all score 0
+  against ``72``, as in verl.
+- ``flexible`` (verl's): the last number in the last 300 characters, as written (``1,234``
+  stays ``1,234``; a lone ``.`` is skipped).
+- ``lenient`` (meshrl's own): the number after the last ``####`` anywhere in the
+  response, spaces, a newline or a ``$`` allowed between them; commas, ``$`` and a
+  sentence's final period removed, from the ground truth too.
+
+Then the strings must be equal (``"72"`` vs ``"72.0"`` is wrong, as in verl). An extracted
+but wrong answer scores ``format_score``; no answer at all scores 0.
 """
 
 from __future__ import annotations
@@ -14,11 +22,17 @@ from __future__ import annotations
 import re
 from typing import Any
 
-# Written so that no input backtracks quadratically: ``\s*\$?\s*`` and a number allowed to
-# start inside a run of dots took seconds on a 10k-character run of spaces or dots (a
-# degenerate response), i.e. the whole sample timeout. Same matches as the obvious forms.
-_STRICT = re.compile(r"####\s*(?:\$\s*)?(-?[0-9][0-9.,]*|-?\.[0-9][0-9.,]*)")
-_NUMBER = re.compile(r"-?(?<![0-9.,])[0-9.,]*[0-9][0-9.,]*")
+METHODS = ("strict", "flexible", "lenient")
+
+CLIP_CHARS = 300
+"""verl's ``_SOLUTION_CLIP_CHARS``: strict and flexible read only the response's end."""
+
+_VERL_STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
+_VERL_NUMBER = re.compile(r"(\-?[0-9\.\,]+)")
+# Written so that no input backtracks quadratically: lenient reads the whole response, and
+# ``\s*\$?\s*`` or a number allowed to start inside a run of dots took seconds on a
+# 10k-character run of spaces or dots (a degenerate response), the whole sample timeout.
+_LENIENT = re.compile(r"####\s*(?:\$\s*)?(-?[0-9][0-9.,]*|-?\.[0-9][0-9.,]*)")
 
 
 def _clean(number: str) -> str:
@@ -26,23 +40,27 @@ def _clean(number: str) -> str:
 
 
 def extract_answer(solution_str: str, method: str = "strict") -> str | None:
-    """The answer the response gives, cleaned; None when there is none."""
+    """The answer the response gives, read by `method`; None when there is none."""
     if method == "strict":
-        found = _STRICT.findall(solution_str)
-    elif method == "flexible":
-        found = _NUMBER.findall(solution_str)
-    else:
-        raise ValueError(f"method must be strict or flexible, got {method!r}")
-    for candidate in reversed(found):
-        cleaned = _clean(candidate)
-        if cleaned not in ("", "-"):
-            return cleaned
-    return None
+        found = _VERL_STRICT.findall(solution_str[-CLIP_CHARS:])
+        return found[-1].replace(",", "").replace("$", "") if found else None
+    if method == "flexible":
+        numbers = [n for n in _VERL_NUMBER.findall(solution_str[-CLIP_CHARS:]) if n != "."]
+        return numbers[-1] if numbers else None
+    if method == "lenient":
+        for candidate in reversed(_LENIENT.findall(solution_str)):
+            cleaned = _clean(candidate)
+            if cleaned not in ("", "-"):
+                return cleaned
+        return None
+    raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
 
 
-def read_answer(solution_str: str, extra_info: dict[str, Any] | None = None) -> str | None:
-    """The answer :func:`compute_score` judges with its default method."""
-    return extract_answer(solution_str, "strict")
+def read_answer(
+    solution_str: str, extra_info: dict[str, Any] | None = None, *, method: str = "strict"
+) -> str | None:
+    """The answer :func:`compute_score` judges with the same `method`."""
+    return extract_answer(solution_str, method)
 
 
 def compute_score(
@@ -57,4 +75,6 @@ def compute_score(
     answer = extract_answer(solution_str, method)
     if answer is None:
         return 0.0
-    return score if answer == _clean(ground_truth.strip()) else format_score
+    if method == "lenient":
+        ground_truth = _clean(ground_truth.strip())
+    return score if answer == ground_truth else format_score

@@ -24,6 +24,18 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
 
 DATA_SOURCES: dict[str, str] = {name: fam for fam, (_, names) in FAMILIES.items() for name in names}
 
+VERL_SCORES_WITHOUT_ACC = frozenset(
+    {
+        "openai/gsm8k",
+        "lighteval/MATH",
+        "DigitalLearningGmbH/MATH-lighteval",
+        "HuggingFaceH4/MATH-500",
+    }
+)
+"""The data_sources verl's own ``default_compute_score`` scores with a bare float (its
+``gsm8k`` and ``math_reward``), so verl's validation files their reward as the core metric
+(``val-core/openai/gsm8k/reward/mean@1``); meshrl's rule scorers report an ``acc`` as well."""
+
 ScoreFn = Callable[..., float]
 AnswerFn = Callable[..., "str | None"]
 

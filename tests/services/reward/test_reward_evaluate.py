@@ -17,6 +17,7 @@ from services.reward.evaluate import (
     read_responses,
     summarize,
 )
+from services.reward.scorers.registry import known_data_sources
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -415,3 +416,143 @@ def test_reward_model_flags_in_process_that_are_wrong_are_one_line_and_exit_2(
     assert cli_main(eval_argv(files, "--num-workers", "1", "--reward-model", str(not_a_model))) == 2
     [error] = capsys.readouterr().err.splitlines()
     assert error.startswith("error: --reward-model: ") and str(not_a_model) in error
+
+
+def test_an_unknown_data_source_is_left_unscored_and_the_rest_scored(tmp_path, capsys):
+    """Before, one unknown data_source failed the whole evaluation (exit 1, no table)."""
+    data = tmp_path / "d.parquet"
+    rows = [row("openai/gsm8k", "72"), row("my/own", "1"), row("my/own", "2")]
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    responses = tmp_path / "r.jsonl"
+    lines = [{"index": 0, "response": "#### 72"}, {"index": 1, "responses": ["1", "one"]}]
+    lines.append({"index": 2, "response": "2"})
+    responses.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    report = tmp_path / "report.json"
+    argv = ["reward", "eval", "--data", str(data), "--responses", str(responses)]
+    assert cli_main([*argv, "--num-workers", "1", "--output", str(report)]) == 0
+    out, err = capsys.readouterr()
+    assert "openai/gsm8k" in out and "(3 responses not scored: my/own 3)" in out
+    assert err.splitlines() == [
+        "warning: data_source 'my/own': 3 responses not scored, no reward scorer knows it "
+        f"(known: {', '.join(known_data_sources())}); --strict makes this an error"
+    ]
+    saved = json.loads(report.read_text())
+    assert saved["unscored"] == {"my/own": 3} and saved["overall"]["responses"] == 1
+    assert saved["overall"]["acc"] == 1.0
+    # --strict: the whole evaluation fails on it, as before
+    assert cli_main([*argv, "--num-workers", "1", "--strict"]) == 1
+    [error] = capsys.readouterr().err.splitlines()
+    assert error.startswith("error: unknown data_source 'my/own'; known: openai/gsm8k, ")
+
+
+def _samples(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_samples_file_is_scored_without_a_parquet_file(tmp_path, capsys):
+    samples = _samples(
+        tmp_path / "s.jsonl",
+        [
+            {"data_source": "openai/gsm8k", "response": "#### 72", "ground_truth": "72"},
+            # two responses to one prompt (index 7): pass@n and maj@n group them
+            {"data_source": "gsm8k", "response": "#### 5", "ground_truth": "6", "index": 7},
+            {"data_source": "gsm8k", "responses": ["#### 6"], "ground_truth": 6, "index": 7},
+            {
+                "data_source": "Rowan/hellaswag",
+                "response": "(B)",
+                "ground_truth": "1",
+                "extra_info": {"endings": ["a", "b", "c", "d"]},
+            },
+        ],
+    )
+    report = tmp_path / "report.json"
+    argv = ["reward", "eval", "--samples", str(samples), "--num-workers", "1"]
+    assert cli_main([*argv, "--output", str(report)]) == 0
+    out = capsys.readouterr().out
+    saved = json.loads(report.read_text())
+    by = {s["data_source"]: s for s in saved["sources"]}
+    assert (by["openai/gsm8k"]["acc"], by["Rowan/hellaswag"]["acc"]) == (1.0, 1.0)
+    assert (by["gsm8k"]["prompts"], by["gsm8k"]["responses"], by["gsm8k"]["acc"]) == (1, 2, 0.5)
+    assert by["gsm8k"]["pass_at_n"] == 1.0
+    # each sample of the report carries its response and ground truth
+    assert [
+        (s["index"], s["sample"], s["response"], s["ground_truth"]) for s in saved["samples"]
+    ] == [
+        (0, 0, "#### 72", "72"),
+        (7, 0, "#### 5", "6"),
+        (7, 1, "#### 6", "6"),  # a number as ground truth is read as the loader reads it
+        (3, 0, "(B)", "1"),  # without an index, a row's position in the file
+    ]
+    assert saved["missing_rows"] == 0 and "all" in out
+
+
+def test_a_parquet_samples_file_is_scored_too(tmp_path):
+    from services.reward.evaluate import evaluate_samples
+
+    path = tmp_path / "s.parquet"
+    rows = [{"data_source": "openai/gsm8k", "response": "#### 3", "ground_truth": "3"}] * 2
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    report = evaluate_samples(path, cfg=RewardConfig(num_workers=1))
+    assert (report.overall.prompts, report.overall.responses, report.overall.acc) == (2, 2, 1.0)
+    (tmp_path / "bad.parquet").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"samples file .*bad.parquet is not a readable parquet"):
+        evaluate_samples(tmp_path / "bad.parquet", cfg=RewardConfig(num_workers=1))
+    pq.write_table(
+        pa.Table.from_pylist([{"data_source": "x", "answer": "1"}]), tmp_path / "b.parquet"
+    )
+    with pytest.raises(ValueError, match=r"b.parquet has no column 'response'; columns present: "):
+        evaluate_samples(tmp_path / "b.parquet", cfg=RewardConfig(num_workers=1))
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (
+            '{"data_source": "gsm8k", "response": "x"}',
+            r"s.jsonl line 1: expected \{\"data_source\"",
+        ),
+        ("[1, 2]", r"s.jsonl line 1: expected \{\"data_source\""),
+        ("{nope", r"s.jsonl line 1: expected .* \(not JSON: "),
+        (
+            '{"data_source": 3, "response": "x", "ground_truth": "1"}',
+            "data_source must be a string",
+        ),
+        ('{"data_source": "gsm8k", "response": "x", "ground_truth": [1]}', "ground_truth must be"),
+        (
+            '{"data_source": "gsm8k", "response": 5, "ground_truth": "1"}',
+            "response must be a string",
+        ),
+        (
+            '{"data_source": "gsm8k", "response": "x", "ground_truth": "1", "index": "a"}',
+            "index must",
+        ),
+        (
+            '{"data_source": "gsm8k", "response": "x", "ground_truth": "1", "extra_info": 1}',
+            "extra_info",
+        ),
+        ("", r"samples file .*s.jsonl holds no rows"),
+    ],
+)
+def test_a_bad_samples_file_is_named_with_its_line(tmp_path, line, message):
+    from services.reward.eval_inputs import samples_input
+
+    path = tmp_path / "s.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(ValueError, match=message):
+        samples_input([path])
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--samples", "s.jsonl", "--data", "d.parquet"], "--samples cannot be used with --data"),
+        (["--data", "d.parquet"], "--data needs --responses FILE"),
+        (["--responses", "r.jsonl"], "--responses needs --data FILE..."),
+        ([], "nothing to score: give --data FILE... with --responses FILE, or --samples"),
+    ],
+)
+def test_inputs_that_do_not_go_together_are_one_line_and_exit_2(capsys, flags, says):
+    assert cli_main(["reward", "eval", *flags]) == 2
+    [error] = capsys.readouterr().err.splitlines()
+    assert error.startswith(f"error: {says}")

@@ -149,6 +149,16 @@ def test_rule_scores_carry_acc_and_rule_score():
     assert out[1].extra == {"rule_score": 0.0, "acc": 0.0}
 
 
+def test_the_gsm8k_method_of_the_config_reaches_the_workers():
+    """verl's strict by default; reward.gsm8k_method=lenient reads `####18` and `#### $18`
+    too, and the answer it reads (pred, for majority votes) is the one it judged."""
+    items = [ScoreItem("openai/gsm8k", "####18", "18"), ScoreItem("gsm8k", "#### $7.", "7")]
+    with RewardScorer(RewardConfig(num_workers=1)) as s:
+        assert [(o.score, o.pred) for o in s.score(items)] == [(0.0, ""), (0.0, "")]
+    with RewardScorer(RewardConfig(num_workers=1, gsm8k_method="lenient")) as s:
+        assert [(o.score, o.pred) for o in s.score(items)] == [(1.0, "18"), (1.0, "7")]
+
+
 def test_pool_directly_and_empty_batch():
     pool = ScorerPool(num_workers=1)
     try:

@@ -20,8 +20,6 @@ pytestmark = pytest.mark.timeout(60)
     [
         ("48/2 = 24, 48+24 = 72\n#### 72", "72", 1.0),
         ("so the total is #### 1,234", "1234", 1.0),  # commas stripped
-        ("#### $1,234", "1234", 1.0),  # dollar stripped
-        ("#### 72.", "72", 1.0),  # a sentence's period
         ("it drops by 5 degrees\n#### -5", "-5", 1.0),  # negative
         ("#### 0.25", "0.25", 1.0),  # decimal
         ("#### 0.250", "0.25", 0.0),  # strings must match, as verl
@@ -31,10 +29,37 @@ pytestmark = pytest.mark.timeout(60)
         ("", "72", 0.0),
         ("####", "72", 0.0),
         ("#### seventy-two", "72", 0.0),
+        # verl's strict reads "#### " and a number, nothing else: each of these scores 0
+        ("#### $18", "18", 0.0),
+        ("####18", "18", 0.0),
+        ("####\n18", "18", 0.0),
+        ("#### 72.", "72", 0.0),  # read as "72."
+        # only the last 300 characters are read (verl's _SOLUTION_CLIP_CHARS)
+        ("#### 18" + " and some more" * 30, "18", 0.0),
+        ("#### 18" + "x" * 293, "18", 1.0),  # 300 characters: still read
+        ("#### 18" + "x" * 294, "18", 0.0),  # its first "#" cut off
     ],
 )
-def test_gsm8k_strict(response, gt, expected):
+def test_gsm8k_strict_is_verls(response, gt, expected):
     assert gsm8k.compute_score(response, gt) == expected
+
+
+@pytest.mark.parametrize(
+    ("response", "gt", "expected"),
+    [
+        ("#### $18", "18", 1.0),
+        ("####18", "18", 1.0),
+        ("####\n18", "18", 1.0),
+        ("#### 72.", "72", 1.0),  # a sentence's period
+        ("#### $1,234", "1234", 1.0),
+        ("#### 18" + " and some more" * 30, "18", 1.0),  # the whole response is read
+        ("#### 1,234", " 1,234 ", 1.0),  # the ground truth is cleaned the same way
+        ("first #### 12, then #### 13", "13", 1.0),
+        ("no marker, 18", "18", 0.0),
+    ],
+)
+def test_gsm8k_lenient_reads_what_strict_refuses(response, gt, expected):
+    assert gsm8k.compute_score(response, gt, method="lenient") == expected
 
 
 def test_gsm8k_format_score_only_when_an_answer_was_extracted():
@@ -45,15 +70,22 @@ def test_gsm8k_format_score_only_when_an_answer_was_extracted():
 @pytest.mark.parametrize(
     ("response", "expected"),
     [
-        ("the answer is 1,234.", "1234"),
+        ("the answer is 1,234.", "1,234."),  # as written: verl cleans nothing here
         ("from 3 we go to -7", "-7"),
         ("costs $4.50 in total", "4.50"),
-        ("12 apples, then 15.", "15"),
+        ("12 apples, then 15.", "15."),
+        ("12 apples. Then .", "12"),  # a lone "." is skipped ...
         ("no digits", None),
+        ("7" + "x" * 300, None),  # ... and only the last 300 characters are read
     ],
 )
-def test_gsm8k_flexible_extracts_last_number(response, expected):
+def test_gsm8k_flexible_is_verls(response, expected):
     assert gsm8k.extract_answer(response, "flexible") == expected
+
+
+def test_gsm8k_rejects_an_unknown_method():
+    with pytest.raises(ValueError, match="method must be one of strict, flexible, lenient"):
+        gsm8k.extract_answer("#### 1", "loose")
 
 
 @pytest.mark.parametrize(

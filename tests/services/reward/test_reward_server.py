@@ -191,6 +191,27 @@ def test_evaluate_through_server(server, tmp_path):
     assert (report.overall.responses, report.overall.acc, report.missing_rows) == (2, 1.0, 1)
 
 
+def test_evaluate_through_server_leaves_an_unknown_data_source_unscored(server, tmp_path):
+    """The server's own list of scorers decides: before, its INVALID_ARGUMENT for one unknown
+    data_source failed the whole evaluation."""
+    from services.reward.evaluate import evaluate_samples
+
+    samples = tmp_path / "s.jsonl"
+    rows = [
+        {"data_source": "openai/gsm8k", "response": "#### 4", "ground_truth": "4"},
+        {"data_source": "my/own", "response": "4", "ground_truth": "4"},
+    ]
+    samples.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = evaluate_samples(samples, server=server.address)
+    assert (report.overall.responses, report.overall.acc, report.unscored) == (
+        1,
+        1.0,
+        {"my/own": 1},
+    )
+    with pytest.raises(ValueError, match="unknown data_source 'my/own'; known: openai/gsm8k"):
+        evaluate_samples(samples, server=server.address, strict=True)
+
+
 def test_evaluate_through_server_sends_its_sample_timeout(server, tmp_path):
     """--timeout-s reaches the server: a hanging sample costs itself, after 1 s, not the call;
     and the call's deadline covers a chunk whose every sample runs to its timeout."""

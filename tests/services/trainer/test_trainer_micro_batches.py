@@ -59,6 +59,18 @@ def test_shuffle_is_seeded_and_a_permutation():
     assert a[0].token_count == int(LENGTHS[a[0].rows].sum())
 
 
+@pytest.mark.parametrize("max_tokens", [None, 20])
+def test_a_row_without_response_tokens_is_not_counted_as_a_sequence(max_tokens):
+    """N_seq of the seq-mean-* losses: rows with a response token (verl 0.9.1's agg_loss);
+    the row still goes through a micro-batch, where its mask adds nothing."""
+    lengths = torch.tensor([3, 0, 4, 0, 5])
+    (only,) = plan_epoch(
+        lengths, 5, 5, max_tokens=max_tokens, sequence_lengths=lengths + 2 if max_tokens else None
+    )
+    assert (only.seq_count, only.token_count) == (3, 12)
+    assert sorted(_rows([only])) == [0, 1, 2, 3, 4]
+
+
 def test_mini_batch_larger_than_the_batch():
     (only,) = plan_epoch(LENGTHS, 100, 4)
     assert only.seq_count == 9 and only.token_count == 36

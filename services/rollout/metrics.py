@@ -1,0 +1,41 @@
+"""The rollout server's own Prometheus metrics, beside every server's (meshrl.rpc.metrics):
+what it generated and with which weights. Kept whether or not an endpoint serves them (a
+counter's increment is a few hundred nanoseconds a Generate call)."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Sequence
+
+from prometheus_client import Counter, Gauge
+
+from meshrl.ragged import Ragged
+
+PROMPT_TOKENS = Counter(
+    "meshrl_rollout_prompt_tokens_total", "Prompt tokens of the Generate calls (each prompt once)."
+)
+GENERATED_TOKENS = Counter(
+    "meshrl_rollout_generated_tokens_total",
+    "Response tokens generated (training and validation; an EOS that ended one counts).",
+)
+GENERATED_SEQUENCES = Counter(
+    "meshrl_rollout_generated_sequences_total", "Responses generated.", ["finish_reason"]
+)
+WEIGHT_VERSION = Gauge(
+    "meshrl_rollout_weight_version",
+    "Version of the weights the engine generates with: 0 as loaded, then that of the last "
+    "weight sync; -1 before Initialize.",
+)
+
+
+def count_generation(prompts: Ragged, responses: Ragged, finish_reasons: Sequence[str]) -> None:
+    """Counts one Generate call's prompt and response tokens and its responses."""
+    PROMPT_TOKENS.inc(int(prompts.values.numel()))
+    GENERATED_TOKENS.inc(int(responses.values.numel()))
+    for reason, n in collections.Counter(finish_reasons).items():
+        GENERATED_SEQUENCES.labels(reason).inc(n)
+
+
+def report_weight_version(read: Callable[[], int]) -> None:
+    """``meshrl_rollout_weight_version`` read from ``read`` at each scrape."""
+    WEIGHT_VERSION.set_function(read)
