@@ -35,24 +35,34 @@ def _launcher_overrides(args: argparse.Namespace) -> list[str]:
     return extra
 
 
+def config_and_overrides(config: str | None, overrides: list[str]) -> tuple[str | None, list]:
+    """`meshrl run`'s first argument is the config file, unless it reads as an override:
+    verl's command lines (``python -m verl.trainer.main_ppo data.train_files=...``) name
+    no config file, every setting a ``key=value``. A file of that name still wins."""
+    if config is not None and "=" in config and not Path(config).is_file():
+        return None, [config, *overrides]
+    return config, overrides
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
-    overrides = [*args.overrides, *_launcher_overrides(args)]
+    config, overrides = config_and_overrides(args.config, args.overrides)
+    overrides = [*overrides, *_launcher_overrides(args)]
     if args.print_config or args.cfg:
         from meshrl_app.print_config import print_resolved_config
 
-        return print_resolved_config(args.config, overrides)
+        return print_resolved_config(config, overrides)
     if args.coordinator:
         from meshrl_app.remote import submit
 
-        return submit(args.coordinator, args.config, overrides, detach=args.detach)
+        return submit(args.coordinator, config, overrides, detach=args.detach)
     from meshrl.config import ConfigError, load_config
 
     # A run here has no service to leave it to, nor a standard input to read a config from.
     if args.detach:
         raise ConfigError("--detach leaves a run to a coordinator service: give --coordinator")
-    if args.config == "-":
+    if config == "-":
         raise ConfigError("config '-' (standard input) is read only with --coordinator")
-    cfg = load_config(args.config, overrides)
+    cfg = load_config(config, overrides)
     from meshrl_app.run_local import run_local
 
     result = run_local(cfg)
@@ -183,8 +193,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run PPO from a YAML config (+ key=value overrides)")
-    run.add_argument("config", help="YAML run config ('-' = stdin with --coordinator)")
+    run = sub.add_parser(
+        "run",
+        help="run PPO from a YAML config (+ key=value overrides), or from overrides alone",
+        description="meshrl run [CONFIG.yaml] [key=value ...]: the config file may be left "
+        "out, as in verl's command lines (every setting a key=value).",
+    )
+    run.add_argument(
+        "config",
+        nargs="?",
+        default=None,
+        help="YAML run config ('-' = stdin with --coordinator); optional",
+    )
     # default=[]: argparse names a "*" positional without one among the required arguments
     run.add_argument(
         "overrides",

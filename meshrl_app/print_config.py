@@ -14,7 +14,7 @@ from meshrl.config import build_config, config_to_yaml, load_config
 from meshrl.config.loader import config_tree
 
 
-def print_resolved_config(config_path: str, overrides: list[str]) -> int:
+def print_resolved_config(config_path: str | None, overrides: list[str]) -> int:
     """Prints the resolved config to standard output; exit code 0. A config that cannot be
     used raises ConfigError, as the run would, before anything is printed."""
     if config_path == "-":

@@ -1,6 +1,6 @@
 """The CLI verbs built on the coordinator service's client (``services/coordinator/client.py``).
 
-    meshrl run --coordinator HOST:PORT CONFIG.yaml [key=value ...]   submit, then follow
+    meshrl run --coordinator HOST:PORT [CONFIG.yaml] [key=value ...]   submit, then follow
     meshrl status [RUN] [--coordinator HOST:PORT]
     meshrl stop RUN [--coordinator HOST:PORT]
 
@@ -57,14 +57,16 @@ def follow(client: CoordinatorClient, run_id: str, write: Callable[[str], None])
 
 def submit(
     address: str,
-    config_path: str,
+    config_path: str | None,
     overrides: list[str],
     detach: bool = False,
     write: Callable[[str], None] = print,
 ) -> int:
     """`meshrl run --coordinator`: exit code 0 succeeded, 1 failed, 3 stopped, 2 bad config
     (refused at submit, or REJECTED once the run found its config or data unusable)."""
-    if config_path == "-":
+    if config_path is None:  # overrides alone, as verl's command lines give them
+        text, name = "", "no config file"
+    elif config_path == "-":
         text, name = sys.stdin.read(), "the config on standard input"
     elif Path(config_path).is_file():
         text, name = Path(config_path).read_text(), f"config file {config_path}"

@@ -142,9 +142,11 @@ class DataConfig(Section):
 
 class ModelConfig(Section):
     path: PathText = ""
-    """Local Hugging Face model folder (config, weights, tokenizer). No hub downloads."""
+    """Hugging Face model folder (config, weights, tokenizer), or a hub id (org/name),
+    downloaded into the hub cache before any role server starts (``HF_HUB_OFFLINE=1``:
+    the cache alone)."""
     tokenizer_path: PathText | None = None
-    """Tokenizer folder if not the model's."""
+    """Tokenizer folder (or hub id) if not the model's."""
     enable_gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
     dtype: Annotated[Literal["float32", "bfloat16"], BeforeValidator(_dtype_name)] | None = None
@@ -421,7 +423,8 @@ class RewardModelConfig(Section):
     enable: bool = False
     """Score with a model besides (or instead of) the rule scorers."""
     path: PathText = ""
-    """Hugging Face sequence- or token-classification model folder."""
+    """Hugging Face sequence- or token-classification model folder, or a hub id (fetched as
+    model.path's)."""
     micro_batch_size: int = Field(16, gt=0)
     """(prompt, response) pairs per reward-model forward."""
     max_length: int = Field(2048, gt=0)
@@ -557,6 +560,11 @@ class TrainerConfig(Section):
     """Keep the newest N checkpoints; None or 0 = all."""
     resume_mode: PathText = "auto"
     """auto (latest complete checkpoint of the run folder), disable, or a checkpoint path."""
+    resume_allow_config_changes: bool = False
+    """Resume even from a checkpoint saved under a config its state does not fit (another
+    adv_estimator, a critic added or dropped, other LoRA settings, a model of other
+    shapes) or with a learning rate moved more than 10x: refused otherwise, naming each
+    change (docs/checkpoints.md). Other changes are always allowed, and listed."""
 
     @field_validator("resume_mode")
     @classmethod

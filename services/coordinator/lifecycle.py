@@ -2,7 +2,7 @@
 machine (``meshrl_app/run_local.py``) and for a run of the coordinator service
 (``run_manager.py``), which differ only in how they report progress and ask to stop.
 
-    folder -> data (a finished run ends here) -> config file -> sinks -> role servers up
+    folder (locked for the run) -> hub models fetched -> data (a finished run ends here) -> config file -> sinks -> role servers up
            -> PPORun -> set-up -> train -> close (the sinks learn how it ended) -> servers down
 
 The order is the user's protection: a bad data file, a model path or a logger that cannot
@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Protocol
 
 from meshrl.config import RunConfig
+from meshrl.hub_models import with_local_models
 from services.coordinator.metrics_sinks import MetricsSink, close_sinks
 from services.coordinator.preflight import start_run_folder, write_run_config
+from services.coordinator.run_folder_lock import RunFolderLock
 from services.coordinator.types import AlreadyTrained, ended_exit_code
 
 
@@ -61,8 +63,34 @@ def run_lifecycle(
 ) -> RunOutcome:
     """Runs the job once its config has passed the preflight checks. ``make_launcher()``
     is called once the data is read; its launcher is stopped on the way out, whatever
-    happened."""
+    happened. The run folder is held for the whole run: another run there is refused
+    (RunFolderInUse)."""
     start_run_folder(run_dir, cfg)
+    with RunFolderLock(run_dir):
+        return _run_in_folder(
+            cfg,
+            run_dir,
+            make_launcher,
+            load_data=load_data,
+            make_sinks=make_sinks,
+            make_ppo=make_ppo,
+            observer=observer,
+        )
+
+
+def _run_in_folder(
+    cfg: RunConfig,
+    run_dir: Path,
+    make_launcher: Callable,
+    *,
+    load_data: Callable,
+    make_sinks: Callable[[], list[MetricsSink]],
+    make_ppo: Callable,
+    observer: RunObserver,
+) -> RunOutcome:
+    # A hub id among the model keys is fetched once, here: every role server gets the
+    # folder of its snapshot and reads no network.
+    cfg = with_local_models(cfg, say=observer.progress)
     observer.progress("reading the tokenizer and the data")
     try:
         data = load_data(cfg, run_dir)

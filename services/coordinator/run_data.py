@@ -29,6 +29,7 @@ from services.coordinator.preflight import (
     context_length_warning,
     load_tokenizer,
 )
+from services.coordinator.resume_check import check_resume_config
 from services.coordinator.types import AlreadyTrained
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,9 @@ def load_run_data(cfg: RunConfig, run_dir: Path | None = None) -> RunData:
                 "total_epochs): raise them to train on, or evaluate the checkpoint with "
                 "trainer.val_only=true; no role server was started"
             )
+        if start_step > 0 and (checkpoint := resume_folder(cfg, run_dir)) is not None:
+            if warning := check_resume_config(cfg, checkpoint):  # ConfigError: refused
+                log.warning("%s", warning)
         for warning in plan_warnings(cfg):
             log.warning("%s", warning)
     return RunData(tokenizer, train_set, val_set, loader, total_steps)
@@ -114,6 +118,20 @@ def resumed_step(cfg: RunConfig, run_dir: Path, total_steps: int) -> int:
     if step >= total_steps:
         named_resume_folder(cfg)  # the checksums too: ConfigError naming a corrupt file
     return step
+
+
+def resume_folder(cfg: RunConfig, run_dir: Path) -> Path | None:
+    """The checkpoint the run resumes from, as :func:`resumed_step` reads it: the one
+    ``trainer.resume_mode`` names, or with ``auto`` the newest complete one of ``run_dir``
+    (should it not verify, the resume takes the one before, which a run's history shares
+    its config with but for resumes); None without one."""
+    mode = cfg.trainer.resume_mode
+    if mode == "disable":
+        return None
+    if mode == "auto":
+        complete = CheckpointManager(run_dir).complete()
+        return complete[-1] if complete else None
+    return Path(mode).absolute()
 
 
 def plan_warnings(cfg: RunConfig) -> list[str]:

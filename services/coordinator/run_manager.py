@@ -30,6 +30,7 @@ from services.coordinator.preflight import (
     check_required_keys_given,
     check_run_config,
 )
+from services.coordinator.run_folder_lock import RunFolderInUse, check_run_folder_free
 from services.coordinator.types import (
     RunEvent,
     RunState,
@@ -326,6 +327,10 @@ class RunManager:
                     raise RunConflict(
                         f"run {other.run_id} is still using the role servers {sorted(shared)}"
                     )
+        try:  # held by a run of another process (`meshrl run`, another service)
+            check_run_folder_free(run_dir)
+        except RunFolderInUse as e:
+            raise RunConflict(str(e)) from None
 
     def _get(self, run_id: str) -> ManagedRun:
         with self._lock:

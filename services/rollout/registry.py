@@ -59,6 +59,12 @@ def _fast_engine(cfg: RunConfig) -> RolloutEngine:
 
 
 def build_vllm(cfg: RunConfig) -> RolloutEngine:
+    """vLLM on a GPU run; on a CPU run (``trainer.device=cpu``), the native engine, as the
+    coordinator's start-up warning says: vLLM generates on GPUs only, and verl's command
+    lines name it wherever they are pasted."""
+    if cfg.trainer.device != "cuda":
+        log.warning("rollout.name=vllm on trainer.device=%s: the native engine", cfg.trainer.device)
+        return build_native(cfg)
     from services.rollout.vllm.engine import VllmEngine  # vllm imported inside, lazily
 
     model, rollout = cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.rollout

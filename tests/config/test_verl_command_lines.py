@@ -535,3 +535,33 @@ def test_verls_short_dtype_names_and_warmup_default_read_as_they_mean():
     assert "lr_warmup_steps: Input should be greater than or equal to 0" in error_of(
         ["actor_rollout_ref.actor.optim.lr_warmup_steps=-2"]
     )
+
+
+# --- verl's command line shape: no config file --------------------------------------------
+
+
+def test_meshrl_run_takes_overrides_alone_as_verls_command_lines_give_them(
+    monkeypatch, tmp_path, capsys
+):
+    """Before, the first override was read as the config file's name: `config file
+    data.train_files=... does not exist`."""
+    import meshrl_app.run_local as run_local_module
+    from meshrl_app.run_local import RunResult
+
+    ran = []
+    monkeypatch.setattr(
+        run_local_module, "run_local", lambda cfg: ran.append(cfg) or RunResult({}, True)
+    )
+    monkeypatch.chdir(tmp_path)
+    line = ["data.train_files=/d/train.parquet", "actor_rollout_ref.model.path=/m"]
+    assert cli.main(["run", *line, "trainer.total_epochs=2"]) == 0
+    assert ran[-1].data.train_files == ["/d/train.parquet"] and ran[-1].trainer.total_epochs == 2
+    assert cli.config_and_overrides("a=b", ["c=d"]) == (None, ["a=b", "c=d"])
+    assert cli.config_and_overrides("run.yaml", ["c=d"]) == ("run.yaml", ["c=d"])
+    (tmp_path / "odd=name.yaml").write_text("trainer: {total_epochs: 3}\n")
+    assert cli.config_and_overrides("odd=name.yaml", []) == ("odd=name.yaml", [])  # a file wins
+    # nothing at all: the keys every run needs, named together, before anything starts
+    monkeypatch.undo()
+    assert cli.main(["run"]) == 2
+    err = capsys.readouterr().err
+    assert "data.train_files is empty" in err and "actor_rollout_ref.model.path is empty" in err

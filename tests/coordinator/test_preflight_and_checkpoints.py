@@ -208,13 +208,34 @@ def test_every_combination_no_run_can_use_is_named_in_one_message():
     ]
 
 
-@pytest.mark.parametrize("engine", ["vllm", "fast"])
-def test_a_gpu_engine_on_a_cpu_run_is_refused_naming_the_device(engine):
-    """Before, the run started: vLLM took a GPU while every trainer role ran on the CPU."""
-    name = f"actor_rollout_ref.rollout.name={engine}"
+def test_the_fast_engine_on_a_cpu_run_is_refused_naming_the_device():
+    """Before, the run started and its rollout server failed once started."""
+    name = "actor_rollout_ref.rollout.name=fast"
     with pytest.raises(ConfigError, match=rf"^{name} generates on"):
         check_run_config(build_config({}, [name]))
     check_run_config(build_config({}, [name, "trainer.device=cuda"]))
+
+
+def test_vllm_on_a_cpu_run_generates_with_the_native_engine_and_says_so(caplog, monkeypatch):
+    """verl's command lines name vLLM wherever they are pasted (verl has no engine-less
+    default): on a CPU run the native engine generates, and the run's start says so.
+    Before, refused (exit 2), so verl's quick start could not run on a CPU at all."""
+    from services.coordinator.preflight import vllm_on_cpu_warning
+    from services.rollout import registry
+
+    cpu = build_config({}, ["actor_rollout_ref.rollout.name=vllm", "trainer.device=cpu"])
+    with caplog.at_level("WARNING"):
+        check_run_config(cpu)
+    assert caplog.messages == [
+        "actor_rollout_ref.rollout.name=vllm generates on a CUDA GPU, but trainer.device=cpu "
+        "puts the run on the CPU: rollout generates with the native engine instead (the same "
+        "sampling; set trainer.device=cuda for vLLM, or rollout.name=native to say so)"
+    ]
+    gpu = build_config({}, ["actor_rollout_ref.rollout.name=vllm", "trainer.device=cuda"])
+    assert vllm_on_cpu_warning(gpu) is None
+    built = []
+    monkeypatch.setattr(registry, "build_native", lambda cfg: built.append(cfg) or "native")
+    assert registry.build_vllm(cpu) == "native" and built == [cpu]
 
 
 def test_a_critic_tokenizer_other_than_the_actors_is_refused_as_unread():

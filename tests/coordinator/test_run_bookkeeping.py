@@ -440,7 +440,7 @@ def test_only_an_evaluation_may_leave_out_the_training_files():
         "invalid config:",
         "  data.train_files is empty: name the training parquet files "
         "(data.train_files=train.parquet, or [a.parquet,b.parquet])",
-        "  actor_rollout_ref.model.path is empty: set it to a local Hugging Face model folder",
+        "  actor_rollout_ref.model.path is empty: set it to a Hugging Face model folder or hub id",
     ]
 
 

@@ -238,7 +238,7 @@ def test_a_run_without_training_files_is_refused_before_any_server_starts(tmp_pa
     err = capsys.readouterr().err
     # both keys every run needs, in one message (before: the model's only on a second try)
     assert "meshrl: invalid config:\n  data.train_files is empty: name the training parquet" in err
-    assert "\n  actor_rollout_ref.model.path is empty: set it to a local Hugging Face" in err
+    assert "\n  actor_rollout_ref.model.path is empty: set it to a Hugging Face model" in err
     assert not (tmp_path / "run").exists()
 
 

@@ -50,7 +50,8 @@ def test_missing_model_path_fails_the_run_at_setup(tmp_path):
         run.close()
     assert str(e.value) == (
         f"actor_rollout_ref.model.path={str(tmp_path / 'no-model')!r} is not a folder on this "
-        "machine (the coordinator loads the tokenizer from it; models are never downloaded)"
+        "machine (the coordinator loads the tokenizer from it; a Hugging Face hub id, "
+        "org/name, would be downloaded)"
     )
 
 
