@@ -40,7 +40,9 @@ def load_policy_model(
     # Log-probs and entropy straight from the LM head, chunk by chunk: the float32 logits
     # of a whole micro-batch are never materialised (see chunked_head.py).
     install_chunked_head(model)
-    return model.to(device)
+    # PreTrainedModel.to is wrapped with functools.wraps, whose typeshed stub is no
+    # descriptor: mypy takes `device` for `self`.
+    return model.to(device)  # type: ignore[arg-type]
 
 
 def load_value_model(
