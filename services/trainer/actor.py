@@ -7,6 +7,7 @@ import hashlib
 from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 from torch.profiler import record_function
@@ -91,6 +92,25 @@ class PolicyLossSettings:
         return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
 
 
+class _Counts(TypedDict):
+    """The loss functions' keyword arguments for the whole mini-batch's counts."""
+
+    global_token_count: int
+    global_seq_count: int
+
+
+class _Clip(TypedDict):
+    clip_ratio_low: float
+    clip_ratio_high: float
+
+
+class _TokenAgg(_Counts):
+    """Keyword arguments of the token-aggregated losses (clip_cov, kl_cov)."""
+
+    loss_agg_mode: str
+    is_weights: torch.Tensor | None
+
+
 @dataclass(frozen=True)
 class PolicyTargets:
     """Per-token inputs of one update, ``(b, w)`` padded to the loss width."""
@@ -124,7 +144,7 @@ class ActorRole(TrainedRole):
     @staticmethod
     def build(cfg: RunConfig, world: World) -> ActorRole:
         arr = cfg.actor_rollout_ref
-        model = load_policy_model(
+        model: torch.nn.Module = load_policy_model(
             arr.model.path,
             "cpu",
             arr.model.enable_gradient_checkpointing,
@@ -226,8 +246,8 @@ class ActorRole(TrainedRole):
                 )
         width = max(self.loss.loss_width, int(batch.response_lengths.max()))
 
-        def padded(values: Ragged | None) -> torch.Tensor | None:
-            return None if values is None else ragged_to_padded(values, width).float()
+        def padded(values: Ragged) -> torch.Tensor:
+            return ragged_to_padded(values, width).float()
 
         old = padded(old_logprobs)
         mask = batch.responses.to_padded(width=width)[1]  # (b, width)
@@ -238,7 +258,8 @@ class ActorRole(TrainedRole):
             extra = rollout_mismatch_metrics(old, rollout, mask)
             if self.loss.tis_imp_ratio_cap > 0:
                 is_weights = truncated_is_weights(old, rollout, mask, self.loss.tis_imp_ratio_cap)
-        targets = PolicyTargets(old, padded(advantages), padded(ref_logprobs), is_weights)
+        ref = None if ref_logprobs is None else padded(ref_logprobs)
+        targets = PolicyTargets(old, padded(advantages), ref, is_weights)
         return targets, extra
 
     def _micro_loss(
@@ -250,13 +271,17 @@ class ActorRole(TrainedRole):
             packed = pack_micro_batch(batch.select(micro.rows), self.padding_free)
             packed = packed.to(self.world.device)
 
-            def rows(x: torch.Tensor | None) -> torch.Tensor | None:
-                return None if x is None else to_device(x[micro.rows], self.world.device)
+            def rows(x: torch.Tensor) -> torch.Tensor:
+                return to_device(x[micro.rows], self.world.device)
+
+            def optional_rows(x: torch.Tensor | None) -> torch.Tensor | None:
+                return None if x is None else rows(x)
 
             # Copied before the forward is queued, through pinned memory (to_device): the
             # host queues this micro-batch while the GPU still runs the previous one.
             old_logprobs, advantages = rows(targets.old_logprobs), rows(targets.advantages)
-            is_weights, ref_logprobs = rows(targets.is_weights), rows(targets.ref_logprobs)
+            is_weights = optional_rows(targets.is_weights)
+            ref_logprobs = optional_rows(targets.ref_logprobs)
         with record_function("meshrl/forward"):
             scores = response_logprobs(
                 self.model,
@@ -265,13 +290,21 @@ class ActorRole(TrainedRole):
                 with_entropy=True,
                 entropy_grad=cfg.entropy_coeff != 0,
             )
+        assert scores.entropy is not None  # with_entropy=True
         logprobs = widen(scores.logprobs, width)  # (m, width)
         entropy = widen(scores.entropy, width)
         mask = widen(packed.response_mask, width)
 
-        counts = {"global_token_count": mini.token_count, "global_seq_count": mini.seq_count}
-        clip = {"clip_ratio_low": cfg.clip_ratio_low, "clip_ratio_high": cfg.clip_ratio_high}
-        token_agg = {"loss_agg_mode": cfg.loss_agg_mode, "is_weights": is_weights, **counts}
+        counts: _Counts = {
+            "global_token_count": mini.token_count,
+            "global_seq_count": mini.seq_count,
+        }
+        clip: _Clip = {"clip_ratio_low": cfg.clip_ratio_low, "clip_ratio_high": cfg.clip_ratio_high}
+        token_agg: _TokenAgg = {
+            "loss_agg_mode": cfg.loss_agg_mode,
+            "is_weights": is_weights,
+            **counts,
+        }
         if cfg.loss_mode == "gspo":
             pg = gspo_policy_loss(
                 logprobs, old_logprobs, advantages, mask, **clip,
@@ -314,6 +347,7 @@ class ActorRole(TrainedRole):
             "actor/ppo_kl": pg.approx_kl * share,
         }
         if cfg.use_kl_loss:
+            assert ref_logprobs is not None  # update_policy refuses use_kl_loss without them
             kl = kl_penalty(logprobs, ref_logprobs, cfg.kl_loss_type)
             kl_agg = aggregate_loss(kl, mask, cfg.loss_agg_mode, **counts)
             loss = loss + cfg.kl_loss_coef * kl_agg

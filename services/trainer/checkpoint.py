@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import STATE_DICT_TYPE
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -37,6 +38,7 @@ def save_checkpoint(
     """Writes the model's (and optimizer's) state under ``path``; collective over ranks."""
     Path(path).mkdir(parents=True, exist_ok=True)
     reshard(model)  # the float32 masters, whatever a forward left gathered
+    state: STATE_DICT_TYPE
     if optimizer is None:
         state = {"model": get_model_state_dict(model)}
     else:
@@ -80,6 +82,7 @@ def load_checkpoint(
 def _load(
     path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
 ) -> None:
+    state: STATE_DICT_TYPE
     if optimizer is None:
         state = {"model": get_model_state_dict(model)}
         dcp.load(state, checkpoint_id=str(path))

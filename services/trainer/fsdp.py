@@ -10,14 +10,33 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypedDict, TypeVar, cast
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=nn.Module)
+
+
+class _ShardOptions(TypedDict, total=False):
+    """The keyword arguments of ``fully_shard`` that :func:`shard_model` sets."""
+
+    mesh: DeviceMesh
+    reshard_after_forward: bool
+    mp_policy: MixedPrecisionPolicy
+    offload_policy: OffloadPolicy
 
 
 def mixed_precision(dtype: str | None) -> MixedPrecisionPolicy | None:
@@ -32,14 +51,14 @@ def mixed_precision(dtype: str | None) -> MixedPrecisionPolicy | None:
 
 
 def shard_model(
-    model: nn.Module,
+    model: M,
     mesh: DeviceMesh,
     mp_policy: MixedPrecisionPolicy | None = None,
     reshard_after_forward: bool | None = None,
     compile_layers: bool | None = None,
     units: str | None = None,
     offload: bool = False,
-) -> nn.Module:
+) -> M:
     """Applies ``fully_shard`` to every decoder layer, then to the root; returns ``model``.
 
     ``compile_layers`` (None: the ``MESHRL_COMPILE_LAYERS=1`` environment variable)
@@ -68,7 +87,7 @@ def shard_model(
         raise ValueError(f"FSDP units {units!r}: expected 'layer' or 'model'")
     if reshard_after_forward is None:
         reshard_after_forward = units == "layer"
-    kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+    kwargs: _ShardOptions = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
     if mp_policy is not None:
         kwargs["mp_policy"] = mp_policy
     if offload and mesh.device_type == "cuda":
@@ -148,7 +167,7 @@ def gathered_across_steps(model: nn.Module, enabled: bool) -> Iterator[Callable[
     if not enabled:
         yield lambda: None
         return
-    modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    modules: list[FSDPModule] = [m for m in model.modules() if isinstance(m, FSDPModule)]
     for module in modules:
         module.set_reshard_after_backward(False, recurse=False)
 
@@ -186,7 +205,8 @@ def _copy_masters_to_gathered(modules: list[FSDPModule]) -> None:
     the compute dtype as FSDP2's gather casts). Units not gathered are left alone: their
     next forward gathers the masters anyway. Reads FSDP2's private attributes (no public
     API reaches the gathered tensors); nothing is written unless all of them are found."""
-    gathered, masters = [], []
+    gathered: list[torch.Tensor] = []
+    masters: list[torch.Tensor] = []
     for module in modules:
         group = module._get_fsdp_state()._fsdp_param_group
         if group is None or not group.is_unsharded:
@@ -194,7 +214,8 @@ def _copy_masters_to_gathered(modules: list[FSDPModule]) -> None:
         for param in group.fsdp_params:
             if not param.sharded_param.requires_grad:
                 continue  # frozen (LoRA's base weights): its gathered copy is still current
-            master = param.sharded_param.to_local()
+            # FSDP2 annotates sharded_param as nn.Parameter; it is a DTensor parameter.
+            master = cast(DTensor, param.sharded_param).to_local()
             if master.shape != param._unsharded_param.shape:
                 raise RuntimeError(
                     f"{param._param_fqn}: shard {tuple(master.shape)} is not the whole "

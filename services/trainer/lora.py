@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import overload
 
 import torch
 from peft import LoraConfig, inject_adapter_in_model
@@ -71,7 +72,8 @@ def inject(model: nn.Module, cfg: ModelConfig, key: str) -> None:
         )
     config = LoraConfig(
         r=cfg.lora_rank,
-        lora_alpha=cfg.lora_alpha,
+        # peft annotates lora_alpha as int, but a float works: scaling = lora_alpha / r.
+        lora_alpha=cfg.lora_alpha,  # type: ignore[arg-type]
         target_modules=targets,
         exclude_modules=_as_peft_targets(cfg.exclude_modules),
         lora_dropout=0.0,  # as verl: the old log-probs and the update see one function
@@ -99,6 +101,10 @@ def _plain_linear(layer: LoraLayer) -> bool:
     )
 
 
+@overload
+def _as_peft_targets(targets: str | list[str]) -> str | list[str]: ...
+@overload
+def _as_peft_targets(targets: None) -> None: ...
 def _as_peft_targets(targets: str | list[str] | None) -> str | list[str] | None:
     """A single layer name (``q_proj``) as the one-name list peft would take for it: peft
     reads any string but "all-linear" as a regular expression over whole module names, so
@@ -203,12 +209,10 @@ def iter_merged_params(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
             full = _full(param)
             if BASE in name and name.endswith(".weight"):
                 layer = model.get_submodule(name[: name.index(BASE)])
-                full = merged_weight(
-                    full,
-                    _full(layer.lora_A[ADAPTER].weight),
-                    _full(layer.lora_B[ADAPTER].weight),
-                    layer.scaling[ADAPTER],
-                )
+                assert isinstance(layer, LoraLayer)  # peft's wrapper owns the base_layer
+                lora_a, lora_b = layer.lora_A[ADAPTER].weight, layer.lora_B[ADAPTER].weight
+                assert isinstance(lora_a, torch.Tensor) and isinstance(lora_b, torch.Tensor)
+                full = merged_weight(full, _full(lora_a), _full(lora_b), layer.scaling[ADAPTER])
         yield out_name, full
 
 

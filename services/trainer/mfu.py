@@ -16,17 +16,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import Protocol, cast
 
 import torch
 from torch import nn
 
+from services.trainer.model_loading import decoder_config
+
 PEAK_BF16_FLOPS = 989e12
+
+
+class _HasInputEmbeddings(Protocol):
+    def get_input_embeddings(self) -> nn.Module: ...
 
 
 def matmul_params(model: nn.Module, frozen_only: bool = False) -> int:
     """Parameters that take part in matmuls: all but an untied input embedding (with
     ``frozen_only``, those of them that are not trained)."""
-    inner = model if hasattr(model, "get_input_embeddings") else getattr(model, "model", None)
+    # A causal LM, or the decoder a ValueModel wraps (nn.Module types it Tensor | Module).
+    inner = cast(
+        "_HasInputEmbeddings | None",
+        model if hasattr(model, "get_input_embeddings") else getattr(model, "model", None),
+    )
     embed = inner.get_input_embeddings() if inner is not None else None
     head = getattr(model, "lm_head", None)
     lookup_only = (
@@ -55,7 +66,7 @@ def training_flops(n_params: float, layers: int, attn_dim: int, seq_lens: Iterab
 
 def model_shape(model: nn.Module) -> tuple[int, int]:
     """(layers, attention width = heads * head_dim) from a Hugging Face config."""
-    cfg = getattr(model, "config", None) or model.model.config  # a ValueModel wraps .model
+    cfg = decoder_config(model)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     return cfg.num_hidden_layers, cfg.num_attention_heads * head_dim
 

@@ -90,6 +90,7 @@ def plan_epoch(
             _plan_mini_batch(rows, response_lengths, micro_batch_rows, rank, world_size)
             for rows in order.split(mini_batch_rows)
         ]
+    assert sequence_lengths is not None  # a token budget without them was refused above
     return [
         _plan_by_tokens(rows, response_lengths, sequence_lengths, max_tokens, rank, world_size)
         for rows in order.split(mini_batch_rows)

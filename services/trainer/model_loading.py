@@ -8,6 +8,7 @@ the weights (``model.dtype``; the critic's follows the actor's unless set).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol, cast
 
 import torch
 from torch import nn
@@ -40,7 +41,9 @@ def load_policy_model(
     # Log-probs and entropy straight from the LM head, chunk by chunk: the float32 logits
     # of a whole micro-batch are never materialised (see chunked_head.py).
     install_chunked_head(model)
-    return model.to(device)
+    # PreTrainedModel.to is wrapped with functools.wraps, whose typeshed stub is no
+    # descriptor: mypy takes `device` for `self`.
+    return model.to(device)  # type: ignore[arg-type]
 
 
 def load_value_model(
@@ -83,6 +86,25 @@ def _prepare(model: PreTrainedModel, gradient_checkpointing: bool) -> None:
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     model.train()
+
+
+class DecoderConfig(Protocol):
+    """The fields of a Hugging Face decoder's config that the trainer reads."""
+
+    vocab_size: int
+    hidden_size: int
+    num_attention_heads: int
+    num_hidden_layers: int
+
+
+class _Configured(Protocol):
+    config: DecoderConfig
+
+
+def decoder_config(model: nn.Module) -> DecoderConfig:
+    """The config of a causal LM, or of the decoder a :class:`ValueModel` wraps."""
+    # nn.Module types a submodule attribute as Tensor | Module: .model is the decoder.
+    return getattr(model, "config", None) or cast(_Configured, model.model).config
 
 
 def freeze(model: nn.Module) -> nn.Module:

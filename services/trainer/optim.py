@@ -22,7 +22,7 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> t
         params,
         fused=fused,
         lr=cfg.lr,
-        betas=tuple(cfg.betas),
+        betas=cfg.betas,
         eps=cfg.eps,
         weight_decay=cfg.weight_decay,
     )
@@ -66,6 +66,7 @@ class LrSchedule:
             return (step + 1) / self.warmup_steps
         if self.kind == "constant":
             return 1.0
+        assert self.total_steps is not None  # from_config refuses cosine without a total
         span = max(1, self.total_steps - self.warmup_steps)
         progress = min(1.0, (step - self.warmup_steps) / span)
         cosine = 0.5 * (1.0 + math.cos(math.pi * progress))

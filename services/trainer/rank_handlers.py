@@ -10,6 +10,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from google.protobuf.message import Message
 
 from meshrl.api.v1 import common_pb2, trainer_pb2
 from meshrl.config import RunConfig, config_from_yaml
@@ -25,13 +26,19 @@ from services.trainer.convert import (
 )
 from services.trainer.critic import CriticRole
 from services.trainer.distributed import World
+from services.trainer.model_loading import decoder_config
 from services.trainer.reference import RefRole
+from services.trainer.trained_role import TrainedRole
 from services.trainer.types import SequenceBatch
 from services.trainer.weight_publisher import WeightPublisher
 
 log = logging.getLogger(__name__)
 
-ROLES = {"actor": ActorRole, "critic": CriticRole, "ref": RefRole}
+ROLES: dict[str, type[ActorRole] | type[CriticRole] | type[RefRole]] = {
+    "actor": ActorRole,
+    "critic": CriticRole,
+    "ref": RefRole,
+}
 
 # Which roles serve which RPC (Initialize and GetInfo: all).
 SERVED_BY = {
@@ -48,7 +55,7 @@ SERVED_BY = {
 }
 
 # RPCs that every rank runs; a command's id on the channel is its index here.
-COMMANDS: dict[str, type] = {
+COMMANDS: dict[str, type[Message]] = {
     "Initialize": common_pb2.InitializeRequest,
     "ComputeLogProbs": common_pb2.LogProbsRequest,
     "ComputeValues": common_pb2.SequenceBatch,
@@ -129,7 +136,9 @@ class RankHandlers:
         return common_pb2.InitializeResponse(info=self.info())
 
     def ComputeLogProbs(self, req: common_pb2.LogProbsRequest) -> common_pb2.LogProbsResponse:
-        logprobs, entropy = self.role.compute_log_probs(
+        role = self.role
+        assert isinstance(role, (ActorRole, RefRole))  # served by (SERVED_BY), initialised
+        logprobs, entropy = role.compute_log_probs(
             self._batch(req.batch),
             req.temperature if req.temperature > 0 else None,
             req.with_entropy,
@@ -138,14 +147,16 @@ class RankHandlers:
         return common_pb2.LogProbsResponse(
             logprobs=tensor_to_proto(logprobs.values),
             entropy=tensor_to_proto(entropy.values) if entropy is not None else None,
-            weight_version=self.role.weight_version,
+            weight_version=role.weight_version,
         )
 
     def ComputeValues(self, req: common_pb2.SequenceBatch) -> trainer_pb2.ValuesResponse:
+        assert isinstance(self.role, CriticRole)  # served by (SERVED_BY), initialised
         values = self.role.compute_values(self._batch(req))
         return trainer_pb2.ValuesResponse(values=tensor_to_proto(values.values))
 
     def UpdatePolicy(self, req: trainer_pb2.PolicyUpdateRequest) -> trainer_pb2.UpdateResponse:
+        assert isinstance(self.role, ActorRole)  # served by (SERVED_BY), initialised
         batch = self._batch(req.batch)
         metrics = self.role.update_policy(
             batch,
@@ -158,6 +169,7 @@ class RankHandlers:
         return trainer_pb2.UpdateResponse(metrics=metrics)
 
     def UpdateValue(self, req: trainer_pb2.ValueUpdateRequest) -> trainer_pb2.UpdateResponse:
+        assert isinstance(self.role, CriticRole)  # served by (SERVED_BY), initialised
         batch = self._batch(req.batch)
         metrics = self.role.update_value(
             batch,
@@ -173,20 +185,24 @@ class RankHandlers:
         return batch
 
     def PrepareWeights(self, req: trainer_pb2.PrepareWeightsRequest) -> common_pb2.WeightManifest:
+        assert self.publisher is not None  # the actor's, made by Initialize
         return self.publisher.prepare(req.version, req.dtype, req.bucket_bytes).to_proto()
 
     def SendWeights(self, req: trainer_pb2.SendWeightsRequest) -> common_pb2.WeightSyncResult:
+        assert self.publisher is not None  # the actor's, made by Initialize
         result = self.publisher.send(req.version)
         return common_pb2.WeightSyncResult(
             version=result.version, seconds=result.seconds, bytes=result.bytes
         )
 
     def SaveCheckpoint(self, req: trainer_pb2.CheckpointRequest) -> trainer_pb2.CheckpointResponse:
+        assert isinstance(self.role, TrainedRole)  # served by (SERVED_BY), initialised
         start = time.perf_counter()
         self.role.save(checkpoint_path(req), req.with_optimizer)
         return trainer_pb2.CheckpointResponse(path=req.path, seconds=time.perf_counter() - start)
 
     def LoadCheckpoint(self, req: trainer_pb2.CheckpointRequest) -> trainer_pb2.CheckpointResponse:
+        assert isinstance(self.role, TrainedRole)  # served by (SERVED_BY), initialised
         start = time.perf_counter()
         self.role.load(checkpoint_path(req), req.with_optimizer)
         return trainer_pb2.CheckpointResponse(path=req.path, seconds=time.perf_counter() - start)
@@ -194,8 +210,7 @@ class RankHandlers:
 
 def _vocab_size(model: torch.nn.Module) -> int:
     """Rows of the model's input embedding (a causal LM, or the critic's wrapped decoder)."""
-    config = getattr(model, "config", None) or model.model.config
-    return config.vocab_size
+    return decoder_config(model).vocab_size
 
 
 def _configured_world_size(cfg: RunConfig, role: str) -> int:

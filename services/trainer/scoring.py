@@ -62,6 +62,7 @@ def score_batch(
             mask = packed.response_mask.cpu()
             for out, result in zip(outputs, results, strict=True):
                 out[micro.rows] = torch.where(mask, result.float().cpu(), 0.0)
+    assert outputs is not None  # every rank runs at least one micro-batch (plan_epoch)
     for out in outputs:
         world.all_reduce_sum(out)
     return [Ragged.from_padded(out, lengths) for out in outputs]

@@ -233,11 +233,13 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
 
     def _fill_group_defaults(self, msg: common_pb2.WeightGroupSpec) -> common_pb2.WeightGroupSpec:
         """An empty field of OpenWeightGroup's request takes the run config's value."""
-        publisher = self.handlers.publisher
+        role, publisher = self.handlers.role, self.handlers.publisher
+        # OpenWeightGroup: _check passed, so this is the initialised actor (it publishes).
+        assert role is not None and publisher is not None
         filled = common_pb2.WeightGroupSpec()
         filled.CopyFrom(msg)
         if filled.transport in ("", "auto"):
-            on_gpu = self.handlers.role.world.device.type == "cuda"
+            on_gpu = role.world.device.type == "cuda"
             filled.transport = "nccl" if on_gpu else "gloo"
         if filled.timeout_s <= 0:
             filled.timeout_s = publisher.default_timeout_s

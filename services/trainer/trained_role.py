@@ -40,6 +40,7 @@ class Optimization:
         """``role`` is ``actor_rollout_ref.actor`` or ``critic`` (the same field names);
         ``dynamic_bsz`` is the role's resolved ``use_dynamic_bsz``; ``first_step`` the PPO
         step of the role's first update, where its lr schedule starts."""
+        assert role.ppo_mini_batch_size is not None  # the critic's is filled by RunConfig
         update = UpdateSettings(
             mini_batch_rows=role.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n,
             micro_batch_rows=role.ppo_micro_batch_size_per_gpu,

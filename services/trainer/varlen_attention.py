@@ -60,6 +60,7 @@ def varlen_attention_forward(
     # tensor; comparing values would sync with the device).
     if cu_seq_lens_k is not None and cu_seq_lens_k is not cu_seq_lens_q:
         raise ValueError("packed self-attention: cu_seq_lens_k must be cu_seq_lens_q")
+    assert max_length_q is not None  # transformers passes it with cu_seq_lens_q
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (T, H, D)
     out = packed_causal_attention(q, k, v, cu_seq_lens_q, int(max_length_q), scaling)
     return out.unsqueeze(0), None  # (1, T, Hq, D)

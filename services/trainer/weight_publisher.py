@@ -49,7 +49,7 @@ class WeightPublisher:
         self.default_world_size = world_size
         self._store: dist.TCPStore | None = None
         self._spec: GroupSpec | None = None
-        self._group: WeightGroup | None = None
+        self._group: WeightGroup | IpcGroup | None = None
         self._manifest: WeightManifest | None = None
         self._lock = threading.Lock()  # Open/Join/Send may arrive on different RPC threads
 
@@ -123,8 +123,15 @@ class WeightPublisher:
             raise SyncStateError(f"SendWeights(version={version}) without PrepareWeights")
         with self._lock:
             try:
-                send = send_weights_ipc if self._manifest.ipc_handles else send_weights
-                sent, seconds = send(self._group, self.actor.iter_full_params(), self._manifest)
+                params = self.actor.iter_full_params()
+                if self._manifest.ipc_handles:
+                    # prepare exported the handles from this rank's IpcGroup
+                    assert not isinstance(self._group, WeightGroup)
+                    sent, seconds = send_weights_ipc(self._group, params, self._manifest)
+                else:
+                    # prepare gives the manifest of an IpcGroup its handles
+                    assert not isinstance(self._group, IpcGroup)
+                    sent, seconds = send_weights(self._group, params, self._manifest)
             except WeightGroupError as e:
                 log.warning("weight sync v%d failed: %s; closing the group", version, e)
                 self._close()

@@ -13,6 +13,9 @@ slot), so the position of a token is its index in the slot.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Literal, Protocol, cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -43,6 +46,70 @@ def unsupported_reason(cfg) -> str | None:
     return None
 
 
+# What this forward reads of a Llama/Qwen2/Qwen3 model (nn.Module types every submodule
+# attribute as "Tensor | Module"): StaticDecoder views the model through _CausalLM.
+
+
+class _RMSNorm(Protocol):
+    weight: torch.Tensor
+    variance_epsilon: float
+
+
+class _Attention(Protocol):
+    head_dim: int
+    scaling: float
+    q_proj: nn.Linear
+    k_proj: nn.Linear
+    v_proj: nn.Linear
+    o_proj: nn.Linear
+
+
+class _QKNormAttention(_Attention, Protocol):
+    """Qwen3's attention: an RMSNorm over each query and key head."""
+
+    q_norm: _RMSNorm
+    k_norm: _RMSNorm
+
+
+class _MLP(Protocol):
+    gate_proj: nn.Linear
+    up_proj: nn.Linear
+    down_proj: nn.Linear
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+class _Layer(Protocol):
+    self_attn: _Attention
+    mlp: _MLP
+    input_layernorm: _RMSNorm
+    post_attention_layernorm: _RMSNorm
+
+
+class _Rotary(Protocol):
+    def __call__(
+        self, x: torch.Tensor, position_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class _Decoder(Protocol):
+    embed_tokens: nn.Embedding
+    layers: Iterable[_Layer]
+    norm: _RMSNorm
+    rotary_emb: _Rotary
+
+
+class _Config(Protocol):
+    num_attention_heads: int
+    num_key_value_heads: int
+
+
+class _CausalLM(Protocol):
+    config: _Config
+    model: _Decoder
+    lm_head: nn.Linear
+
+
 class StaticDecoder:
     """Prefill and decode of a Hugging Face causal LM over a :class:`StaticKVCache` view."""
 
@@ -50,13 +117,14 @@ class StaticDecoder:
         reason = unsupported_reason(model.config)
         if reason is not None:
             raise ValueError(f"the static decoder cannot run this model: {reason}")
-        cfg = model.config
+        lm = cast(_CausalLM, model)
+        cfg = lm.config
         self.model = model
-        base = model.model
+        base = lm.model
         self.embed = base.embed_tokens
         self.layers = list(base.layers)
         self.norm = base.norm
-        self.lm_head = model.lm_head
+        self.lm_head = lm.lm_head
         self.rotary = base.rotary_emb
         attn = self.layers[0].self_attn
         self.num_heads = cfg.num_attention_heads
@@ -85,7 +153,9 @@ class StaticDecoder:
         :mod:`kernels.matmul`, gate/up with SiLU x up fused, instead of cuBLAS. Off: only
         with configs tuned for the GPU and shape (``benchmarks/rollout/matmul.py``) did they
         match cuBLAS on the H200 (within 1%), and their default configs lost by 4%."""
-        self.matmul_configs: dict[tuple[str, int, int, int], object] = {}
+        self.matmul_configs: dict[
+            tuple[str, int, int, int], kernels.MatmulConfig | Literal["torch"]
+        ] = {}
         """(kind "linear" or "gate_up", n, k, rows) -> a tuned ``MatmulConfig``, or "torch"
         where cuBLAS won for that shape; missing: the kernel's default config."""
         self.split_projections = self.triton_mlp
@@ -151,8 +221,9 @@ class StaticDecoder:
         k = k.view(*lead, self.kv_heads, self.head_dim)
         v = v.view(*lead, self.kv_heads, self.head_dim)
         if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head before rope
-            q = self.ops.rms_norm(q, attn.q_norm.weight, attn.q_norm.variance_epsilon)
-            k = self.ops.rms_norm(k, attn.k_norm.weight, attn.k_norm.variance_epsilon)
+            qk = cast(_QKNormAttention, attn)
+            q = self.ops.rms_norm(q, qk.q_norm.weight, qk.q_norm.variance_epsilon)
+            k = self.ops.rms_norm(k, qk.k_norm.weight, qk.k_norm.variance_epsilon)
         return q, k, v
 
     def _mlp(self, i: int, h: torch.Tensor) -> torch.Tensor:
@@ -182,7 +253,9 @@ class StaticDecoder:
     def _mlp_act(self, i: int, h: torch.Tensor) -> torch.Tensor:
         """silu(h @ Wg.T) * (h @ Wu.T) of layer i, h (rows, hidden) -> (rows, I): down_proj's
         input. With ``linear_kernels``, one Triton GEMM does both (unless cuBLAS won there)."""
-        w = self.fused[i].gate_up_weight
+        fused = self.fused[i] if self.fused is not None else None
+        assert fused is not None and fused.gate_up_weight is not None  # _mlp_act_fused(i)
+        w = fused.gate_up_weight
         if self.linear_kernels and h.shape[0] <= LINEAR_KERNEL_ROWS:
             config = self.matmul_configs.get(("gate_up", w.shape[0] // 2, h.shape[1], h.shape[0]))
             if config != "torch":

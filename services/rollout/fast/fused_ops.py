@@ -11,6 +11,7 @@ both compute what Hugging Face's modules compute, in the same precision.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -66,6 +67,18 @@ class FusedOps:
     """The functions above, compiled when asked and possible."""
 
     NAMES = ("rms_norm", "add_rms_norm", "rope", "masked_softmax", "silu_mul", "silu_mul_halves")
+
+    # Set on each instance (eager or compiled), with the signatures of the functions above.
+    rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+    add_rms_norm: Callable[
+        [torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]
+    ]
+    rope: Callable[
+        [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]
+    ]
+    masked_softmax: Callable[[torch.Tensor, float, torch.Tensor, torch.dtype], torch.Tensor]
+    silu_mul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    silu_mul_halves: Callable[[torch.Tensor], torch.Tensor]
 
     def __init__(self, compile: bool):
         self.compiled = False

@@ -13,7 +13,7 @@ still reads the same numbers. Names and shapes of ``named_parameters()`` are unc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -31,6 +31,17 @@ class FusedLayer:
     intermediate: int
 
 
+class DecoderLayerLike(Protocol):
+    """What :func:`fuse_layer` reads of a Hugging Face decoder layer (any nn.Module
+    passes: its attributes are typed loosely)."""
+
+    @property
+    def self_attn(self) -> Any: ...
+
+    @property
+    def mlp(self) -> Any: ...
+
+
 def _fuse_rows(linears: list[nn.Linear], attr: str) -> torch.Tensor:
     """Concatenates ``attr`` ("weight" or "bias") of the linears along dim 0 and re-points
     each module's parameter at its rows of the result; returns the result."""
@@ -45,7 +56,7 @@ def _fuse_rows(linears: list[nn.Linear], attr: str) -> torch.Tensor:
     return fused
 
 
-def can_fuse(layer: nn.Module) -> bool:
+def can_fuse(layer: object) -> bool:
     """Whether the layer has the plain Llama/Qwen projections this fusion expects."""
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
     names = ("q_proj", "k_proj", "v_proj")
@@ -58,7 +69,7 @@ def can_fuse(layer: nn.Module) -> bool:
 
 
 @torch.no_grad()
-def fuse_layer(layer: nn.Module) -> FusedLayer:
+def fuse_layer(layer: DecoderLayerLike) -> FusedLayer:
     """Fuses one layer's q/k/v (and gate/up, when the MLP has them, without biases)."""
     if not can_fuse(layer):
         raise ValueError(f"{type(layer).__name__}: no plain q/k/v projections to fuse")
