@@ -347,6 +347,7 @@ def _loaded_error_types(*names: str) -> tuple[type[BaseException], ...]:
 
 BAD_REQUEST_ERRORS = (
     "meshrl.config.loader:ConfigError",
+    "meshrl.rpc.server:ServerBindError",  # `meshrl serve` on a port in use
     "meshrl.data.errors:DataError",
     "meshrl_app.export:ExportError",
 )
