@@ -154,11 +154,12 @@ class LocalLauncher:
     def start(self) -> Endpoints:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
-            for proc in self.plan():
-                self._spawn(proc)
-            waiting = list(self.processes)  # names, in start order
+            planned = self.plan()
+            waiting = [proc.name for proc in planned]  # the first start forks the fork server
             with ProgressTicker(lambda s: self._still_starting(waiting, s), log.info):
-                for proc in self.processes.values():
+                for proc in planned:
+                    self._spawn(proc)
+                for proc in planned:
                     self._wait_until_serving(proc)
                     waiting.remove(proc.name)
         except BaseException:

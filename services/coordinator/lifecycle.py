@@ -157,7 +157,8 @@ def long_calls_said(ppo, say: Callable[[str], None]) -> ProgressTicker:
         addresses = None if endpoints is None else endpoint_addresses(endpoints)
         return CALLS_IN_FLIGHT.long_calls_line(progress_ticker.PROGRESS_EVERY_S, addresses)
 
-    return ProgressTicker(line, say, every_s=1.0)  # each call is said at its own 10 s marks
+    # polled often: each call is said at its own marks (10 s, 20 s, ... after it started)
+    return ProgressTicker(line, say, every_s=min(1.0, progress_ticker.PROGRESS_EVERY_S / 4))
 
 
 def endpoint_addresses(endpoints) -> set[str]:
@@ -169,11 +170,13 @@ def endpoint_addresses(endpoints) -> set[str]:
 def start_line(cfg: RunConfig, ppo) -> str:
     """What a run set up is about to do: "running 10 PPO steps", "resumed from
     .../global_step_8 (step 8); running 2 of 10 PPO steps", or an evaluation's."""
-    step = ppo.progress.step
+    step, total = ppo.progress.step, ppo.total_steps
     if cfg.trainer.val_only:
         return f"validating the weights of step {step} (trainer.val_only)"
+    plural = "s" if total != 1 else ""
     resumed = ppo.checkpoints.resumed_from
     if resumed is None:
-        return f"running {ppo.total_steps} PPO steps"
-    left = ppo.total_steps - step
-    return f"resumed from {resumed} (step {step}); running {left} of {ppo.total_steps} PPO steps"
+        return f"running {total} PPO step{plural}"
+    return (
+        f"resumed from {resumed} (step {step}); running {total - step} of {total} PPO step{plural}"
+    )
