@@ -17,7 +17,11 @@ from services.coordinator.lifecycle import long_calls_said, start_line
 
 def _ppo(step: int, total: int, resumed_from: str | None = None):
     folder = Path(resumed_from) if resumed_from else None
-    return SimpleNamespace(state=SimpleNamespace(step=step), total_steps=total, resumed_from=folder)
+    return SimpleNamespace(
+        progress=SimpleNamespace(step=step),
+        total_steps=total,
+        checkpoints=SimpleNamespace(resumed_from=folder),
+    )
 
 
 def test_a_resumed_run_says_from_where_and_how_many_steps_are_left():
@@ -37,7 +41,7 @@ def test_a_resumed_run_says_from_where_and_how_many_steps_are_left():
 def test_a_long_call_of_the_run_is_named_every_period_and_a_short_one_never(monkeypatch):
     monkeypatch.setattr(progress_ticker, "PROGRESS_EVERY_S", 0.3)  # 10 s in a run
     mine = Endpoints(rollout=["h:1"], actor="h:2", reward="h:3")
-    ppo = SimpleNamespace(endpoints=mine)
+    ppo = SimpleNamespace(servers=SimpleNamespace(endpoints=mine))
     said: list[str] = []
     release = threading.Event()
 

@@ -353,6 +353,7 @@ def test_a_managed_run_whose_training_fails_closes_its_run_with_the_error(tmp_pa
 
     class FailingPPO:
         total_steps, progress = 4, SimpleNamespace(step=0)
+        checkpoints = SimpleNamespace(resumed_from=None)
 
         def setup(self, data=None):
             pass

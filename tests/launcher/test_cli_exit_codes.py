@@ -118,7 +118,8 @@ def test_the_run_closes_knowing_how_it_ended_as_meshrl_run_exits(
 
     class Run:
         finished = outcome == "finished"
-        state, total_steps = SimpleNamespace(step=1), 1
+        progress, total_steps = SimpleNamespace(step=1), 1
+        checkpoints = SimpleNamespace(resumed_from=None)
 
         def __init__(self, *args, **kwargs):
             pass
