@@ -64,14 +64,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("config '-' (standard input) is read only with --coordinator")
     cfg = load_config(config, overrides)
     from meshrl_app.run_local import run_local
+    from meshrl_app.run_summary import ended_line
 
     result = run_local(cfg)
-    run_dir = cfg.trainer.default_local_dir
-    ended = "finished" if result.finished else "stopped (resumes from its checkpoint)"
-    kept = (
-        "metrics.jsonl, checkpoints/" if Path(run_dir, "checkpoints").is_dir() else "metrics.jsonl"
-    )
-    print(f"meshrl: run {ended}; run folder {run_dir} ({kept})")
+    print(ended_line(result, Path(cfg.trainer.default_local_dir)))
     return EXIT_SUCCEEDED if result.finished else EXIT_STOPPED
 
 
@@ -347,6 +343,7 @@ def _loaded_error_types(*names: str) -> tuple[type[BaseException], ...]:
 
 BAD_REQUEST_ERRORS = (
     "meshrl.config.loader:ConfigError",
+    "meshrl.rpc.server:ServerBindError",  # `meshrl serve` on a port in use
     "meshrl.data.errors:DataError",
     "meshrl_app.export:ExportError",
 )

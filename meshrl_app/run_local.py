@@ -20,7 +20,7 @@ import torch
 from meshrl.config import RunConfig
 from meshrl.launcher.factory import make_launcher
 from meshrl.rpc.security import SecuritySettings
-from services.coordinator.lifecycle import run_lifecycle
+from services.coordinator.lifecycle import run_lifecycle, start_line
 from services.coordinator.preflight import (
     check_cuda_here,
     check_required_keys_given,
@@ -66,19 +66,31 @@ class GracefulStop:
 
 class RunResult(dict):
     """The last step's metrics (a dict, as before), and whether every step ran: False when
-    a stop (Ctrl-C, SIGTERM) ended the run early, after its checkpoint."""
+    a stop (Ctrl-C, SIGTERM) ended the run early, after its checkpoint. ``note``: why no
+    step ran, when none did; ``step`` / ``total_steps``: where it ended, of how many."""
 
-    def __init__(self, metrics: dict[str, float], finished: bool):
+    def __init__(
+        self,
+        metrics: dict[str, float],
+        finished: bool,
+        note: str = "",
+        step: int = 0,
+        total_steps: int = 0,
+    ):
         super().__init__(metrics)
         self.finished = finished
+        self.note = note
+        self.step = step
+        self.total_steps = total_steps
 
 
 class _LocalObserver:
     """Progress to this process's log; Ctrl-C / SIGTERM handled once the run exists (until
     ``handlers`` closes)."""
 
-    def __init__(self, handlers: ExitStack) -> None:
+    def __init__(self, handlers: ExitStack, cfg: RunConfig) -> None:
         self.handlers = handlers
+        self.cfg = cfg
 
     def progress(self, line: str) -> None:
         log.info("%s", line)
@@ -90,7 +102,7 @@ class _LocalObserver:
         self.handlers.enter_context(GracefulStop(ppo))
 
     def started(self, ppo: PPORun) -> None:
-        pass
+        log.info("%s", start_line(self.cfg, ppo))
 
 
 def run_local(cfg: RunConfig) -> RunResult:
@@ -116,8 +128,9 @@ def run_local(cfg: RunConfig) -> RunResult:
             # server that does not answer) ends the run before the models load
             make_sinks=lambda: run_sinks(cfg, run_dir),
             make_ppo=lambda c, e, d, sinks, r: PPORun(c, e, d, sinks=sinks, restarter=r),
-            observer=_LocalObserver(handlers),
+            observer=_LocalObserver(handlers, cfg),
         )
-    if outcome.note:  # a finished run run again: nothing to do
-        log.warning("%s", outcome.note)
-    return RunResult(outcome.metrics, finished=outcome.finished)
+    # a note (a finished run run again: nothing to do) is said once, by the caller's last
+    # line (`meshrl run`: meshrl_app/run_summary.py)
+    o = outcome
+    return RunResult(o.metrics, o.finished, o.note, o.step, o.total_steps)

@@ -8,13 +8,22 @@ Initialize on them again. A server that dies mid-run is restarted by whatever ru
 
 from __future__ import annotations
 
+import logging
+
 import grpc
 from grpc_health.v1 import health_pb2
 
 from meshrl.api.v1 import common_pb2, trainer_pb2_grpc
 from meshrl.config import ConfigError, RunConfig
 from meshrl.launcher.endpoints import Endpoints
-from meshrl.rpc.client import health_status, open_channel, wait_for_health
+from meshrl.rpc.client import (
+    ServiceUnavailable,
+    health_status,
+    open_channel,
+    wait_for_health,
+)
+
+log = logging.getLogger(__name__)
 
 ROLES = ("rollout", "actor", "critic", "ref", "reward")
 
@@ -151,11 +160,23 @@ class ExternalLauncher:
         return [*e.rollout, e.actor, e.reward, *(a for a in (e.critic, e.ref) if a)]
 
     def start(self) -> Endpoints:
-        for address in self.addresses():
-            wait_for_health(address, "", self.cfg.launcher.startup_timeout_s)
+        for name, address in self.named_addresses().items():
+            self._wait_for(name, address)
         for name, address in self.named_addresses().items():
             _check_serves(name, address)
         return self._endpoints
+
+    def _wait_for(self, name: str, address: str) -> None:
+        """Waits for the server's answer, saying every 10 s how the wait goes: a server that
+        refuses connections was 120 s of silence, then an error naming the service only."""
+        timeout_s = self.cfg.launcher.startup_timeout_s
+        try:
+            wait_for_health(address, "", timeout_s, progress=log.info, name=name)
+        except ServiceUnavailable as e:
+            raise ServiceUnavailable(
+                f"{e}; launcher.kind=external starts no server: start it there, or correct "
+                f"launcher.addresses.{_role(name)} (launcher.startup_timeout_s={timeout_s:g})"
+            ) from None
 
     def named_addresses(self) -> dict[str, str]:
         """Launcher names (rollout0, actor, ...) -> addresses, as PPORun names its clients."""
@@ -185,7 +206,9 @@ class ExternalLauncher:
 
     def restart(self, name: str) -> str:
         address = self.named_addresses()[name]
-        wait_for_health(address, "", self.cfg.launcher.startup_timeout_s)
+        wait_for_health(
+            address, "", self.cfg.launcher.startup_timeout_s, progress=log.info, name=name
+        )
         return address
 
     def stop(self) -> None:

@@ -20,6 +20,7 @@ from meshrl.launcher.endpoints import Endpoints
 from meshrl.launcher.fork_server import ForkedServer, fork_server_process
 from meshrl.launcher.ports import free_port
 from meshrl.launcher.server_processes import stop_server, stop_servers
+from meshrl.progress_ticker import ProgressTicker
 from meshrl.rpc.client import wait_for_health
 from meshrl.rpc.metrics_port import METRICS_PORT_ENV
 from meshrl.rpc.security import SecuritySettings
@@ -153,14 +154,27 @@ class LocalLauncher:
     def start(self) -> Endpoints:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
-            for proc in self.plan():
-                self._spawn(proc)
-            for proc in self.processes.values():
-                self._wait_until_serving(proc)
+            planned = self.plan()
+            waiting = [proc.name for proc in planned]  # the first start forks the fork server
+            with ProgressTicker(lambda s: self._still_starting(waiting, s), log.info):
+                for proc in planned:
+                    self._spawn(proc)
+                for proc in planned:
+                    self._wait_until_serving(proc)
+                    waiting.remove(proc.name)
         except BaseException:
             self.stop()
             raise
         return self.endpoints()
+
+    def _still_starting(self, waiting: list[str], elapsed_s: float) -> str:
+        """The progress line of a start-up still waiting for ``waiting``: a server starts
+        in seconds, but imports for tens of them on a loaded machine."""
+        limit = self.cfg.launcher.startup_timeout_s
+        return (
+            f"role servers starting: {', '.join(waiting)} not answering yet "
+            f"({elapsed_s:.0f} s; launcher.startup_timeout_s={limit:g} each)"
+        )
 
     def _wait_until_serving(self, proc: RoleProcess, attempts: int = 3) -> None:
         """Waits for the server's health; a server that lost its port to another process

@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from meshrl.api.v1 import common_pb2
+from meshrl.rpc.calls_in_flight import CALLS_IN_FLIGHT
 from meshrl.rpc.client import open_channel
 from meshrl.rpc.options import message_limit
 from meshrl.weight_sync.types import GroupSpec
@@ -51,7 +52,8 @@ class RoleClient:
 
     def _call(self, method: str, request, timeout_s: float | None = None):
         try:
-            return getattr(self.stub, method)(request, timeout=timeout_s or self.timeout_s)
+            with CALLS_IN_FLIGHT.track(self.service, self.address, method):  # progress lines
+                return getattr(self.stub, method)(request, timeout=timeout_s or self.timeout_s)
         except grpc.RpcError as e:
             raise RoleCallError(self.service, self.address, method, e) from None
 

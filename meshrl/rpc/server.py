@@ -83,6 +83,11 @@ def instance_health_name(instance_id: str) -> str:
     return f"meshrl.instance.{instance_id}"
 
 
+class ServerBindError(OSError):
+    """A server cannot listen where it was asked to (a port in use, an address of another
+    machine): a mistake of the command line, said in one line (``meshrl: ...``, exit 2)."""
+
+
 class GrpcServer:
     """A gRPC server bound to host:port with health checking; one per role process."""
 
@@ -94,10 +99,14 @@ class GrpcServer:
         max_workers: int = 16,
         security: SecuritySettings | None = None,
         metrics_port: int | None = None,
+        name: str = "",
     ):
         """`security` None = from the environment (MESHRL_TLS_*, MESHRL_AUTH_TOKEN_FILE);
-        `metrics_port` None = from MESHRL_METRICS_PORT (unset: no metrics endpoint)."""
+        `metrics_port` None = from MESHRL_METRICS_PORT (unset: no metrics endpoint);
+        `name`: what the server is to its user ("rollout server"), in its errors (default:
+        the service name)."""
         self.service_name = service_name
+        self.name = name or service_name
         security = security if security is not None else SecuritySettings.from_env()
         metrics_port = metrics_port if metrics_port is not None else metrics_port_from_env()
         interceptors = server_interceptors(security)
@@ -128,18 +137,23 @@ class GrpcServer:
 
     def _bind(self, host: str, port: int, credentials: grpc.ServerCredentials | None) -> int:
         address = f"{host}:{port}"
-        try:
-            if credentials is None:
-                bound = self.server.add_insecure_port(address)
-            else:
-                bound = self.server.add_secure_port(address, credentials)
-        except RuntimeError:
-            bound = 0
-        if bound == 0:
-            raise OSError(
-                f"{self.service_name} cannot listen on {address}: {_bind_problem(host, port)}"
-            )
-        return bound
+        # Asked of the OS first: gRPC's own failed bind writes a C-core log line
+        # ("E1205 ... add_port.cc:83] Failed to add port ...") to stderr before any message
+        # of ours, which the one-line error of a port in use is meant to replace.
+        problem = bind_problem(host, port)
+        if problem is None:
+            try:
+                if credentials is None:
+                    bound = self.server.add_insecure_port(address)
+                else:
+                    bound = self.server.add_secure_port(address, credentials)
+            except RuntimeError:
+                bound = 0
+            if bound:
+                return bound
+            # taken between the two binds, or refused by gRPC alone
+            problem = bind_problem(host, port) or _GRPC_REFUSED
+        raise ServerBindError(f"{self.name} cannot bind {address}: {problem}")
 
     def _serve_metrics(self, host: str, port: int) -> MetricsEndpoint:
         from meshrl.rpc.metrics import MetricsEndpoint
@@ -147,8 +161,8 @@ class GrpcServer:
         try:
             return MetricsEndpoint(host, port)
         except OSError as e:
-            problem = _bind_problem(host, port) if port else str(e)
-            raise OSError(
+            problem = (bind_problem(host, port) if port else None) or str(e)
+            raise ServerBindError(
                 f"{self.service_name} cannot serve metrics on {host}:{port}: {problem}"
             ) from None
 
@@ -206,12 +220,20 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _bind_problem(host: str, port: int) -> str:
-    """Why gRPC could not bind: asks the OS with a plain socket, which says what it is."""
+_GRPC_REFUSED = "gRPC refused the address (port in use, or not an address of this machine)"
+
+
+def bind_problem(host: str, port: int) -> str | None:
+    """Why a server could not listen on host:port, asked of the OS with a plain socket
+    (which says what it is); None when it could. The socket reuses addresses as gRPC's
+    does, so a port left in TIME_WAIT by closed connections is free, and a listener is not."""
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
     try:
         with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind((host.strip("[]"), port))
+    except (socket.gaierror, UnicodeError) as e:  # gaierror is an OSError: first
+        return f"host {host!r} does not resolve ({e})"
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
             return f"port {port} is already in use (another server, or one left over from an earlier run)"
@@ -220,9 +242,7 @@ def _bind_problem(host: str, port: int) -> str:
         if e.errno == errno.EACCES:
             return f"no permission to bind port {port}"
         return f"{e.strerror or e}"
-    except (socket.gaierror, UnicodeError) as e:
-        return f"host {host!r} does not resolve ({e})"
-    return "gRPC refused the address (port in use, or not an address of this machine)"
+    return None
 
 
 class StopSignal:
@@ -267,6 +287,24 @@ class StopSignal:
 def wait_for_stop_signal() -> None:
     """Blocks (in the main thread) until SIGTERM or SIGINT; later ones are ignored."""
     StopSignal().wait(second_exits_at_once=False)
+
+
+START_UP_EXIT_CODE = 2
+"""What a server command exits with when it cannot start as asked (`serve_exit_code`)."""
+
+
+def serve_exit_code(serve: Callable[[], object], *user_errors: type[BaseException]) -> int:
+    """Runs ``serve()`` for a server's ``main`` (``python -m services.<role>.server``): 0 when
+    it returns; a start-up the user can fix (a port in use, an address of another machine,
+    ``user_errors``) is one line ``meshrl: <message>`` on stderr and exit code 2, as
+    ``meshrl serve`` and ``meshrl reward serve`` end, never a traceback."""
+    caught: tuple[type[BaseException], ...] = (ServerBindError, *user_errors)
+    try:
+        serve()
+    except caught as e:
+        print(f"meshrl: {e}", file=sys.stderr, flush=True)
+        return START_UP_EXIT_CODE
+    return 0
 
 
 def exit_at_once() -> None:

@@ -37,6 +37,11 @@ def prepare_model(out_dir: Path, held_out: set, seed: int = 0) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     start = time.perf_counter()
+    print(
+        f"warm start: supervised training until greedy accuracy on training problems reaches "
+        f"{WARM_START_STOP_AT:.2f} (at most {WARM_START_MAX_ITERATIONS} iterations)",
+        flush=True,
+    )
     done = warm_start(
         model,
         tokenizer,
@@ -45,6 +50,7 @@ def prepare_model(out_dir: Path, held_out: set, seed: int = 0) -> Path:
         seed=seed,
         held_out=held_out,
         digits=DIGITS,
+        report=lambda line: print(line, flush=True),
     )
     print(
         f"warm start: {done.iterations} iterations in {time.perf_counter() - start:.0f}s, "

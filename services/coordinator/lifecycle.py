@@ -17,8 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from meshrl import progress_ticker
 from meshrl.config import RunConfig
 from meshrl.hub_models import with_local_models
+from meshrl.progress_ticker import ProgressTicker
+from meshrl.rpc.calls_in_flight import CALLS_IN_FLIGHT
 from services.coordinator.metrics_sinks import MetricsSink, close_sinks
 from services.coordinator.preflight import start_run_folder, write_run_config
 from services.coordinator.run_folder_lock import RunFolderLock
@@ -49,6 +52,10 @@ class RunOutcome:
     """Every step ran (False: stopped early, after its checkpoint)."""
     note: str = ""
     """Why no step ran, when none did (a finished run run again, a stop before the start)."""
+    step: int = 0
+    """The step the run ended at (a finished run run again: its checkpoint's)."""
+    total_steps: int = 0
+    """The steps the run has in all (0 when unknown, and in an evaluation)."""
 
 
 def run_lifecycle(
@@ -95,7 +102,7 @@ def _run_in_folder(
     try:
         data = load_data(cfg, run_dir)
     except AlreadyTrained as done:  # a finished run run again: no server starts
-        return RunOutcome({}, finished=True, note=str(done))
+        return RunOutcome({}, True, str(done), done.step, done.total_steps)
     write_run_config(run_dir, cfg)
     sinks = make_sinks()
     try:
@@ -123,15 +130,53 @@ def _run_in_folder(
             raise
         try:
             observer.progress("initializing role servers (models load now)")
-            ppo.setup(data)
-            if observer.stop_requested():
-                ppo.stop()
-            observer.started(ppo)
-            metrics = ppo.train()
+            with long_calls_said(ppo, observer.progress):
+                ppo.setup(data)
+                if observer.stop_requested():
+                    ppo.stop()
+                observer.started(ppo)
+                metrics = ppo.train()
         except BaseException as e:
             ppo.close(error=e)  # its sinks record the failure: a wandb run is failed
             raise
         ppo.close()  # finished, or stopped: its sinks tell them apart
-        return RunOutcome(metrics, finished=ppo.finished)
+        return RunOutcome(metrics, ppo.finished, "", ppo.progress.step, ppo.total_steps)
     finally:
         launcher.stop()
+
+
+def long_calls_said(ppo, say: Callable[[str], None]) -> ProgressTicker:
+    """While the run sets up and trains, ``say`` names every PROGRESS_EVERY_S the calls to
+    its role servers still under way ("still waiting: actor Initialize (10 s)"): loading
+    models, the first weight sync, step 1's generation were silent gaps of 7 to 18 s on a
+    loaded machine. Only this run's servers: a coordinator service runs several runs."""
+
+    def line(elapsed_s: float) -> str | None:
+        servers = getattr(ppo, "servers", None)  # a PPORun's RoleServers
+        endpoints = getattr(servers, "endpoints", None)  # moves when a server is restarted
+        addresses = None if endpoints is None else endpoint_addresses(endpoints)
+        return CALLS_IN_FLIGHT.long_calls_line(progress_ticker.PROGRESS_EVERY_S, addresses)
+
+    # polled often: each call is said at its own marks (10 s, 20 s, ... after it started)
+    return ProgressTicker(line, say, every_s=min(1.0, progress_ticker.PROGRESS_EVERY_S / 4))
+
+
+def endpoint_addresses(endpoints) -> set[str]:
+    """host:port of every role server in ``endpoints`` (an Endpoints)."""
+    named = [endpoints.actor, endpoints.reward, endpoints.critic, endpoints.ref]
+    return {*endpoints.rollout, *(a for a in named if a)}
+
+
+def start_line(cfg: RunConfig, ppo) -> str:
+    """What a run set up is about to do: "running 10 PPO steps", "resumed from
+    .../global_step_8 (step 8); running 2 of 10 PPO steps", or an evaluation's."""
+    step, total = ppo.progress.step, ppo.total_steps
+    if cfg.trainer.val_only:
+        return f"validating the weights of step {step} (trainer.val_only)"
+    plural = "s" if total != 1 else ""
+    resumed = ppo.checkpoints.resumed_from
+    if resumed is None:
+        return f"running {total} PPO step{plural}"
+    return (
+        f"resumed from {resumed} (step {step}); running {total - step} of {total} PPO step{plural}"
+    )

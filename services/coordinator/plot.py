@@ -1,4 +1,9 @@
-"""A PNG of score, KL and response length per step, from the run's metrics JSONL."""
+"""A PNG of score, KL and response length per step, from the run's metrics JSONL.
+
+It draws the run's latest history (``metrics_history``): after a recovery or a resume that
+went back, the steps run again replace the abandoned ones, instead of a line drawn back
+from step 45 to step 41.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display on servers
 import matplotlib.pyplot as plt  # noqa: E402
 
-from services.coordinator.metrics_sinks import read_jsonl  # noqa: E402
+from services.coordinator.metrics_history import read_history  # noqa: E402
 
 PANELS = [
     ("critic/score/mean", "score (mean)"),
@@ -22,7 +27,8 @@ PANELS = [
 def plot_metrics(jsonl_path: Path, png_path: Path) -> Path | None:
     """Writes the PNG; None (and no file) when no step has been logged yet, as in a run
     that failed before its first step."""
-    rows = [r for r in read_jsonl(jsonl_path) if "critic/score/mean" in r]
+    history = read_history(jsonl_path)  # one row per step, steps increasing
+    rows = [r for r in history if "critic/score/mean" in r]
     panels = [(k, t) for k, t in PANELS if any(r.get(k) is not None for r in rows)]
     if not panels:
         return None
@@ -35,7 +41,7 @@ def plot_metrics(jsonl_path: Path, png_path: Path) -> Path | None:
         ax.grid(alpha=0.3)
     val = [
         (r["step"], v)
-        for r in read_jsonl(jsonl_path)
+        for r in history
         for k, v in r.items()
         if k.startswith("val-core/") and "/acc/" in k and v is not None
     ]

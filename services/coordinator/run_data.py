@@ -85,7 +85,9 @@ def load_run_data(cfg: RunConfig, run_dir: Path | None = None) -> RunData:
                 f"nothing to train: the run's checkpoint is at step {start_step}, and the "
                 f"run has {total_steps} steps (trainer.total_training_steps, or "
                 "total_epochs): raise them to train on, or evaluate the checkpoint with "
-                "trainer.val_only=true; no role server was started"
+                "trainer.val_only=true; no role server was started",
+                step=start_step,
+                total_steps=total_steps,
             )
         if start_step > 0 and (checkpoint := resume_folder(cfg, run_dir)) is not None:
             if warning := check_resume_config(cfg, checkpoint):  # ConfigError: refused

@@ -23,7 +23,7 @@ from meshrl.config import ConfigError, RunConfig, build_config
 from meshrl.config.loader import config_tree
 from meshrl.data.errors import DataError
 from meshrl.rpc.security import SecuritySettings
-from services.coordinator.lifecycle import run_lifecycle
+from services.coordinator.lifecycle import run_lifecycle, start_line
 from services.coordinator.metrics_sinks import ConsoleSink, MetricsSink, file_sinks
 from services.coordinator.preflight import (
     check_cuda_here,
@@ -198,6 +198,8 @@ class ManagedRun:
         )
         state = RunState.SUCCEEDED if outcome.finished else RunState.STOPPED
         if outcome.note:  # no step ran: a finished run run again, or a stop before the start
+            if outcome.total_steps:  # ends at its checkpoint's step, not at 0
+                self.update(step=outcome.step, total_steps=outcome.total_steps)
             return state, outcome.note
         return state, (
             f"run {state.name.lower()} after step {self.ppo.progress.step} "
@@ -219,11 +221,7 @@ class ManagedRun:
             state=RunState.RUNNING,
             total_steps=ppo.total_steps,
             step=ppo.progress.step,
-            line=(
-                f"validating the weights of step {ppo.progress.step} (trainer.val_only)"
-                if self.cfg.trainer.val_only
-                else f"running {ppo.total_steps} PPO steps"
-            ),
+            line=start_line(self.cfg, ppo),
         )
 
     def _sinks(self) -> list[MetricsSink]:

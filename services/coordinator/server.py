@@ -13,6 +13,7 @@ import argparse
 import importlib.metadata
 import logging
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -20,7 +21,13 @@ import grpc
 
 from meshrl.api.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from meshrl.rpc.metrics_port import add_metrics_port_argument, use_metrics_port
-from meshrl.rpc.server import GrpcServer, ServiceError, rpc_method, wait_for_stop_signal
+from meshrl.rpc.server import (
+    GrpcServer,
+    ServiceError,
+    rpc_method,
+    serve_exit_code,
+    wait_for_stop_signal,
+)
 from services.coordinator.convert import event_to_proto, status_to_proto
 from services.coordinator.run_manager import RunConflict, RunManager, UnknownRun
 
@@ -110,7 +117,9 @@ def serve(host: str = "127.0.0.1", port: int = 50050, workdir: str = ".") -> Non
     os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars suit a terminal, not a service log
     manager = RunManager(Path(workdir))
     servicer = CoordinatorServicer(manager)
-    server = GrpcServer(SERVICE_NAME, host, port, max_workers=32)  # each watcher holds a thread
+    server = GrpcServer(
+        SERVICE_NAME, host, port, max_workers=32, name="coordinator service"
+    )  # each watcher holds a thread
     server.add(coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server, servicer)
     server.start()
     server.mark_ready()
@@ -134,7 +143,7 @@ def shut_down(server: GrpcServer, servicer: CoordinatorServicer, manager: RunMan
     server.stop()
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="meshrl coordinator service")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=50050)
@@ -145,8 +154,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    serve(args.host, args.port, args.workdir)
+    return serve_exit_code(lambda: serve(args.host, args.port, args.workdir))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

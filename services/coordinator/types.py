@@ -34,8 +34,14 @@ class RunState(enum.Enum):
 
 class AlreadyTrained(Exception):  # noqa: N818 - an outcome, not a failure
     """The run's checkpoint is at or past its last step: there is nothing to train, and no
-    role server is started (the run SUCCEEDED). The message says where it stands and how
-    to go on."""
+    role server is started (the run SUCCEEDED at that step). The message says where it
+    stands and how to go on."""
+
+    def __init__(self, message: str, step: int = 0, total_steps: int = 0):
+        super().__init__(message)
+        self.step = step
+        """The step of the checkpoint: where the run ends."""
+        self.total_steps = total_steps
 
 
 _EXIT_CODES = {

@@ -30,7 +30,14 @@ from meshrl.config.schema import RewardConfig
 from meshrl.rpc.call_count import CallCount
 from meshrl.rpc.call_markers import CallMarkers
 from meshrl.rpc.metrics_port import use_metrics_port
-from meshrl.rpc.server import GrpcServer, ServiceError, StopSignal, exit_at_once, rpc_method
+from meshrl.rpc.server import (
+    GrpcServer,
+    ServiceError,
+    StopSignal,
+    exit_at_once,
+    rpc_method,
+    serve_exit_code,
+)
 from services.reward.arguments import add_serve_arguments, reward_config, reward_model_settings
 from services.reward.convert import item_from_proto, outcome_to_proto
 from services.reward.scorer_slot import DEFAULT_MAX_CALLS, NotReady, ScorerSlot
@@ -143,7 +150,7 @@ def serve(
         cfg = reward_config(
             custom_function, timeout_s, num_workers, reward_model_path, reward_model_settings
         )
-        server = GrpcServer(SERVICE_NAME, host, port)
+        server = GrpcServer(SERVICE_NAME, host, port, name="reward server")
         servicer = RewardServicer(memory_limit_mb, max_calls)
         server.add(reward_pb2_grpc.add_RewardServiceServicer_to_server, servicer)
         stop = StopSignal()  # a Ctrl-C while the workers start is kept, and acted on after
@@ -261,12 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    try:
-        serve_from_args(args)
-    except ConfigError as e:
-        log.error("%s", e)
-        return 2
-    return 0
+    return serve_exit_code(lambda: serve_from_args(args), ConfigError)
 
 
 if __name__ == "__main__":

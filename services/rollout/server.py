@@ -23,6 +23,7 @@ import argparse
 import functools
 import importlib.metadata
 import logging
+import sys
 import threading
 from collections.abc import Callable
 
@@ -33,7 +34,14 @@ from meshrl.config import config_from_yaml
 from meshrl.gpus import gpu_names
 from meshrl.rpc.call_markers import CallMarkers
 from meshrl.rpc.metrics_port import add_metrics_port_argument, use_metrics_port
-from meshrl.rpc.server import GrpcServer, ServiceError, StopSignal, exit_at_once, rpc_method
+from meshrl.rpc.server import (
+    GrpcServer,
+    ServiceError,
+    StopSignal,
+    exit_at_once,
+    rpc_method,
+    serve_exit_code,
+)
 from meshrl.weight_sync.group import WeightGroupError
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
 from meshrl.wire import ragged_from_proto, tensor_to_proto
@@ -182,7 +190,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
 def serve(host: str = "127.0.0.1", port: int = 0) -> None:
     """Runs the rollout server until SIGTERM/SIGINT; the model loads on Initialize."""
-    server = GrpcServer(SERVICE_NAME, host, port)
+    server = GrpcServer(SERVICE_NAME, host, port, name="rollout server")
     worker = RolloutWorker()
     server.add(
         rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
@@ -215,7 +223,7 @@ def shut_down(server: GrpcServer, worker: RolloutWorker) -> None:
     exit_at_once()
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="meshrl rollout server")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (logged)")
@@ -225,8 +233,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    serve(args.host, args.port)
+    return serve_exit_code(lambda: serve(args.host, args.port))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

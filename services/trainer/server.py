@@ -20,6 +20,7 @@ import argparse
 import functools
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable
 
@@ -30,7 +31,14 @@ from meshrl.api.v1 import common_pb2, trainer_pb2_grpc
 from meshrl.rpc.call_count import CallCount
 from meshrl.rpc.call_markers import CallMarkers
 from meshrl.rpc.metrics_port import add_metrics_port_argument, use_metrics_port
-from meshrl.rpc.server import GrpcServer, ServiceError, StopSignal, exit_at_once, rpc_method
+from meshrl.rpc.server import (
+    GrpcServer,
+    ServiceError,
+    StopSignal,
+    exit_at_once,
+    rpc_method,
+    serve_exit_code,
+)
 from meshrl.weight_sync.group import WeightGroupError
 from meshrl.weight_sync.types import GroupSpec
 from services.trainer.command_channel import CommandChannel, serve_commands
@@ -258,7 +266,7 @@ def serve(role: str, host: str = "127.0.0.1", port: int = 0) -> None:
     if dist.get_rank() != 0:
         follow(channel, handlers)
         return
-    server = GrpcServer(SERVICE_NAME, host, port)
+    server = GrpcServer(SERVICE_NAME, host, port, name=f"{role} trainer server")
     servicer = TrainerServicer(handlers, channel, server)
     server.add(trainer_pb2_grpc.add_TrainerServiceServicer_to_server, servicer)
     stop = StopSignal()
@@ -359,7 +367,7 @@ def _under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="meshrl trainer role server")
     parser.add_argument("--role", required=True, choices=sorted(ROLES))
     parser.add_argument("--host", default="127.0.0.1")
@@ -372,8 +380,8 @@ def main(argv: list[str] | None = None) -> None:
         level=logging.INFO,
         format=f"%(asctime)s trainer[{args.role}:{rank}] %(levelname)s %(name)s: %(message)s",
     )
-    serve(args.role, args.host, args.port)
+    return serve_exit_code(lambda: serve(args.role, args.host, args.port))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

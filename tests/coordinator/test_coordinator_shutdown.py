@@ -39,6 +39,7 @@ class FakePPO:
     def __init__(self, cfg, endpoints, run_dir, sinks, restarter):
         self.sinks, self.total_steps = sinks, 10_000
         self.progress = SimpleNamespace(step=0)
+        self.checkpoints = SimpleNamespace(resumed_from=None)  # a fresh run
         self.stopped = threading.Event()
 
     def setup(self, data=None):

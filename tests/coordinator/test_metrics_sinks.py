@@ -277,12 +277,14 @@ def test_a_finished_run_started_again_succeeds_without_starting_a_server(tmp_pat
 
     def trained(cfg, run_dir):
         assert run_dir == tmp_path  # where resume_mode=auto looks: the run's own folder
-        raise AlreadyTrained("nothing to train: the run's checkpoint is at step 4")
+        raise AlreadyTrained("nothing to train: the run's checkpoint is at step 4", 4, 4)
 
     cfg = build_config({}, [f"trainer.default_local_dir={tmp_path}"])
     run = ManagedRun("r1", cfg, tmp_path, Launcher(), _no_ppo_run, trained)
     assert run._run() == (RunState.SUCCEEDED, "nothing to train: the run's checkpoint is at step 4")
     assert not Launcher.started
+    # it ends at its checkpoint's step (before: `SUCCEEDED step 0`)
+    assert (run.status.step, run.status.total_steps) == (4, 4)
 
 
 @pytest.mark.parametrize(
@@ -351,6 +353,7 @@ def test_a_managed_run_whose_training_fails_closes_its_run_with_the_error(tmp_pa
 
     class FailingPPO:
         total_steps, progress = 4, SimpleNamespace(step=0)
+        checkpoints = SimpleNamespace(resumed_from=None)
 
         def setup(self, data=None):
             pass

@@ -30,3 +30,28 @@ def test_no_plot_and_no_error_before_the_first_step(tmp_path):
     _write(jsonl, [{"step": 0, "val-core/gsm8k/acc/mean@1": 0.5}])
     assert plot_metrics(jsonl, tmp_path / "metrics.png") is None
     assert not (tmp_path / "metrics.png").exists()
+
+
+def test_a_rewound_run_is_drawn_as_its_latest_history_never_going_back(tmp_path, monkeypatch):
+    """A run that logged steps 1 to 5, went back to its checkpoint at step 3 and ran on to
+    step 6 (metrics.jsonl: 1, 2, 3, 4, 5, 4, 5, 6). Before, the lines went from step 5
+    back to step 4."""
+    import matplotlib.axes
+
+    drawn = []
+    real_plot = matplotlib.axes.Axes.plot
+
+    def spy(ax, xs, ys, *args, **kwargs):
+        drawn.append((list(xs), list(ys)))
+        return real_plot(ax, xs, ys, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
+    first = [{"step": s, "critic/score/mean": 0.1 * s} for s in range(1, 6)]
+    again = [{"step": s, "critic/score/mean": 1.0 + s} for s in (4, 5, 6)]
+    val = [{"step": 4, "val-core/gsm8k/acc/mean@1": 0.3}]  # of the abandoned step 4
+    jsonl = tmp_path / "metrics.jsonl"
+    _write(jsonl, first[:4] + val + first[4:] + again)
+    assert plot_metrics(jsonl, tmp_path / "metrics.png") is not None
+    [(xs, ys)] = drawn  # the score; no validation left in the latest history
+    assert xs == [1, 2, 3, 4, 5, 6]
+    assert ys == [0.1, 0.2, 0.30000000000000004, 5.0, 6.0, 7.0]  # steps 4-6 of the rerun

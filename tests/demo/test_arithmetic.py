@@ -73,3 +73,26 @@ def test_greedy_accuracy_scores_the_gsm8k_answer_line(tiny):
     tokenizer, model = tiny
     # a random model writes no `#### n` line
     assert greedy_accuracy(model, tokenizer, [(12, 34), (56, 78)], max_new_tokens=4) == 0.0
+
+
+def test_the_warm_start_says_how_it_goes_while_it_lasts(tiny, monkeypatch):
+    """Before, it printed nothing until it ended: 725 s of silence on a loaded machine."""
+    from meshrl import progress_ticker
+
+    monkeypatch.setattr(progress_ticker, "PROGRESS_EVERY_S", 0.005)  # 10 s in the demo
+    tokenizer, model = tiny
+    lines: list[str] = []
+    warm_start(
+        model,
+        tokenizer,
+        max_iterations=6,
+        stop_at_accuracy=1.1,
+        check_every=2,
+        probe_size=8,
+        report=lines.append,
+    )
+    assert lines and all(line.startswith("warm start: iteration ") for line in lines)
+    checked = [line for line in lines if "; at iteration " in line]
+    assert checked, "the last check's loss and accuracy, once there is one"
+    assert " of at most 6; at iteration " in checked[-1]
+    assert "greedy accuracy on training problems 0.00 (stops at 1.10)" in checked[-1]

@@ -3,6 +3,8 @@ failed, 2 the request is wrong, 3 stopped (after its checkpoint)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import grpc
 import pytest
 import torch
@@ -116,6 +118,8 @@ def test_the_run_closes_knowing_how_it_ended_as_meshrl_run_exits(
 
     class Run:
         finished = outcome == "finished"
+        progress, total_steps = SimpleNamespace(step=1), 1
+        checkpoints = SimpleNamespace(resumed_from=None)
 
         def __init__(self, *args, **kwargs):
             pass
@@ -320,11 +324,18 @@ def test_a_finished_run_run_again_ends_at_once_with_nothing_to_train(
     state = CoordinatorState.capture(2, loader, {"type": "fixed", "value": 0.001}, 2)
     CheckpointManager(run_dir).save(2, state, "", lambda tmp: (tmp / "actor").mkdir())
     args = _small_run_args(config, model_dir, tmp_path, "trainer.total_training_steps=2")
-    with caplog.at_level("WARNING"):
+    with caplog.at_level("INFO"):
         assert cli.main(args) == 0
     said = "nothing to train: the run's checkpoint is at step 2, and the run has 2 steps"
-    assert said in caplog.text
-    assert f"meshrl: run finished; run folder {run_dir}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert said not in caplog.text, "said once, by the last line"
+    # before: said in a warning, then `meshrl: run finished; run folder ... (metrics.jsonl,
+    # checkpoints/)` though no metrics.jsonl was there (trainer.logger=[console])
+    assert out.splitlines()[-1].startswith(f"meshrl: {said}")
+    assert out.splitlines()[-1].endswith(
+        f"no role server was started; run folder {run_dir} (checkpoints/global_step_2)"
+    )
+    assert out.count("nothing to train") == 1
     assert started == [], "no server was started"
 
 
@@ -349,6 +360,8 @@ def test_coordinator_only_arguments_of_a_local_run_are_a_bad_request(
 
 
 def test_a_local_run_ends_naming_its_folder(monkeypatch, tmp_path, capsys, config):
-    monkeypatch.setattr(run_local_module, "run_local", lambda cfg: RunResult({}, finished=True))
+    result = RunResult({}, finished=True, step=4, total_steps=4)
+    monkeypatch.setattr(run_local_module, "run_local", lambda cfg: result)
     assert cli.main(["run", config, f"trainer.default_local_dir={tmp_path / 'r'}"]) == 0
-    assert f"meshrl: run finished; run folder {tmp_path / 'r'}" in capsys.readouterr().out
+    said = f"meshrl: run finished at step 4 of 4; run folder {tmp_path / 'r'}"
+    assert said in capsys.readouterr().out

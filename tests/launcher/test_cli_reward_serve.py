@@ -117,7 +117,8 @@ def test_the_server_module_ends_the_same_way(tmp_path):
     done = start_with_custom_function(SERVER_MODULE, tmp_path, spec)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
-    assert f"ERROR __main__: {message}" in done.stderr
+    [error] = [line for line in done.stderr.splitlines() if line.startswith("meshrl: ")]
+    assert message in error
 
 
 def test_the_reward_model_flags_set_its_config_and_are_refused_without_one(tmp_path):

@@ -117,3 +117,55 @@ def test_recovery_says_the_external_launcher_waits_rather_than_restarts():
     external = _launcher("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
     assert recovery_plan(external).startswith("waiting up to 120 s for them to answer again")
     assert recovery_plan(object()) == RESTARTING
+
+
+def test_a_server_that_refuses_connections_is_waited_for_aloud_then_named(monkeypatch, caplog):
+    """Before: the whole start-up timeout (120 s) in silence, then `server at H:P not
+    healthy after 120s (UNAVAILABLE: failed to connect to all addresses; ...)`."""
+    from meshrl import progress_ticker
+    from meshrl.rpc.client import ServiceUnavailable
+
+    monkeypatch.setattr(progress_ticker, "PROGRESS_EVERY_S", 0.5)  # 10 s in a run
+    nobody = f"127.0.0.1:{free_port()}"  # nothing listens: connections are refused
+    launcher = _launcher(nobody, nobody, nobody)
+    launcher.cfg.launcher.startup_timeout_s = 2.0
+    with caplog.at_level("INFO", logger="meshrl.launcher.external"):
+        with pytest.raises(ServiceUnavailable) as e:
+            launcher.start()
+    waits = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting")]
+    assert len(waits) >= 2, "a line every PROGRESS_EVERY_S while it waits"
+    assert waits[0].startswith(f"waiting for rollout0 at {nobody} (connection refused) ... ")
+    assert waits[0].endswith(" s of 2 s")
+    assert str(e.value) == (
+        f"rollout0 at {nobody} not healthy after 2s (connection refused); "
+        "launcher.kind=external starts no server: start it there, or correct "
+        "launcher.addresses.rollout (launcher.startup_timeout_s=2)"
+    )
+
+
+def test_meshrl_run_against_external_servers_that_are_not_up_ends_in_one_line(
+    monkeypatch, tmp_path, capsys
+):
+    from meshrl.testing.tiny_model import make_tiny_model_dir
+    from meshrl_app import cli
+    from meshrl_app.demo.arithmetic import write_arithmetic_parquet
+
+    model = make_tiny_model_dir(tmp_path / "model")
+    train = write_arithmetic_parquet(tmp_path / "data", n_train=8, n_val=4)["train"]
+    nobody = f"127.0.0.1:{free_port()}"
+    (tmp_path / "run.yaml").write_text("{}\n")
+    argv = ["run", str(tmp_path / "run.yaml"), f"actor_rollout_ref.model.path={model}"]
+    argv += [f"data.train_files={train}", "algorithm.adv_estimator=grpo", "trainer.logger=console"]
+    argv += ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4"]
+    argv += [f"trainer.default_local_dir={tmp_path / 'run'}", "launcher.kind=external"]
+    argv += [f"launcher.addresses.{role}={nobody}" for role in ("rollout", "actor", "reward")]
+    argv += ["launcher.startup_timeout_s=1"]
+    capsys.readouterr()  # the model's making
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines() == [
+        f"meshrl: rollout0 at {nobody} not healthy after 1s (connection refused); "
+        "launcher.kind=external starts no server: start it there, or correct "
+        "launcher.addresses.rollout (launcher.startup_timeout_s=1)"
+    ]

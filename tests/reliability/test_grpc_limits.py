@@ -16,7 +16,7 @@ from meshrl.api.v1 import reward_pb2, reward_pb2_grpc
 from meshrl.launcher.ports import free_port
 from meshrl.rpc.role_client import RoleCallError
 from meshrl.rpc.security import SecuritySettings, client_interceptor
-from meshrl.rpc.server import GrpcServer
+from meshrl.rpc.server import GrpcServer, ServerBindError
 from services.reward.client import RewardClient
 from services.reward.types import ScoreItem
 
@@ -81,12 +81,16 @@ def test_port_already_taken_is_named():
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        with pytest.raises(OSError) as e:
+        with pytest.raises(ServerBindError) as e:
             GrpcServer(
-                "meshrl.api.v1.RewardService", "127.0.0.1", port, security=SecuritySettings()
+                "meshrl.api.v1.RewardService",
+                "127.0.0.1",
+                port,
+                security=SecuritySettings(),
+                name="reward server",
             )
     assert str(e.value) == (
-        f"meshrl.api.v1.RewardService cannot listen on 127.0.0.1:{port}: port {port} is "
+        f"reward server cannot bind 127.0.0.1:{port}: port {port} is "
         "already in use (another server, or one left over from an earlier run)"
     )
 
@@ -117,4 +121,4 @@ def test_server_process_on_a_taken_port_exits_with_the_port_named():
             timeout=120,
         )
     assert done.returncode != 0
-    assert f"cannot listen on 127.0.0.1:{port}: port {port} is already in use" in done.stderr
+    assert f"cannot bind 127.0.0.1:{port}: port {port} is already in use" in done.stderr
