@@ -63,6 +63,17 @@ class WeightSyncer:
         self.spec: GroupSpec | None = None
         """The group formed last (rank 0's spec); None: form one before the next sync."""
 
+    def set_rollouts(self, rollouts: list[RolloutClient]) -> None:
+        """The rollout replicas to sync from now on; another membership than the group's
+        (a replica that went down, one that joined) forms a new group at the next sync."""
+        if rollouts == self.rollouts:
+            return
+        self.rollouts = list(rollouts)
+        self.spec = None  # the actor's manifest then names another group: formed again
+        # every member's join blocks until all joined: a thread for each
+        self.pool.shutdown(wait=False)
+        self.pool = ThreadPoolExecutor(max_workers=1 + len(rollouts), thread_name_prefix="sync")
+
     @property
     def group_id(self) -> str | None:
         return self.spec.group_id if self.spec is not None else None
