@@ -82,7 +82,7 @@ class PoolMembership:
                     f"no rollout replica at {address} in this run (its replicas: {known})"
                 )
             staying = set(by_address.values()) - set(self._removes) - {name}
-            if not staying:
+            if not staying and not self._adds:  # one asked to join counts: a swap
                 raise ReplicaRefused(
                     f"rollout server {address} is the run's last replica: add another first"
                 )
@@ -105,16 +105,27 @@ class PoolMembership:
         if not (adds or removes or down):
             return False
         joining = [name for name in down if name not in removes and self._restart(name)]
-        for name in removes:
-            if name in self.servers.roles.rollout_names:
-                self.servers.remove_rollout(name)
-                log.info("rollout replica %s left the pool (asked)", name)
         joining += [self.servers.add_rollout(address) for address in adds]
         joining = [name for name in joining if self._initialize(name)]
+        for name in removes:  # after the joins: a swap never leaves the pool empty
+            self._remove(name)
         self._sync(joining, version)
         rollouts = self.servers.roles.rollout_names
         log.info("rollout pool: %d replicas (%s)", len(rollouts), ", ".join(rollouts))
         return True
+
+    def _remove(self, name: str) -> None:
+        names = self.servers.roles.rollout_names
+        if name not in names:
+            return  # went down meanwhile and was not brought back
+        if len(names) == 1:
+            log.warning(
+                "rollout replica %s stays in the pool, asked to leave: no other replica is "
+                "left to serve", name,
+            )  # fmt: skip
+            return
+        self.servers.remove_rollout(name)
+        log.info("rollout replica %s left the pool (asked)", name)
 
     def _restart(self, name: str) -> bool:
         """Restarts a replica that went down; False when it stays out of the run for now."""
