@@ -129,9 +129,10 @@ class PoolMembership:
 
     def _restart(self, name: str) -> bool:
         """Restarts a replica that went down; False when it stays out of the run for now."""
+        added = name in self.servers.added  # no launcher of ours started it
         if name in self.servers.roles.rollout_names:
             self.servers.remove_rollout(name)  # dead: out of the servers until it is back
-        if self.restarter is None or name in self.servers.added:
+        if self.restarter is None or added:
             log.warning(
                 "rollout replica %s went down and no launcher restarts it: the run goes on "
                 "with %d replica(s)", name, len(self.servers.roles.rollouts),

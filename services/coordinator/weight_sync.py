@@ -54,7 +54,7 @@ class WeightSyncer:
     ):
         sync_cfg = cfg.actor_rollout_ref.rollout.weight_sync
         self.actor = actor
-        self.rollouts = rollouts
+        self.rollouts = list(rollouts)  # its own: the run's list changes between steps
         self.transport = resolve_transport(cfg)
         self.timeout_s = sync_cfg.timeout_s
         self.bucket_bytes = bucket_bytes or sync_cfg.bucket_bytes(cfg.trainer.device)

@@ -108,3 +108,14 @@ def test_added_and_removed_replicas_and_names_never_reused(servers):
     pool.ask_add("127.0.0.1:8")
     pool.apply([], VERSION)
     assert synced[-1] == ["rollout1", "rollout2", "rollout3", "rollout4"]
+
+
+def test_a_replica_added_by_address_that_goes_down_is_not_restarted(servers, caplog):
+    restarter = Restarter()
+    pool, synced = membership(servers, restarter)
+    pool.ask_add("127.0.0.1:7")
+    pool.apply([], VERSION)
+    pool.apply(["rollout3"], VERSION)
+    assert restarter.restarted == []  # the launcher never started it
+    assert synced[-1] == ["rollout0", "rollout1", "rollout2"]
+    assert "rollout replica rollout3 went down and no launcher restarts it" in caplog.text
