@@ -209,7 +209,9 @@ class PPORun:
         assert self.validation is not None and self.step_runner is not None
         runner = self.step_runner
         reward = self.servers.roles.reward
-        return self.validation(self.progress.step, runner.rollout_pool, reward, runner.memory)
+        metrics = self.validation(self.progress.step, runner.rollout_pool, reward, runner.memory)
+        runner.rollout_pool.metrics()  # validation's generations: not the next step's figures
+        return metrics
 
     def validate_or_recover(self) -> dict[str, float] | None:
         """Validation with bounded restarts of dead role servers, as a step has: rollout and
