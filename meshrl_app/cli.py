@@ -1,4 +1,4 @@
-"""The `meshrl` command: run, status, stop, serve, preprocess, reward, export, demo."""
+"""The `meshrl` command: run, status, stop, rollout, serve, preprocess, reward, export, demo."""
 
 from __future__ import annotations
 
@@ -83,6 +83,14 @@ def _cmd_stop(args: argparse.Namespace) -> int:
     from services.coordinator.client import default_address
 
     return stop(args.coordinator or default_address(), args.run_id)
+
+
+def _cmd_rollout(args: argparse.Namespace) -> int:
+    from meshrl_app.remote import rollout
+    from services.coordinator.client import default_address
+
+    coordinator = args.coordinator or default_address()
+    return rollout(coordinator, args.rollout_command, args.address, args.run_id)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -262,6 +270,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="default: $MESHRL_COORDINATOR or 127.0.0.1:50050",
     )
     stop.set_defaults(fn=_cmd_stop)
+
+    pool = sub.add_parser(
+        "rollout", help="add or remove a rollout replica of a run on a coordinator service"
+    )
+    pool_sub = pool.add_subparsers(dest="rollout_command", required=True)
+    for verb, what in (
+        ("add", "a running rollout server joins the run's pool at its next step"),
+        ("remove", "a replica leaves the run's pool at its next step (its server runs on)"),
+    ):
+        change = pool_sub.add_parser(verb, help=what)
+        change.add_argument("address", type=host_port, help="the rollout server's HOST:PORT")
+        change.add_argument("--run-id", required=True, help="the run (meshrl status lists them)")
+        change.add_argument(
+            "--coordinator",
+            metavar="HOST:PORT",
+            type=host_port,
+            default=None,
+            help="default: $MESHRL_COORDINATOR or 127.0.0.1:50050",
+        )
+        change.set_defaults(fn=_cmd_rollout)
 
     serve = sub.add_parser(
         "serve",

@@ -3,6 +3,7 @@
     meshrl run --coordinator HOST:PORT [CONFIG.yaml] [key=value ...]   submit, then follow
     meshrl status [RUN] [--coordinator HOST:PORT]
     meshrl stop RUN [--coordinator HOST:PORT]
+    meshrl rollout add|remove ADDRESS --run-id RUN [--coordinator HOST:PORT]
 
 The config file is read here, on the client, and sent as text; the paths inside it are
 paths on the coordinator's (and role servers') filesystems. Ctrl-C while following asks
@@ -134,6 +135,38 @@ def stop(address: str, run_id: str, write: Callable[[str], None] = print) -> int
             write(f"nothing to stop: {status.describe()}")
         else:  # the status from before the stop takes effect
             write(f"stop requested; it ends after its current step: {status.describe()}")
+        return 0
+    finally:
+        client.close()
+
+
+def rollout(
+    address: str,
+    action: str,
+    replica: str,
+    run_id: str,
+    write: Callable[[str], None] = print,
+) -> int:
+    """`meshrl rollout add|remove`: the rollout server at ``replica`` joins or leaves the
+    run's pool at the run's next step boundary (a joiner serves once a weight sync gave it
+    the run's weights). Exit 0 asked, 1 refused (ended run, unknown replica, ...)."""
+    client = CoordinatorClient(address)
+    try:
+        change = client.add_rollout_replica if action == "add" else client.remove_rollout_replica
+        try:
+            status = change(run_id, replica)
+        except CoordinatorError as e:
+            if e.code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
+                write(f"meshrl rollout {action}: {e.details}")
+                return 1
+            if e.code == grpc.StatusCode.INVALID_ARGUMENT:
+                raise ConfigError(e.details) from None
+            raise
+        what = "joins" if action == "add" else "leaves"
+        write(
+            f"rollout server {replica} {what} run {run_id}'s pool at its next step "
+            f"boundary ({status.describe()})"
+        )
         return 0
     finally:
         client.close()

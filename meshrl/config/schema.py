@@ -312,7 +312,16 @@ class RolloutConfig(Section):
     cache (Llama / Qwen2 / Qwen3 architectures on a GPU); `vllm`, vLLM on GPU nodes; `auto`,
     the fast engine on a GPU where it serves the model, else the native one."""
     replicas: int = Field(1, ge=1)
-    """Rollout servers; prompts are split between them."""
+    """Rollout servers at the start; each generation's requests go to the one with the fewest
+    prompts outstanding, and servers can be added or removed during a run (`meshrl rollout
+    add` / `remove`)."""
+    prompts_per_request: int | None = Field(None, gt=0)
+    """Prompts of one Generate request: a batch is cut into requests of this many, each
+    seeded by its place in the batch and sent to the replica with the fewest prompts
+    outstanding, so a fast replica takes more and a long tail holds up only its own. None:
+    the whole batch with one replica, else a quarter of each replica's share
+    (`ceil(batch / (4 * replicas))`). Set it to spread a one-replica run over replicas added
+    later."""
     n: int = Field(1, ge=1)
     """Responses sampled per prompt."""
     temperature: float = Field(1.0, ge=0)

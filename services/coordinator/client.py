@@ -1,4 +1,5 @@
-"""The coordinator service's typed client: start, watch, stop and list runs."""
+"""The coordinator service's typed client: start, watch, stop and list runs, and change a
+run's rollout pool."""
 
 from __future__ import annotations
 
@@ -82,6 +83,16 @@ class CoordinatorClient:
         return status_from_proto(
             self._call("StopRun", coordinator_pb2.StopRunRequest(run_id=run_id))
         )
+
+    def add_rollout_replica(self, run_id: str, address: str) -> RunStatus:
+        """The rollout server at ``address`` joins the run's pool at its next step."""
+        req = coordinator_pb2.RolloutReplicaRequest(run_id=run_id, address=address)
+        return status_from_proto(self._call("AddRolloutReplica", req))
+
+    def remove_rollout_replica(self, run_id: str, address: str) -> RunStatus:
+        """The rollout replica at ``address`` leaves the run's pool at its next step."""
+        req = coordinator_pb2.RolloutReplicaRequest(run_id=run_id, address=address)
+        return status_from_proto(self._call("RemoveRolloutReplica", req))
 
     def list_runs(self) -> list[RunStatus]:
         return [

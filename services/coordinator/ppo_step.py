@@ -15,7 +15,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -36,18 +36,20 @@ from services.coordinator.generations import write_generations
 from services.coordinator.rollout_ahead import RolloutAhead
 from services.coordinator.rollout_batch import RolloutBatch, padded
 from services.coordinator.rollout_memory import RolloutMemory
+from services.coordinator.rollout_pool import RolloutPool
 from services.coordinator.timing import PhaseTimer
 from services.coordinator.weight_sync import WeightSyncer
 from services.reward.client import RewardClient
 from services.rollout.client import RolloutClient
-from services.rollout.types import GenerationResult, SamplingParams
+from services.rollout.types import SamplingParams
 from services.trainer.client import TrainerClient
 
 log = logging.getLogger(__name__)
 
 GEN_BATCH_SEED_STRIDE = 100_000_007
-"""Seed distance between a step's generation batches: past every step number and replica
-stride (:func:`replica_sampling`), so no two batches of a run share a sampling stream."""
+"""Seed distance between a step's generation batches: past every step number and a
+hundred requests' strides (:func:`~services.coordinator.rollout_pool.request_sampling`), so
+no two batches of a run share a sampling stream."""
 
 
 class WeightSyncFailed(Exception):
@@ -69,54 +71,17 @@ class Roles:
     """Clients of every role server a run talks to."""
 
     rollouts: list[RolloutClient]
+    """Every rollout replica of the run, in the order of ``rollout_names``."""
     actor: TrainerClient
     reward: RewardClient
     critic: TrainerClient | None = None
     ref: TrainerClient | None = None
+    rollout_names: list[str] = field(default_factory=list)
+    """Each replica's name (``rollout0``, ...); empty: ``rollout<i>`` by position."""
 
-
-def generate_split(
-    rollouts: list[RolloutClient],
-    prompts: Ragged,
-    sampling: SamplingParams,
-    pool: ThreadPoolExecutor,
-) -> GenerationResult:
-    """Splits the prompts over the rollout replicas, generates concurrently, joins in order."""
-    b = len(prompts)
-    k = min(len(rollouts), max(b, 1))
-    bounds = [b * i // k for i in range(k + 1)]
-    parts = [prompts.select(range(bounds[i], bounds[i + 1])) for i in range(k)]
-    futures = [
-        pool.submit(r.generate, p, replica_sampling(sampling, i))
-        for i, (r, p) in enumerate(zip(rollouts, parts, strict=False))
-    ]
-    results = [f.result() for f in futures]
-    versions = {r.weight_version for r in results}
-    if len(versions) != 1:
-        raise RuntimeError(f"rollout replicas serve different weight versions: {sorted(versions)}")
-    return GenerationResult(
-        responses=Ragged.from_tensors(
-            [r.responses.row(i) for r in results for i in range(len(r.responses))]
-        ),
-        logprobs=Ragged.from_tensors(
-            [r.logprobs.row(i) for r in results for i in range(len(r.logprobs))]
-        ),
-        finish_reasons=[x for r in results for x in r.finish_reasons],
-        weight_version=versions.pop(),
-    )
-
-
-REPLICA_SEED_STRIDE = 1_000_033
-"""Seed offset between replicas: far apart from the step seeds (seed * 1_000_003 + step)."""
-
-
-def replica_sampling(sampling: SamplingParams, i: int) -> SamplingParams:
-    """Replica i's sampling: the same, with a seed of its own. With one seed everywhere, row r
-    of every replica drew the same noise: a prompt that two replicas both got sampled the
-    very same responses, and the others correlated ones."""
-    if i == 0 or sampling.seed is None:
-        return sampling
-    return dataclasses.replace(sampling, seed=sampling.seed + i * REPLICA_SEED_STRIDE)
+    def named_rollouts(self) -> dict[str, RolloutClient]:
+        names = self.rollout_names or [f"rollout{i}" for i in range(len(self.rollouts))]
+        return dict(zip(names, self.rollouts, strict=True))
 
 
 class RewardFailedEverySample(RuntimeError):
@@ -180,11 +145,14 @@ class PPOStep:
         self.tokenizer = tokenizer
         self.syncer = syncer
         self.kl_ctrl = kl_ctrl
-        self.pool = ThreadPoolExecutor(
-            max_workers=8 + len(roles.rollouts), thread_name_prefix="phase"
-        )
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="phase")
         self.temperature = cfg.actor_rollout_ref.rollout.temperature or 1.0
-        self.memory = RolloutMemory.for_run(cfg, roles.rollouts)
+        rollout = cfg.actor_rollout_ref.rollout
+        # the replicas that generate: those of the run, less any that goes down in a step
+        self.rollout_pool = RolloutPool(
+            roles.named_rollouts(), rollout.replicas, rollout.prompts_per_request
+        )
+        self.memory = RolloutMemory.for_run(cfg, self.rollout_pool)
 
     # --- step 1: generate -------------------------------------------------------------
     def sampling_params(self, step: int, gen_batch: int = 0) -> SamplingParams:
@@ -204,7 +172,7 @@ class PPOStep:
         n = self.cfg.actor_rollout_ref.rollout.n
         prompts = Ragged.from_lists([rec.prompt_ids for rec in records])
         sampling = self.sampling_params(step, gen_batch)
-        out = generate_split(self.roles.rollouts, prompts, sampling, self.pool)
+        out = self.rollout_pool.generate(prompts, sampling)
         repeat = [i for i in range(len(records)) for _ in range(n)]
         return RolloutBatch(
             prompts=prompts.select(repeat),
@@ -271,7 +239,7 @@ class PPOStep:
         """ReMax: greedy responses of the same prompts, scored, as the baseline."""
         greedy = dataclasses.replace(self.sampling_params(step), temperature=0.0, n=1)
         prompts = Ragged.from_lists([rec.prompt_ids for rec in records])
-        out = generate_split(self.roles.rollouts, prompts, greedy, self.pool)
+        out = self.rollout_pool.generate(prompts, greedy)
         n = self.cfg.actor_rollout_ref.rollout.n
         repeat = [i for i in range(len(records)) for _ in range(n)]
         greedy_responses = out.responses.select(repeat)
@@ -493,6 +461,8 @@ class PPOStep:
                 with timer("gen_wait"):
                     ahead.settle()
             sync_error, sync_metrics = None, {}
+            # a replica that went down in the step left the pool: the weights go to the rest
+            self.syncer.set_rollouts(self.rollout_pool.clients)
             try:
                 with timer("sync_weights"):
                     sync_metrics = self.syncer.sync(version=step)
@@ -503,6 +473,7 @@ class PPOStep:
             **update_metrics,
             **sync_metrics,
             **sampling_metrics,
+            **self.rollout_pool.metrics(),
             **timer.metrics(),
         }
         metrics.update(self.batch_metrics(batch, timer.seconds["step"], step))

@@ -44,8 +44,10 @@ def recovery_plan(restarter: Restarter) -> str:
 
 
 def find_dead(restarter: Restarter, addresses: dict[str, str]) -> list[str]:
-    """Role servers whose process exited, else those that no longer answer health checks."""
-    dead = restarter.dead_roles()
+    """Role servers whose process exited, else those that no longer answer health checks;
+    only the servers of ``addresses`` (a rollout replica taken out of the run is not
+    brought back here)."""
+    dead = [name for name in restarter.dead_roles() if name in addresses]
     return dead or [name for name, address in addresses.items() if unreachable(address)]
 
 
@@ -103,7 +105,7 @@ class Recovery:
         ``updated``: the failed step's updates were done (only its weight sync failed)."""
         assert self.restarter is not None  # count_failure re-raised the error without one
         addresses = self.servers.addresses()
-        dead = find_dead(self.restarter, addresses)
+        dead = find_dead(self.restarter, self.servers.launched_addresses())
         if not dead:
             raise err  # the call failed but every server lives: not a crash to recover from
         log.warning("role servers down: %s; %s", ", ".join(dead), recovery_plan(self.restarter))

@@ -21,11 +21,14 @@ log = logging.getLogger(__name__)
 RoleClient = RolloutClient | TrainerClient | RewardClient
 
 
-def connect(cfg: RunConfig, endpoints: Endpoints) -> Roles:
-    """Clients of every role server at ``endpoints`` (channels open lazily: nothing is called)."""
+def connect(cfg: RunConfig, endpoints: Endpoints, rollout_names: list[str] | None = None) -> Roles:
+    """Clients of every role server at ``endpoints`` (channels open lazily: nothing is called).
+    ``rollout_names``: the replicas' names, in the order of ``endpoints.rollout``."""
     t = cfg.trainer.rpc_timeout_s
+    names = rollout_names or [f"rollout{i}" for i in range(len(endpoints.rollout))]
     return Roles(
         rollouts=[RolloutClient(a, t) for a in endpoints.rollout],
+        rollout_names=list(names),
         actor=TrainerClient(endpoints.actor, t, "actor"),
         reward=RewardClient(endpoints.reward, t),
         critic=TrainerClient(endpoints.critic, t, "critic") if endpoints.critic else None,
@@ -45,6 +48,9 @@ class RoleServers:
         self.pool = pool
         self.endpoints = endpoints
         self.roles = connect(cfg, endpoints)
+        self.added: set[str] = set()
+        """Rollout replicas added by address during the run (no launcher restarts them)."""
+        self._next_rollout = len(self.roles.rollouts)
         # Launcher name -> the GPUs its server computes on (ServerInfo.gpus at Initialize):
         # perf/throughput is per distinct GPU of the run, as verl's is.
         self.gpus: dict[str, list[str]] = {}
@@ -56,7 +62,7 @@ class RoleServers:
     def named(self) -> dict[str, RoleClient]:
         """Launcher names (rollout0, actor, critic, ref, reward) -> clients."""
         roles = self.roles
-        named: dict[str, RoleClient] = {f"rollout{i}": c for i, c in enumerate(roles.rollouts)}
+        named: dict[str, RoleClient] = dict(roles.named_rollouts())
         named.update(actor=roles.actor, reward=roles.reward)
         named.update({k: c for k, c in (("critic", roles.critic), ("ref", roles.ref)) if c})
         return named
@@ -65,10 +71,48 @@ class RoleServers:
         """Launcher names -> the addresses their clients dial."""
         return {name: client.address for name, client in self.named().items()}
 
+    def launched_addresses(self) -> dict[str, str]:
+        """As :meth:`addresses`, less the rollout replicas added by address during the run:
+        the servers the launcher started, and can restart."""
+        return {n: a for n, a in self.addresses().items() if n not in self.added}
+
     def reconnect(self, addresses: dict[str, str]) -> None:
         """Fresh clients for servers (re)started at ``addresses`` (launcher names -> host:port)."""
         self.endpoints = Endpoints.from_addresses(addresses)
-        self.roles = connect(self.cfg, self.endpoints)
+        names = [name for name in addresses if name.startswith("rollout")]
+        self.roles = connect(self.cfg, self.endpoints, names)
+
+    # --- the rollout replicas, between steps (pool_membership.py) ------------------------
+    def set_rollout(self, name: str, address: str) -> RolloutClient:
+        """A fresh client for replica ``name``, (re)started at ``address``: in its place, or
+        last when it had left the run's servers."""
+        client = RolloutClient(address, self.cfg.trainer.rpc_timeout_s)
+        names = self.roles.rollout_names
+        if name in names:
+            self.roles.rollouts[names.index(name)] = client
+        else:
+            names.append(name)
+            self.roles.rollouts.append(client)
+        return client
+
+    def add_rollout(self, address: str) -> str:
+        """A replica started by someone else joins the run's servers; returns its name,
+        ``rollout<k>`` with k past every name given so far (never reused)."""
+        names = self.roles.rollout_names
+        self._next_rollout = max(self._next_rollout, len(names))
+        name = f"rollout{self._next_rollout}"
+        self._next_rollout += 1
+        self.roles.rollouts.append(RolloutClient(address, self.cfg.trainer.rpc_timeout_s))
+        names.append(name)
+        self.added.add(name)
+        return name
+
+    def remove_rollout(self, name: str) -> RolloutClient:
+        """Replica ``name`` leaves the run's servers (its process is left as it is)."""
+        index = self.roles.rollout_names.index(name)
+        del self.roles.rollout_names[index]
+        self.added.discard(name)
+        return self.roles.rollouts.pop(index)
 
     def initialize(self, names: list[str] | None = None) -> None:
         """Initialize the named roles (default: all) concurrently with the resolved config."""

@@ -9,6 +9,7 @@ cache: they land in the engine's parameters.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 from meshrl.config.placement import hands_gpu_memory_over
 from meshrl.config.schema import RunConfig
@@ -18,15 +19,16 @@ log = logging.getLogger(__name__)
 
 
 class RolloutMemory:
-    """Releases and resumes every rollout server's cache; a no-op when not enabled."""
+    """Releases and resumes every rollout server's cache; a no-op when not enabled.
+    ``rollouts``: a list, or the run's pool, whose live replicas are asked each time."""
 
-    def __init__(self, rollouts: list[RolloutClient], enabled: bool):
+    def __init__(self, rollouts: Iterable[RolloutClient], enabled: bool):
         self.rollouts = rollouts
         self.enabled = enabled
         self.released = False
 
     @staticmethod
-    def for_run(cfg: RunConfig, rollouts: list[RolloutClient]) -> RolloutMemory:
+    def for_run(cfg: RunConfig, rollouts: Iterable[RolloutClient]) -> RolloutMemory:
         return RolloutMemory(rollouts, hands_gpu_memory_over(cfg))
 
     def wake(self) -> None:
@@ -40,6 +42,7 @@ class RolloutMemory:
     def sleep(self) -> None:
         """Gives the caches back until the next ``wake``."""
         if self.enabled and not self.released:
-            freed = sum(rollout.set_memory_state(release=True) == 0 for rollout in self.rollouts)
-            log.debug("rollout caches released on %d of %d servers", freed, len(self.rollouts))
+            rollouts = list(self.rollouts)
+            freed = sum(rollout.set_memory_state(release=True) == 0 for rollout in rollouts)
+            log.debug("rollout caches released on %d of %d servers", freed, len(rollouts))
             self.released = True

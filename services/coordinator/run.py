@@ -29,6 +29,7 @@ from meshrl.rpc.role_client import RoleCallError
 from services.coordinator.generations import generations_dir
 from services.coordinator.metrics_sinks import ConsoleSink, MetricsSink, close_sinks, file_sinks
 from services.coordinator.plot import plot_metrics
+from services.coordinator.pool_membership import PoolMembership
 from services.coordinator.ppo_step import PPOStep, WeightSyncFailed
 from services.coordinator.preflight import check_data_sources, check_filter_metric
 from services.coordinator.recovery import Recovery, Restarter
@@ -82,6 +83,8 @@ class PPORun:
         self.recovery = Recovery(
             cfg, restarter, self.servers, self.checkpoints, self.resync, self.ahead
         )
+        # The rollout replicas: those that went down rejoin, those asked for join or leave
+        self.membership = PoolMembership(cfg, self.servers, restarter, self.resync)
         # Dynamic sampling's further prompt batches of the current step, drawn once: a step
         # that is retried after a restart generates from the same prompts again.
         self.further_records: list[list] = []
@@ -105,9 +108,7 @@ class PPORun:
         self.progress.loader = data.loader
         self.total_steps = data.total_steps
         self.validation = (
-            RunValidation(
-                self.cfg, self.val_set.records, self.tokenizer, self.pool, self.run_dir, self.sinks
-            )
+            RunValidation(self.cfg, self.val_set.records, self.tokenizer, self.run_dir, self.sinks)
             if self.val_set is not None
             else None
         )
@@ -206,9 +207,11 @@ class PPORun:
     # --- validation ---------------------------------------------------------------------
     def validate(self) -> dict[str, float]:
         assert self.validation is not None and self.step_runner is not None
-        roles = self.servers.roles
-        memory = self.step_runner.memory
-        return self.validation(self.progress.step, roles.rollouts, roles.reward, memory)
+        runner = self.step_runner
+        reward = self.servers.roles.reward
+        metrics = self.validation(self.progress.step, runner.rollout_pool, reward, runner.memory)
+        runner.rollout_pool.metrics()  # validation's generations: not the next step's figures
+        return metrics
 
     def validate_or_recover(self) -> dict[str, float] | None:
         """Validation with bounded restarts of dead role servers, as a step has: rollout and
@@ -279,6 +282,7 @@ class PPORun:
         saved_step = None
         try:
             while progress.step < self.steps and not self._stop.is_set():
+                self.change_pool()
                 drawn = self.ahead.prompts_for(progress.step + 1) if self.ahead else None
                 assert progress.loader is not None  # total_steps is 0 without one
                 epoch, records = drawn or progress.loader.next_batch()
@@ -314,6 +318,14 @@ class PPORun:
             log.info("stopped at step %d; saving a checkpoint to resume from", progress.step)
             self.checkpoints.save()
         return progress.last_metrics
+
+    def change_pool(self) -> None:
+        """At a step boundary: rollout replicas that went down in the step before are
+        restarted and rejoin, those asked for join or leave, each joiner proving it holds
+        the current weights (:mod:`services.coordinator.pool_membership`)."""
+        runner = self.step_runner
+        departed = runner.rollout_pool.take_departed() if runner is not None else []
+        self.membership.apply(departed, self.progress.step)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for sink in self.sinks:

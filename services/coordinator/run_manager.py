@@ -159,6 +159,24 @@ class ManagedRun:
             self.ppo.stop()
         self.update(line="stop requested: the run ends after the current step")
 
+    def change_pool(self, address: str, add: bool) -> None:
+        """Asks the run to add the rollout server at ``address`` to its pool, or to take it
+        out, at its next step boundary (RunConflict when that cannot be)."""
+        if self.status.state.terminal:
+            raise RunConflict(f"run {self.run_id} has ended ({self.status.state.name})")
+        membership = getattr(self.ppo, "membership", None)
+        if membership is None:
+            raise RunConflict(
+                f"run {self.run_id} has not started its role servers yet: ask again once it "
+                "is RUNNING"
+            )
+        try:
+            (membership.ask_add if add else membership.ask_remove)(address)
+        except ValueError as e:  # pool_membership.ReplicaRefused: said as it is
+            raise RunConflict(str(e)) from None
+        what = "joins" if add else "leaves"
+        self.update(line=f"rollout server {address} {what} the pool at the next step boundary")
+
     # --- the thread -----------------------------------------------------------------
     def _main(self) -> None:
         self.thread_id = threading.get_ident()
@@ -349,6 +367,18 @@ class RunManager:
         run = self._get(run_id)
         if not run.status.state.terminal:
             run.stop()
+        return run.status
+
+    def add_replica(self, run_id: str, address: str) -> RunStatus:
+        """The rollout server at ``address`` joins the run's pool at its next step."""
+        run = self._get(run_id)
+        run.change_pool(address, add=True)
+        return run.status
+
+    def remove_replica(self, run_id: str, address: str) -> RunStatus:
+        """The rollout replica at ``address`` leaves the run's pool at its next step."""
+        run = self._get(run_id)
+        run.change_pool(address, add=False)
         return run.status
 
     def list(self) -> list[RunStatus]:

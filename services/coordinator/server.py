@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 
 from meshrl.api.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from meshrl.rpc.address import host_port
 from meshrl.rpc.metrics_port import add_metrics_port_argument, use_metrics_port
 from meshrl.rpc.server import (
     GrpcServer,
@@ -106,10 +107,28 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         return status_to_proto(self._run_call(self.manager.stop, request.run_id))
 
     @rpc_method
+    def AddRolloutReplica(self, request, context):
+        address = _replica_address(request.address)
+        return status_to_proto(self._run_call(self.manager.add_replica, request.run_id, address))
+
+    @rpc_method
+    def RemoveRolloutReplica(self, request, context):
+        address = _replica_address(request.address)
+        return status_to_proto(self._run_call(self.manager.remove_replica, request.run_id, address))
+
+    @rpc_method
     def ListRuns(self, request, context):
         return coordinator_pb2.ListRunsResponse(
             runs=[status_to_proto(s) for s in self.manager.list()]
         )
+
+
+def _replica_address(address: str) -> str:
+    """A rollout server's host:port, or INVALID_ARGUMENT saying what is wrong with it."""
+    try:
+        return host_port(address)
+    except argparse.ArgumentTypeError as e:
+        raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"rollout server {e}") from None
 
 
 def serve(host: str = "127.0.0.1", port: int = 50050, workdir: str = ".") -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -27,14 +26,14 @@ from services.coordinator.generations import (
     write_generations,
 )
 from services.coordinator.metrics_sinks import MetricsSink, log_generations
-from services.coordinator.ppo_step import generate_split, reward_failure_summary
+from services.coordinator.ppo_step import reward_failure_summary
 from services.coordinator.rollout_batch import RolloutBatch
 from services.coordinator.rollout_memory import RolloutMemory
+from services.coordinator.rollout_pool import RolloutPool
 from services.coordinator.validation_metrics import SampleResult, validation_metrics
 from services.reward.client import RewardClient
 from services.reward.scorers.registry import VERL_SCORES_WITHOUT_ACC
 from services.reward.types import ScoreItem, ScoreOutcome
-from services.rollout.client import RolloutClient
 from services.rollout.types import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -55,10 +54,9 @@ def validation_sampling(cfg: RunConfig) -> SamplingParams:
 def validate(
     cfg: RunConfig,
     records: list,
-    rollouts: list[RolloutClient],
+    rollouts: RolloutPool,
     reward: RewardClient,
     tokenizer,
-    pool,
     generations: Path | None = None,
     step: int = 0,
     shown: list[GenerationRow] | None = None,
@@ -74,7 +72,7 @@ def validate(
     for start in range(0, len(records), size):
         chunk = records[start : start + size]
         prompts = Ragged.from_lists([r.prompt_ids for r in chunk])
-        out = generate_split(rollouts, prompts, sampling, pool)
+        out = rollouts.generate(prompts, sampling)
         repeat = [i for i in range(len(chunk)) for _ in range(n)]
         batch = RolloutBatch(
             prompts=prompts.select(repeat),
@@ -131,21 +129,19 @@ class RunValidation:
         cfg: RunConfig,
         records: Sequence,
         tokenizer,
-        pool: ThreadPoolExecutor,
         run_dir: Path,
         sinks: list[MetricsSink],
     ):
         self.cfg = cfg
         self.records = list(records)
         self.tokenizer = tokenizer
-        self.pool = pool
         self.generations = generations_dir(cfg.trainer.validation_data_dir, run_dir)
         self.sinks = sinks
 
     def __call__(
         self,
         step: int,
-        rollouts: list[RolloutClient],
+        rollouts: RolloutPool,
         reward: RewardClient,
         memory: RolloutMemory,
     ) -> dict[str, float]:
@@ -159,7 +155,6 @@ class RunValidation:
             rollouts,
             reward,
             self.tokenizer,
-            self.pool,
             self.generations,
             step,
             shown,

@@ -54,7 +54,7 @@ class WeightSyncer:
     ):
         sync_cfg = cfg.actor_rollout_ref.rollout.weight_sync
         self.actor = actor
-        self.rollouts = rollouts
+        self.rollouts = list(rollouts)  # its own: the run's list changes between steps
         self.transport = resolve_transport(cfg)
         self.timeout_s = sync_cfg.timeout_s
         self.bucket_bytes = bucket_bytes or sync_cfg.bucket_bytes(cfg.trainer.device)
@@ -62,6 +62,17 @@ class WeightSyncer:
         self.pool = ThreadPoolExecutor(max_workers=1 + len(rollouts), thread_name_prefix="sync")
         self.spec: GroupSpec | None = None
         """The group formed last (rank 0's spec); None: form one before the next sync."""
+
+    def set_rollouts(self, rollouts: list[RolloutClient]) -> None:
+        """The rollout replicas to sync from now on; another membership than the group's
+        (a replica that went down, one that joined) forms a new group at the next sync."""
+        if rollouts == self.rollouts:
+            return
+        self.rollouts = list(rollouts)
+        self.spec = None  # the actor's manifest then names another group: formed again
+        # every member's join blocks until all joined: a thread for each
+        self.pool.shutdown(wait=False)
+        self.pool = ThreadPoolExecutor(max_workers=1 + len(rollouts), thread_name_prefix="sync")
 
     @property
     def group_id(self) -> str | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
@@ -19,6 +18,7 @@ from services.coordinator.generations import (
 )
 from services.coordinator.ppo_step import PPOStep, Roles
 from services.coordinator.rollout_batch import RolloutBatch
+from services.coordinator.rollout_pool import RolloutPool
 from services.coordinator.validation import validate
 from services.reward.types import ScoreItem, ScoreOutcome
 
@@ -136,13 +136,16 @@ class Replica:
         )
 
 
+def one_replica() -> RolloutPool:
+    return RolloutPool({"rollout0": Replica()}, configured_replicas=1)
+
+
 def test_a_validation_dump_says_why_a_sample_was_not_scored(tmp_path):
     records = [
         SimpleNamespace(prompt_ids=[p], data_source="x", ground_truth="0", extra_info={}, chat="")
         for p in (10, 13)
     ]
-    with ThreadPoolExecutor(1) as pool:
-        validate(build_config({}), records, [Replica()], Reward(), Tokenizer(), pool, tmp_path, 2)
+    validate(build_config({}), records, one_replica(), Reward(), Tokenizer(), tmp_path, 2)
     lines = [json.loads(x) for x in (tmp_path / "2.jsonl").read_text().splitlines()]
     assert [x.get("reward_failure") for x in lines] == [None, "ValueError: bad ground truth"]
 
@@ -153,10 +156,7 @@ def test_validation_hands_its_samples_to_the_loggers_tables(tmp_path):
         for p in (10, 13, 12)
     ]
     shown = []
-    with ThreadPoolExecutor(1) as pool:
-        validate(
-            build_config({}), records, [Replica()], Reward(), Tokenizer(), pool, None, 2, shown
-        )
+    validate(build_config({}), records, one_replica(), Reward(), Tokenizer(), None, 2, shown)
     assert shown == [("10", "10", 1.0), ("13", "13", 0.0), ("12", "12", 1.0)]
 
 
@@ -209,8 +209,7 @@ def test_the_reward_service_gets_each_rows_chat_and_the_files_the_decoded_prompt
 
     reward.prompts.clear()
     shown = []
-    with ThreadPoolExecutor(1) as pool:
-        validate(cfg, records, [Replica()], reward, Tokenizer(), pool, tmp_path / "val", 2, shown)
+    validate(cfg, records, one_replica(), reward, Tokenizer(), tmp_path / "val", 2, shown)
     assert reward.prompts == chats
     assert [row.input for row in shown] == ["10", "12"]
 
@@ -229,9 +228,6 @@ def test_validation_of_a_reward_model_alone_reports_its_reward_as_the_core_metri
         SimpleNamespace(prompt_ids=[p], data_source="hh", ground_truth="", extra_info={}, chat="")
         for p in (1, 3)
     ]
-    with ThreadPoolExecutor(1) as pool:
-        m = validate(
-            build_config({}), records, [Replica()], RewardModelOnly(), Tokenizer(), pool, None, 2
-        )
+    m = validate(build_config({}), records, one_replica(), RewardModelOnly(), Tokenizer(), None, 2)
     assert m["val-core/hh/reward/mean@1"] == pytest.approx(0.5)
     assert not [k for k in m if "/acc/" in k]

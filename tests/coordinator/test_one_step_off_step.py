@@ -69,6 +69,9 @@ class Syncer:
     def __init__(self, rollout: Rollout):
         self.rollout = rollout
 
+    def set_rollouts(self, rollouts):
+        assert rollouts == [self.rollout]  # the pool's one replica stayed
+
     def sync(self, version):
         assert self.rollout.running == 0, "a weight sync during a generation"
         self.rollout.version = version

@@ -15,6 +15,7 @@ from meshrl.data.loader import PromptLoader
 from meshrl.gpus import count_gpus
 from meshrl.rpc.role_client import RoleCallError
 from services.coordinator.checkpointing import CheckpointManager, CoordinatorState
+from services.coordinator.rollout_pool import RolloutPool
 from services.coordinator.run import Endpoints, PPORun
 
 ENDPOINTS = Endpoints(rollout=["127.0.0.1:1"], actor="127.0.0.1:2", reward="127.0.0.1:3")
@@ -199,7 +200,8 @@ def test_a_crash_that_recurs_after_each_rewind_ends_the_run(tmp_path):
         run.progress.loader.load_state_dict({"epoch": 0, "batch_in_epoch": 0, "seed": 1})
         return True
 
-    run.step_runner = type("Runner", (), {"run": staticmethod(step)})()
+    pool = RolloutPool({}, configured_replicas=1)  # between steps: no replica went down
+    run.step_runner = type("Runner", (), {"run": staticmethod(step), "rollout_pool": pool})()
     run.recovery.recover = rewind_to_start
     with pytest.raises(RoleCallError, match="UpdatePolicy"):
         run.train()

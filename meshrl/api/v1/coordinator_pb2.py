@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from meshrl.api.v1 import common_pb2 as meshrl_dot_api_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fmeshrl/api/v1/coordinator.proto\x12\rmeshrl.api.v1\x1a\x1ameshrl/api/v1/common.proto\"9\n\x0fStartRunRequest\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\x12\x11\n\toverrides\x18\x02 \x03(\t\"\x88\x01\n\tRunStatus\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12&\n\x05state\x18\x02 \x01(\x0e\x32\x17.meshrl.api.v1.RunState\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x04 \x01(\x03\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x0f\n\x07run_dir\x18\x06 \x01(\t\"!\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\xad\x01\n\x08RunEvent\x12(\n\x06status\x18\x01 \x01(\x0b\x32\x18.meshrl.api.v1.RunStatus\x12\x35\n\x07metrics\x18\x02 \x03(\x0b\x32$.meshrl.api.v1.RunEvent.MetricsEntry\x12\x10\n\x08log_line\x18\x03 \x01(\t\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\" \n\x0eStopRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x11\n\x0fListRunsRequest\":\n\x10ListRunsResponse\x12&\n\x04runs\x18\x01 \x03(\x0b\x32\x18.meshrl.api.v1.RunStatus*\xb2\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12RUN_STATE_STARTING\x10\x01\x12\x15\n\x11RUN_STATE_RUNNING\x10\x02\x12\x17\n\x13RUN_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10RUN_STATE_FAILED\x10\x04\x12\x15\n\x11RUN_STATE_STOPPED\x10\x05\x12\x16\n\x12RUN_STATE_REJECTED\x10\x06\x32\xf7\x02\n\x12\x43oordinatorService\x12\x43\n\x07GetInfo\x12\x1d.meshrl.api.v1.GetInfoRequest\x1a\x19.meshrl.api.v1.ServerInfo\x12\x44\n\x08StartRun\x12\x1e.meshrl.api.v1.StartRunRequest\x1a\x18.meshrl.api.v1.RunStatus\x12\x45\n\x08WatchRun\x12\x1e.meshrl.api.v1.WatchRunRequest\x1a\x17.meshrl.api.v1.RunEvent0\x01\x12\x42\n\x07StopRun\x12\x1d.meshrl.api.v1.StopRunRequest\x1a\x18.meshrl.api.v1.RunStatus\x12K\n\x08ListRuns\x12\x1e.meshrl.api.v1.ListRunsRequest\x1a\x1f.meshrl.api.v1.ListRunsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fmeshrl/api/v1/coordinator.proto\x12\rmeshrl.api.v1\x1a\x1ameshrl/api/v1/common.proto\"9\n\x0fStartRunRequest\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\x12\x11\n\toverrides\x18\x02 \x03(\t\"\x88\x01\n\tRunStatus\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12&\n\x05state\x18\x02 \x01(\x0e\x32\x17.meshrl.api.v1.RunState\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x04 \x01(\x03\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x0f\n\x07run_dir\x18\x06 \x01(\t\"!\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\xad\x01\n\x08RunEvent\x12(\n\x06status\x18\x01 \x01(\x0b\x32\x18.meshrl.api.v1.RunStatus\x12\x35\n\x07metrics\x18\x02 \x03(\x0b\x32$.meshrl.api.v1.RunEvent.MetricsEntry\x12\x10\n\x08log_line\x18\x03 \x01(\t\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\" \n\x0eStopRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x11\n\x0fListRunsRequest\":\n\x10ListRunsResponse\x12&\n\x04runs\x18\x01 \x03(\x0b\x32\x18.meshrl.api.v1.RunStatus\"8\n\x15RolloutReplicaRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t*\xb2\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12RUN_STATE_STARTING\x10\x01\x12\x15\n\x11RUN_STATE_RUNNING\x10\x02\x12\x17\n\x13RUN_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10RUN_STATE_FAILED\x10\x04\x12\x15\n\x11RUN_STATE_STOPPED\x10\x05\x12\x16\n\x12RUN_STATE_REJECTED\x10\x06\x32\xa4\x04\n\x12\x43oordinatorService\x12\x43\n\x07GetInfo\x12\x1d.meshrl.api.v1.GetInfoRequest\x1a\x19.meshrl.api.v1.ServerInfo\x12\x44\n\x08StartRun\x12\x1e.meshrl.api.v1.StartRunRequest\x1a\x18.meshrl.api.v1.RunStatus\x12\x45\n\x08WatchRun\x12\x1e.meshrl.api.v1.WatchRunRequest\x1a\x17.meshrl.api.v1.RunEvent0\x01\x12\x42\n\x07StopRun\x12\x1d.meshrl.api.v1.StopRunRequest\x1a\x18.meshrl.api.v1.RunStatus\x12K\n\x08ListRuns\x12\x1e.meshrl.api.v1.ListRunsRequest\x1a\x1f.meshrl.api.v1.ListRunsResponse\x12S\n\x11\x41\x64\x64RolloutReplica\x12$.meshrl.api.v1.RolloutReplicaRequest\x1a\x18.meshrl.api.v1.RunStatus\x12V\n\x14RemoveRolloutReplica\x12$.meshrl.api.v1.RolloutReplicaRequest\x1a\x18.meshrl.api.v1.RunStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,8 +34,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RUNEVENT_METRICSENTRY']._loaded_options = None
   _globals['_RUNEVENT_METRICSENTRY']._serialized_options = b'8\001'
-  _globals['_RUNSTATE']._serialized_start=601
-  _globals['_RUNSTATE']._serialized_end=779
+  _globals['_RUNSTATE']._serialized_start=659
+  _globals['_RUNSTATE']._serialized_end=837
   _globals['_STARTRUNREQUEST']._serialized_start=78
   _globals['_STARTRUNREQUEST']._serialized_end=135
   _globals['_RUNSTATUS']._serialized_start=138
@@ -52,6 +52,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTRUNSREQUEST']._serialized_end=538
   _globals['_LISTRUNSRESPONSE']._serialized_start=540
   _globals['_LISTRUNSRESPONSE']._serialized_end=598
-  _globals['_COORDINATORSERVICE']._serialized_start=782
-  _globals['_COORDINATORSERVICE']._serialized_end=1157
+  _globals['_ROLLOUTREPLICAREQUEST']._serialized_start=600
+  _globals['_ROLLOUTREPLICAREQUEST']._serialized_end=656
+  _globals['_COORDINATORSERVICE']._serialized_start=840
+  _globals['_COORDINATORSERVICE']._serialized_end=1388
 # @@protoc_insertion_point(module_scope)

@@ -87,3 +87,11 @@ class ListRunsResponse(_message.Message):
     RUNS_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[RunStatus]
     def __init__(self, runs: _Optional[_Iterable[_Union[RunStatus, _Mapping]]] = ...) -> None: ...
+
+class RolloutReplicaRequest(_message.Message):
+    __slots__ = ("run_id", "address")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    address: str
+    def __init__(self, run_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...

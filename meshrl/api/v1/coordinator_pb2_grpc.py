@@ -60,6 +60,16 @@ class CoordinatorServiceStub:
                 request_serializer=meshrl_dot_api_dot_v1_dot_coordinator__pb2.ListRunsRequest.SerializeToString,
                 response_deserializer=meshrl_dot_api_dot_v1_dot_coordinator__pb2.ListRunsResponse.FromString,
                 _registered_method=True)
+        self.AddRolloutReplica = channel.unary_unary(
+                '/meshrl.api.v1.CoordinatorService/AddRolloutReplica',
+                request_serializer=meshrl_dot_api_dot_v1_dot_coordinator__pb2.RolloutReplicaRequest.SerializeToString,
+                response_deserializer=meshrl_dot_api_dot_v1_dot_coordinator__pb2.RunStatus.FromString,
+                _registered_method=True)
+        self.RemoveRolloutReplica = channel.unary_unary(
+                '/meshrl.api.v1.CoordinatorService/RemoveRolloutReplica',
+                request_serializer=meshrl_dot_api_dot_v1_dot_coordinator__pb2.RolloutReplicaRequest.SerializeToString,
+                response_deserializer=meshrl_dot_api_dot_v1_dot_coordinator__pb2.RunStatus.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServiceServicer:
@@ -98,6 +108,22 @@ class CoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddRolloutReplica(self, request, context):
+        """Adds a running rollout server to a run's rollout pool at the run's next step boundary;
+        it serves requests once a weight sync has given it the run's current weights.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveRolloutReplica(self, request, context):
+        """Takes a rollout replica out of a run's pool at the next step boundary (its requests
+        in flight finish); its server is left running.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -125,6 +151,16 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.ListRuns,
                     request_deserializer=meshrl_dot_api_dot_v1_dot_coordinator__pb2.ListRunsRequest.FromString,
                     response_serializer=meshrl_dot_api_dot_v1_dot_coordinator__pb2.ListRunsResponse.SerializeToString,
+            ),
+            'AddRolloutReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddRolloutReplica,
+                    request_deserializer=meshrl_dot_api_dot_v1_dot_coordinator__pb2.RolloutReplicaRequest.FromString,
+                    response_serializer=meshrl_dot_api_dot_v1_dot_coordinator__pb2.RunStatus.SerializeToString,
+            ),
+            'RemoveRolloutReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveRolloutReplica,
+                    request_deserializer=meshrl_dot_api_dot_v1_dot_coordinator__pb2.RolloutReplicaRequest.FromString,
+                    response_serializer=meshrl_dot_api_dot_v1_dot_coordinator__pb2.RunStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -262,6 +298,60 @@ class CoordinatorService:
             '/meshrl.api.v1.CoordinatorService/ListRuns',
             meshrl_dot_api_dot_v1_dot_coordinator__pb2.ListRunsRequest.SerializeToString,
             meshrl_dot_api_dot_v1_dot_coordinator__pb2.ListRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddRolloutReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshrl.api.v1.CoordinatorService/AddRolloutReplica',
+            meshrl_dot_api_dot_v1_dot_coordinator__pb2.RolloutReplicaRequest.SerializeToString,
+            meshrl_dot_api_dot_v1_dot_coordinator__pb2.RunStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveRolloutReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshrl.api.v1.CoordinatorService/RemoveRolloutReplica',
+            meshrl_dot_api_dot_v1_dot_coordinator__pb2.RolloutReplicaRequest.SerializeToString,
+            meshrl_dot_api_dot_v1_dot_coordinator__pb2.RunStatus.FromString,
             options,
             channel_credentials,
             insecure,
