@@ -13,6 +13,7 @@ from meshrl.data.loader import PromptLoader
 from meshrl.rpc.role_client import RoleCallError
 from services.coordinator.checkpointing import CheckpointManager
 from services.coordinator.rollout_ahead import RolloutAhead
+from services.coordinator.rollout_pool import RolloutPool
 from services.coordinator.run_data import plan_warnings
 from tests.coordinator.test_run_bookkeeping import Unavailable, make_run
 
@@ -101,6 +102,7 @@ class StepsThatDrawAhead:
 
     def __init__(self, run):
         self.run_ = run
+        self.rollout_pool = RolloutPool({}, configured_replicas=1)  # no replica goes down
         self.trained: list[tuple[int, list]] = []
         self.drew_next: list[bool] = []
 
@@ -188,7 +190,8 @@ def test_a_failed_step_drops_its_batch_ahead_and_a_rewind_forgets_its_prompts(tm
         run.progress.loader.load_state_dict({"epoch": 0, "batch_in_epoch": 0, "seed": 1})
         return True
 
-    run.step_runner = type("Runner", (), {"run": staticmethod(step)})()
+    pool = RolloutPool({}, configured_replicas=1)  # between steps: no replica went down
+    run.step_runner = type("Runner", (), {"run": staticmethod(step), "rollout_pool": pool})()
     run.recovery.recover = rewind_to_start
     run.train()
     assert attempts == [1, 2, 1, 2, 3] and rewinds == [2]

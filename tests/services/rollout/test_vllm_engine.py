@@ -43,11 +43,12 @@ def test_building_without_vllm_says_what_to_do():
 @needs_no_vllm
 def test_rollout_name_vllm_reaches_the_adapter(tmp_path):
     model = make_tiny_model_dir(tmp_path / "m", hidden=32, intermediate=64)
-    cfg = build_config(
-        {}, [f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.name=vllm"]
-    )
+    vllm = [f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.name=vllm"]
+    cfg = build_config({}, [*vllm, "trainer.device=cuda"])
     with pytest.raises(VllmNotInstalledError, match="pip install"):
         worker_module.build_engine(cfg)
+    # A CPU run (verl's command line pasted there) generates with the native engine instead.
+    assert type(worker_module.build_engine(build_config({}, vllm))).__name__ == "NativeEngine"
 
 
 def test_sampling_params_map_to_vllm_keywords():
