@@ -342,6 +342,11 @@ class RolloutConfig(Section):
     """Fraction of GPU memory the engine may take (weights + KV cache)."""
     enforce_eager: bool = False
     """Skip CUDA graphs / compilation (debugging)."""
+    partial_rollout: bool = False
+    """A weight sync may land while Generate runs: the engine pauses at a token boundary,
+    loads the new weights and continues the unfinished responses (verl's
+    `async_training.partial_rollout`), each token's version kept. False: a sync waits
+    for the requests in flight to end."""
     free_cache_engine: bool = True
     """Release the KV cache while trainers run on the same GPU."""
     log_prob_micro_batch_size_per_gpu: int = Field(16, gt=0)

@@ -64,7 +64,12 @@ class GenerationResult:
     finish_reasons: list[FinishReason]
     """One per response: "stop" (EOS or a stop token sampled) or "length" (max_tokens)."""
     weight_version: int
-    """The weights that produced every response."""
+    """The weights that produced the responses' last tokens (every token, unless a weight
+    update landed mid-generation: ``token_versions``)."""
+    token_versions: Ragged | None = None
+    """int64 weight version of each response token, aligned with ``responses``, when a weight
+    update landed during the generation (``rollout.partial_rollout``); None: every token
+    is of ``weight_version``."""
 
 
 class TokenScores(NamedTuple):
