@@ -347,6 +347,12 @@ class RolloutConfig(Section):
     loads the new weights and continues the unfinished responses (verl's
     `async_training.partial_rollout`), each token's version kept. False: a sync waits
     for the requests in flight to end."""
+    partial_rollout_kv: Literal["keep", "recompute"] = "keep"
+    """With `partial_rollout`, the KV cache of the unfinished responses at a weight swap:
+    `keep` goes on over the keys/values the old weights computed (no extra work; the tokens
+    after the swap are sampled by the new weights over the old context, as AReaL does);
+    `recompute` prefills each unfinished response's prompt and tokens so far again under the
+    new weights (a prefill's cost; the tokens after the swap are exactly the new policy's)."""
     free_cache_engine: bool = True
     """Release the KV cache while trainers run on the same GPU."""
     log_prob_micro_batch_size_per_gpu: int = Field(16, gt=0)
@@ -795,6 +801,14 @@ class RunConfig(Section):
                 "algorithm.filter_groups.enable=true (dynamic sampling generates until enough "
                 "groups differ, so the next step's batch cannot be started ahead): set one "
                 "of them to false"
+            )
+        rollout = self.actor_rollout_ref.rollout
+        if rollout.partial_rollout and rollout.name == "vllm" and self.trainer.device == "cuda":
+            problems.append(
+                "actor_rollout_ref.rollout.partial_rollout=true does not go with "
+                "rollout.name=vllm (vLLM's LLM.generate runs each call to its end: a weight "
+                "sync cannot land mid-generation): use rollout.name=auto, native or fast, or "
+                "set partial_rollout=false"
             )
         if problems:
             raise ValueError("\n  ".join(problems))

@@ -32,6 +32,7 @@ from services.rollout.engine import (
     IntakeFailed,
     MemoryReleasedError,
     ReceivedWeights,
+    TokenBoundary,
     check_cancelled,
 )
 from services.rollout.eos import folder_eos_token_ids
@@ -140,9 +141,11 @@ class VllmEngine:
         prompts: Ragged,
         params: SamplingParams,
         cancelled: threading.Event | None = None,
+        at_token_boundary: TokenBoundary | None = None,
     ) -> GenerationResult:
         # LLM.generate runs vLLM's loop to the end: a cancelled call is refused before it
-        # starts, not stopped half-way.
+        # starts, not stopped half-way, and a weight sync waits for it (partial rollouts are
+        # refused with rollout.name=vllm at config, so `at_token_boundary` never comes).
         check_cancelled(cancelled, 0)
         self._check_awake()
         sampling = [
