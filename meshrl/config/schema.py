@@ -352,7 +352,8 @@ class RolloutConfig(Section):
     `keep` goes on over the keys/values the old weights computed (no extra work; the tokens
     after the swap are sampled by the new weights over the old context, as AReaL does);
     `recompute` prefills each unfinished response's prompt and tokens so far again under the
-    new weights (a prefill's cost; the tokens after the swap are exactly the new policy's)."""
+    new weights (a prefill's cost; the tokens after the swap are exactly the new policy's).
+    rollout.name=vllm has only `recompute`."""
     free_cache_engine: bool = True
     """Release the KV cache while trainers run on the same GPU."""
     log_prob_micro_batch_size_per_gpu: int = Field(16, gt=0)
@@ -803,12 +804,13 @@ class RunConfig(Section):
                 "of them to false"
             )
         rollout = self.actor_rollout_ref.rollout
-        if rollout.partial_rollout and rollout.name == "vllm" and self.trainer.device == "cuda":
+        vllm = rollout.name == "vllm" and self.trainer.device == "cuda"
+        if rollout.partial_rollout and vllm and rollout.partial_rollout_kv == "keep":
             problems.append(
-                "actor_rollout_ref.rollout.partial_rollout=true does not go with "
-                "rollout.name=vllm (vLLM's LLM.generate runs each call to its end: a weight "
-                "sync cannot land mid-generation): use rollout.name=auto, native or fast, or "
-                "set partial_rollout=false"
+                "actor_rollout_ref.rollout.partial_rollout_kv=keep does not go with "
+                "rollout.name=vllm (vLLM continues the unfinished responses of a partial "
+                "rollout by prefilling them again under the new weights): set "
+                "partial_rollout_kv=recompute, or use rollout.name=auto, native or fast"
             )
         if problems:
             raise ValueError("\n  ".join(problems))

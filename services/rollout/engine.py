@@ -11,7 +11,6 @@ it the group's spec and each manifest, and never looks inside. Token batches are
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, runtime_checkable
 
@@ -43,9 +42,21 @@ KVAfterSwap = Literal["keep", "recompute"]
 (``rollout.partial_rollout_kv``): keep it (computed under the old weights), or recompute it
 under the new weights (a prefill of each sequence's prompt and tokens so far)."""
 
-TokenBoundary = Callable[[], bool]
-"""Called by a generation at its token boundaries: lends the engine to a waiting weight swap
-and returns True once one ran (``engine_lock.EngineLock.lend_if_asked``)."""
+
+class TokenBoundary(Protocol):
+    """What a generation sees, at its token boundaries, of the lock that serialises it with
+    weight swaps (``engine_lock.EngineLock``; partial rollouts)."""
+
+    @property
+    def swap_waiting(self) -> bool:
+        """A weight swap waits for the engine (an engine that must prepare first, as vLLM's
+        aborting its requests, does so before it lends)."""
+        ...
+
+    def lend_if_asked(self) -> bool:
+        """Lends the engine to the waiting swaps and waits until they are done; True when one
+        ran (the weights may have changed: read ``weight_version`` again)."""
+        ...
 
 
 def check_cancelled(cancelled: threading.Event | None, steps: int) -> None:
@@ -89,10 +100,10 @@ class RolloutEngine(Protocol):
         set, stops at the engine's next check (a decode step, or a round of them) with
         GenerationCancelled; an engine that cannot stop half-way checks it before starting.
 
-        ``at_token_boundary`` (partial rollouts): called between decode steps; when it
-        returns True the weights may have been swapped, and the unfinished responses go on
-        under the new ones, each token's version in ``GenerationResult.token_versions``. A
-        swap that failed half-way (version -1) stops the call with WeightsMixedError."""
+        ``at_token_boundary`` (partial rollouts): between decode steps the engine lends itself
+        to a waiting weight swap through it; the unfinished responses go on under the new
+        weights, each token's version in ``GenerationResult.token_versions``. A swap that
+        failed half-way (version -1) stops the call with WeightsMixedError."""
         ...
 
     def compute_logprobs(self, prompts: Ragged, responses: Ragged, temperature: float) -> Ragged:

@@ -61,6 +61,10 @@ class EngineLock:
                 self._borrowers -= 1
                 self._cond.notify_all()
 
+    @property
+    def swap_waiting(self) -> bool:
+        return bool(self._borrowers)  # an int read: nothing else on the hot path
+
     def lend_if_asked(self) -> bool:
         """Called by the generation holding the engine at a token boundary: when a swap waits,
         lends it the engine and waits until every waiting swap is done. True when one ran

@@ -115,7 +115,7 @@ class RolloutWorker:
         check, and a call that waited for the lock behind another does not start. With
         partial rollouts the engine lends itself to a weight swap at its token boundaries."""
         with self._call(), self._generations.admit("generate"), self._engine_lock.hold():
-            lend = self._engine_lock.lend_if_asked if self._partial_rollout else None
+            lend = self._engine_lock if self._partial_rollout else None
             return self.engine.generate(prompts, params, cancelled, lend)
 
     def score(

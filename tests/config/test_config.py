@@ -231,16 +231,21 @@ def test_compute_dtypes_follow_the_device_unless_set(given, trainer, rollout):
     assert config_from_yaml(config_to_yaml(cfg)) == cfg  # as the role servers get it
 
 
-def test_partial_rollouts_are_refused_with_vllm_on_a_gpu_run():
+def test_partial_rollouts_keeping_the_kv_cache_are_refused_with_vllm_on_a_gpu_run():
     vllm = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.partial_rollout=true"]
     with pytest.raises(ConfigError) as bad:
         build_config({}, [*vllm, "trainer.device=cuda"])
     assert str(bad.value).splitlines()[1:] == [
-        "  actor_rollout_ref.rollout.partial_rollout=true does not go with rollout.name=vllm "
-        "(vLLM's LLM.generate runs each call to its end: a weight sync cannot land "
-        "mid-generation): use rollout.name=auto, native or fast, or set partial_rollout=false"
+        "  actor_rollout_ref.rollout.partial_rollout_kv=keep does not go with rollout.name=vllm "
+        "(vLLM continues the unfinished responses of a partial rollout by prefilling them "
+        "again under the new weights): set partial_rollout_kv=recompute, or use "
+        "rollout.name=auto, native or fast"
     ]
-    # On a CPU run rollout.name=vllm generates with the native engine, which has them.
+    recompute = [
+        *vllm,
+        "trainer.device=cuda",
+        "actor_rollout_ref.rollout.partial_rollout_kv=recompute",
+    ]
+    assert build_config({}, recompute).actor_rollout_ref.rollout.partial_rollout_kv == "recompute"
+    # On a CPU run rollout.name=vllm generates with the native engine, which keeps it.
     assert build_config({}, vllm).actor_rollout_ref.rollout.partial_rollout
-    kv = ["actor_rollout_ref.rollout.partial_rollout_kv=recompute"]
-    assert build_config({}, kv).actor_rollout_ref.rollout.partial_rollout_kv == "recompute"

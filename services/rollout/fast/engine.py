@@ -181,7 +181,7 @@ class FastEngine(NativeEngine):
         steps_done = 0
         while not sched.finished:
             check_cancelled(cancelled, steps_done)  # once a round: an Event read
-            if at_token_boundary is not None and at_token_boundary():
+            if at_token_boundary is not None and at_token_boundary.lend_if_asked():
                 self._weights_swapped(versions, prompts, kv, state, sched)
             admitted = sched.admit()
             if admitted:

@@ -191,7 +191,7 @@ class NativeEngine:
         """Lends the engine to a waiting weight swap; if the weights changed, notes where
         each sequence of the call was and, with ``recompute``, rebuilds the batch's cache.
         ``batch``: the chunk ``seqs`` being decoded (None: not prefilled yet)."""
-        if call.at_token_boundary is None or not call.at_token_boundary():
+        if call.at_token_boundary is None or not call.at_token_boundary.lend_if_asked():
             return
         version = self.weight_version
         if version == -1:

@@ -6,6 +6,10 @@ the model folder needs no tokenizer). Weights arrive in vLLM's GPU worker proces
 the worker extension (``extension.py``), which this engine's intake drives with
 ``LLM.collective_rpc``.
 
+With partial rollouts (``rollout.partial_rollout``) a generation goes through
+``partial.py`` instead of ``LLM.generate``: a weight sync aborts the unfinished requests and
+they continue, prefilled again, under the new weights.
+
 Memory on a GPU shared with the trainers (``release_memory``): vLLM's sleep level 1 moves
 the weights to host memory and drops the KV cache. A weight sync that comes while asleep
 wakes the weights alone first (the intake), so the KV cache comes back only when the next
@@ -42,12 +46,14 @@ from services.rollout.vllm.mapping import (
     flat,
     manifest_to_json,
     per_prompt_kwargs,
+    per_sample_kwargs,
     response_logprobs,
     results_from_outputs,
     scoring_kwargs,
     spec_to_json,
     token_prompts,
 )
+from services.rollout.vllm.partial import generate_across_swaps
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +98,9 @@ class VllmEngine:
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         vllm = import_vllm()
         self._vllm = vllm
+        from vllm.sampling_params import RequestOutputKind
+
+        self._delta_output = RequestOutputKind.DELTA  # partial rollouts read outputs as deltas
         start = time.monotonic()
         self.llm = vllm.LLM(
             model=model_path,
@@ -144,10 +153,22 @@ class VllmEngine:
         at_token_boundary: TokenBoundary | None = None,
     ) -> GenerationResult:
         # LLM.generate runs vLLM's loop to the end: a cancelled call is refused before it
-        # starts, not stopped half-way, and a weight sync waits for it (partial rollouts are
-        # refused with rollout.name=vllm at config, so `at_token_boundary` never comes).
+        # starts, not stopped half-way, and a weight sync waits for it. With partial rollouts
+        # the requests are driven one step at a time instead (partial.py).
         check_cancelled(cancelled, 0)
         self._check_awake()
+        if at_token_boundary is not None:
+            return generate_across_swaps(
+                self.llm,
+                self._vllm.SamplingParams,
+                self._delta_output,
+                prompts,
+                per_sample_kwargs(params, len(prompts), self.eos_ids),
+                params,
+                lambda: self.weight_version,
+                cancelled,
+                at_token_boundary,
+            )
         sampling = [
             self._vllm.SamplingParams(**kwargs)
             for kwargs in per_prompt_kwargs(params, len(prompts), self.eos_ids)

@@ -40,13 +40,18 @@ def references(model_dirs):
 
 
 class SwapAt:
-    """A token-boundary callback that swaps in ``new``'s weights as version 1 at its k-th call."""
+    """A token boundary (what the engine lock shows a generation) that swaps in ``new``'s
+    weights as version 1 when the generation lends the engine for the k-th time."""
 
     def __init__(self, engine, new: NativeEngine, k: int, fail: bool = False):
         self.engine, self.new, self.k, self.fail = engine, new, k, fail
         self.calls = 0
 
-    def __call__(self) -> bool:
+    @property
+    def swap_waiting(self) -> bool:
+        return self.calls + 1 == self.k
+
+    def lend_if_asked(self) -> bool:
         self.calls += 1
         if self.calls != self.k:
             return False
@@ -127,7 +132,7 @@ def test_without_a_swap_nothing_changes(model_dirs):
     params = SamplingParams(temperature=T, max_tokens=8, n=2, seed=1)
     prompts = Ragged.from_lists(PROMPTS)
     plain = engine.generate(prompts, params)
-    lent = engine.generate(prompts, params, at_token_boundary=lambda: False)
+    lent = engine.generate(prompts, params, at_token_boundary=SwapAt(engine, engine, k=0))
     assert plain.token_versions is None and lent.token_versions is None
     assert plain.responses.tolist() == lent.responses.tolist() and lent.weight_version == 0
 
