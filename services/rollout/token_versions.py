@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from meshrl.ragged import Ragged
+from services.rollout.engine import WeightsMixedError
 
 
 class TokenVersions:
@@ -24,6 +25,17 @@ class TokenVersions:
     def current(self) -> int:
         """The version the weights have now."""
         return self._switches[-1][0] if self._switches else self.first
+
+    def changed_to(self, version: int) -> bool:
+        """Whether a swap that ran at a token boundary left the weights at another version
+        than ``current`` (a sync that failed before touching them, or re-sent the same
+        version, did not). WeightsMixedError when it failed half-way (version -1)."""
+        if version == -1:
+            raise WeightsMixedError(
+                f"a weight sync failed half-way during this generation (weights were version "
+                f"{self.current}, now a mix of two versions)"
+            )
+        return version != self.current
 
     def switch(self, version: int, generated: torch.Tensor) -> None:
         """The weights became ``version`` when sequence i had ``generated[i]`` tokens.

@@ -34,7 +34,7 @@ import torch
 from torch.profiler import record_function
 
 from meshrl.ragged import Ragged
-from services.rollout.engine import TokenBoundary, WeightsMixedError, check_cancelled
+from services.rollout.engine import TokenBoundary, check_cancelled
 from services.rollout.fast.cuda_graphs import DecodeGraphs, row_bucket, width_bucket
 from services.rollout.fast.decoder import StaticDecoder, unsupported_reason
 from services.rollout.fast.gpu_sampler import sample_rows
@@ -231,13 +231,8 @@ class FastEngine(NativeEngine):
         """After a swap at a round's start: notes how far each sequence was and, with
         ``recompute``, prefills the running slots again under the new weights."""
         version = self.weight_version
-        if version == -1:
-            raise WeightsMixedError(
-                f"a weight sync failed half-way during this generation (weights were version "
-                f"{versions.current}, now a mix of two versions)"
-            )
-        if version == versions.current:
-            return  # the sync failed before touching the weights, or re-sent the same ones
+        if not versions.changed_to(version):
+            return
         generated = torch.full((versions.total,), state.max_tokens, dtype=torch.int64)
         generated[list(sched.waiting)] = 0
         gen_len = state.gen_len.cpu()

@@ -29,13 +29,13 @@ def recompute_running_slots(
     """Prefills each running, unfinished slot's prompt + tokens so far (but the last) into
     its slot under the weights now loaded, at most ``budget_tokens`` padded tokens a
     forward; returns how many slots were recomputed."""
-    done, gen_len = state.done.cpu(), state.gen_len.cpu()  # the swap paused the call: a sync
+    # The swap paused the call: one copy of the slots' state to the host is cheap next to it.
+    done, gen_len, tokens = state.done.cpu(), state.gen_len.cpu(), state.tokens.cpu()
     slots = [s for s in sched.active if not done[s]]
     rows = []
     for slot in slots:
         prompt = prompts.row(sched.slot_seq[slot] // sched.n).to(torch.int64)
-        fed = state.tokens[slot, : int(gen_len[slot]) - 1].cpu()
-        rows.append(torch.cat([prompt, fed]))
+        rows.append(torch.cat([prompt, tokens[slot, : int(gen_len[slot]) - 1]]))
     for chunk in _by_budget(list(range(len(rows))), [len(r) for r in rows], budget_tokens):
         batch = Ragged.from_tensors([rows[i] for i in chunk])
         ids = batch.to_padded(pad_value=0)[0].long().to(kv.k.device)  # (m, L)

@@ -35,7 +35,6 @@ from services.rollout.engine import (
     MemoryReleasedError,
     TokenBoundary,
     WeightIntake,
-    WeightsMixedError,
     check_cancelled,
 )
 from services.rollout.eos import eos_token_ids
@@ -194,13 +193,8 @@ class NativeEngine:
         if call.at_token_boundary is None or not call.at_token_boundary.lend_if_asked():
             return
         version = self.weight_version
-        if version == -1:
-            raise WeightsMixedError(
-                f"a weight sync failed half-way during this generation (weights were version "
-                f"{call.versions.current}, now a mix of two versions)"
-            )
-        if version == call.versions.current:
-            return  # the sync failed before touching the weights, or re-sent the same ones
+        if not call.versions.changed_to(version):
+            return
         generated = torch.zeros(call.versions.total, dtype=torch.int64)
         generated[: seqs.start] = max_tokens  # earlier chunks: finished
         if batch is not None:

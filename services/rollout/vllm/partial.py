@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from meshrl.ragged import Ragged
-from services.rollout.engine import TokenBoundary, WeightsMixedError, check_cancelled
+from services.rollout.engine import TokenBoundary, check_cancelled
 from services.rollout.token_versions import TokenVersions
 from services.rollout.types import FinishReason, GenerationResult, SamplingParams
 from services.rollout.vllm.mapping import continuation_kwargs, finish_reason, sampled_logprobs
@@ -123,11 +123,6 @@ def _swap(llm, boundary, samples, running, versions: TokenVersions, engine_versi
     if not boundary.lend_if_asked():
         return
     version = engine_version()
-    if version == -1:
-        raise WeightsMixedError(
-            f"a weight sync failed half-way during this generation (weights were version "
-            f"{versions.current}, now a mix of two versions)"
-        )
-    if version != versions.current:
+    if versions.changed_to(version):
         generated = torch.tensor([len(s.tokens) for s in samples], dtype=torch.int64)
         versions.switch(version, generated)
