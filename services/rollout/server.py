@@ -155,7 +155,13 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             except GenerationCancelled as e:
                 log.info("Generate: %s (its RPC ended: the caller left or the server stops)", e)
                 raise
-        count_generation(prompts, result.responses, result.finish_reasons)
+        count_generation(
+            prompts,
+            result.responses,
+            result.finish_reasons,
+            result.token_versions,
+            result.weight_version,
+        )
         return generation_to_proto(result)
 
     @_rollout_rpc
