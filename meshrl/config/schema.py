@@ -347,6 +347,13 @@ class RolloutConfig(Section):
     loads the new weights and continues the unfinished responses (verl's
     `async_training.partial_rollout`), each token's version kept. False: a sync waits
     for the requests in flight to end."""
+    partial_rollout_kv: Literal["keep", "recompute"] = "keep"
+    """With `partial_rollout`, the KV cache of the unfinished responses at a weight swap:
+    `keep` goes on over the keys/values the old weights computed (no extra work; the tokens
+    after the swap are sampled by the new weights over the old context, as AReaL does);
+    `recompute` prefills each unfinished response's prompt and tokens so far again under the
+    new weights (a prefill's cost; the tokens after the swap are exactly the new policy's).
+    rollout.name=vllm has only `recompute`."""
     free_cache_engine: bool = True
     """Release the KV cache while trainers run on the same GPU."""
     log_prob_micro_batch_size_per_gpu: int = Field(16, gt=0)
@@ -795,6 +802,15 @@ class RunConfig(Section):
                 "algorithm.filter_groups.enable=true (dynamic sampling generates until enough "
                 "groups differ, so the next step's batch cannot be started ahead): set one "
                 "of them to false"
+            )
+        rollout = self.actor_rollout_ref.rollout
+        vllm = rollout.name == "vllm" and self.trainer.device == "cuda"
+        if rollout.partial_rollout and vllm and rollout.partial_rollout_kv == "keep":
+            problems.append(
+                "actor_rollout_ref.rollout.partial_rollout_kv=keep does not go with "
+                "rollout.name=vllm (vLLM continues the unfinished responses of a partial "
+                "rollout by prefilling them again under the new weights): set "
+                "partial_rollout_kv=recompute, or use rollout.name=auto, native or fast"
             )
         if problems:
             raise ValueError("\n  ".join(problems))

@@ -3,6 +3,8 @@ server converts requests in and results out, the client the other way round."""
 
 from __future__ import annotations
 
+import torch
+
 from meshrl.api.v1 import rollout_pb2
 from meshrl.wire import ragged_from_proto, ragged_to_proto, tensor_from_proto, tensor_to_proto
 from services.rollout.types import GenerationResult, SamplingParams
@@ -48,19 +50,33 @@ def sampling_to_proto(params: SamplingParams) -> rollout_pb2.SamplingParams:
 
 
 def generation_to_proto(result: GenerationResult) -> rollout_pb2.GenerateResponse:
+    versions = result.token_versions
     return rollout_pb2.GenerateResponse(
         responses=ragged_to_proto(result.responses),
         logprobs=tensor_to_proto(result.logprobs.values),
         finish_reasons=[FINISH_TO_PROTO[r] for r in result.finish_reasons],
         weight_version=result.weight_version,
+        token_versions=tensor_to_proto(versions.values) if versions is not None else None,
     )
 
 
 def generation_from_proto(msg: rollout_pb2.GenerateResponse) -> GenerationResult:
+    """An empty ``token_versions`` (an older server too) reads as None: every token of
+    ``weight_version``."""
     responses = ragged_from_proto(msg.responses)
+    versions = None
+    if msg.HasField("token_versions") and msg.token_versions.dtype:
+        values = tensor_from_proto(msg.token_versions).to(torch.int64)
+        if values.shape != responses.values.shape:
+            raise ValueError(
+                f"token_versions has {values.numel()} values for "
+                f"{responses.values.numel()} response tokens"
+            )
+        versions = responses.with_values(values)
     return GenerationResult(
         responses=responses,
         logprobs=responses.with_values(tensor_from_proto(msg.logprobs).float()),
         finish_reasons=[FINISH_FROM_PROTO[r] for r in msg.finish_reasons],  # type: ignore[misc]
         weight_version=msg.weight_version,
+        token_versions=versions,
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
@@ -30,6 +30,33 @@ class MemoryReleasedError(RuntimeError):
 class GenerationCancelled(RuntimeError):
     """A generation's caller is gone (its RPC was cancelled, ran past its deadline, or the
     server is stopping): the engine stopped at its next check and returns nothing."""
+
+
+class WeightsMixedError(RuntimeError):
+    """A weight sync that landed during a generation (partial rollouts) failed half-way: the
+    weights are a mix of two versions, so the generation stops rather than go on with them."""
+
+
+KVAfterSwap = Literal["keep", "recompute"]
+"""What partial rollouts do with the KV cache of the unfinished sequences at a weight swap
+(``rollout.partial_rollout_kv``): keep it (computed under the old weights), or recompute it
+under the new weights (a prefill of each sequence's prompt and tokens so far)."""
+
+
+class TokenBoundary(Protocol):
+    """What a generation sees, at its token boundaries, of the lock that serialises it with
+    weight swaps (``engine_lock.EngineLock``; partial rollouts)."""
+
+    @property
+    def swap_waiting(self) -> bool:
+        """A weight swap waits for the engine (an engine that must prepare first, as vLLM's
+        aborting its requests, does so before it lends)."""
+        ...
+
+    def lend_if_asked(self) -> bool:
+        """Lends the engine to the waiting swaps and waits until they are done; True when one
+        ran (the weights may have changed: read ``weight_version`` again)."""
+        ...
 
 
 def check_cancelled(cancelled: threading.Event | None, steps: int) -> None:
@@ -67,10 +94,16 @@ class RolloutEngine(Protocol):
         prompts: Ragged,
         params: SamplingParams,
         cancelled: threading.Event | None = None,
+        at_token_boundary: TokenBoundary | None = None,
     ) -> GenerationResult:
         """Samples ``params.n`` responses for each of the B prompts. Once ``cancelled`` is
         set, stops at the engine's next check (a decode step, or a round of them) with
-        GenerationCancelled; an engine that cannot stop half-way checks it before starting."""
+        GenerationCancelled; an engine that cannot stop half-way checks it before starting.
+
+        ``at_token_boundary`` (partial rollouts): between decode steps the engine lends itself
+        to a waiting weight swap through it; the unfinished responses go on under the new
+        weights, each token's version in ``GenerationResult.token_versions``. A swap that
+        failed half-way (version -1) stops the call with WeightsMixedError."""
         ...
 
     def compute_logprobs(self, prompts: Ragged, responses: Ragged, temperature: float) -> Ragged:
@@ -129,8 +162,9 @@ class WeightIntake(Protocol):
         self, manifest: WeightManifest, exclusive: AbstractContextManager
     ) -> ReceivedWeights:
         """Receives the manifest's buckets and swaps them in, holding ``exclusive`` (the
-        worker's engine lock: no generation meanwhile) for as short a time as the transport
-        allows. On success the engine serves ``manifest.version`` with its prefix cache
+        worker's engine, borrowed: no forward meanwhile; with partial rollouts a running
+        generation lends it at a token boundary and waits there) for as short a time as the
+        transport allows. On success the engine serves ``manifest.version`` with its prefix cache
         dropped; on failure it raises :class:`IntakeFailed` and leaves ``weight_version``
         -1 if the weights may be a mix of two versions."""
         ...

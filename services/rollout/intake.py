@@ -4,7 +4,8 @@ The server's process is the weight-sync group's member: over gloo or NCCL the bu
 land straight in the engine's tensors (``weight_targets``); over CUDA IPC the actor's ring
 buffers are mapped here and each tensor is copied out of them. Generation goes on until the
 actor starts sending: only the swap itself holds the engine exclusively, so an actor that
-never sends does not stall the rollout.
+never sends does not stall the rollout. With partial rollouts the swap may land inside a
+running generation, at its next token boundary (``engine_lock.py``).
 """
 
 from __future__ import annotations

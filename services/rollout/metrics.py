@@ -21,6 +21,16 @@ GENERATED_TOKENS = Counter(
 GENERATED_SEQUENCES = Counter(
     "meshrl_rollout_generated_sequences_total", "Responses generated.", ["finish_reason"]
 )
+SPANNING_GENERATIONS = Counter(
+    "meshrl_rollout_spanning_generations_total",
+    "Generate calls whose responses span a weight sync that landed mid-generation (partial "
+    "rollouts).",
+)
+OLDER_VERSION_TOKENS = Counter(
+    "meshrl_rollout_older_version_tokens_total",
+    "Response tokens sampled under an older weight version than the newest of their Generate "
+    "call (partial rollouts).",
+)
 WEIGHT_VERSION = Gauge(
     "meshrl_rollout_weight_version",
     "Version of the weights the engine generates with: 0 as loaded, then that of the last "
@@ -28,12 +38,23 @@ WEIGHT_VERSION = Gauge(
 )
 
 
-def count_generation(prompts: Ragged, responses: Ragged, finish_reasons: Sequence[str]) -> None:
-    """Counts one Generate call's prompt and response tokens and its responses."""
+def count_generation(
+    prompts: Ragged,
+    responses: Ragged,
+    finish_reasons: Sequence[str],
+    token_versions: Ragged | None = None,
+    weight_version: int = 0,
+) -> None:
+    """Counts one Generate call's prompt and response tokens and its responses; with
+    ``token_versions`` (a sync landed mid-call), the call and its tokens older than
+    ``weight_version``."""
     PROMPT_TOKENS.inc(int(prompts.values.numel()))
     GENERATED_TOKENS.inc(int(responses.values.numel()))
     for reason, n in collections.Counter(finish_reasons).items():
         GENERATED_SEQUENCES.labels(reason).inc(n)
+    if token_versions is not None:
+        SPANNING_GENERATIONS.inc()
+        OLDER_VERSION_TOKENS.inc(int((token_versions.values != weight_version).sum()))
 
 
 def report_weight_version(read: Callable[[], int]) -> None:

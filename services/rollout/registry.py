@@ -109,4 +109,5 @@ def _native_kwargs(cfg: RunConfig) -> dict:
         max_num_seqs=rollout.max_num_seqs,
         logprob_batch_size=rollout.log_prob_micro_batch_size_per_gpu,
         max_model_len=_max_model_len(cfg),
+        partial_rollout_kv=rollout.partial_rollout_kv,
     )

@@ -3,7 +3,8 @@
 The logic lives in ``worker.py`` (locking, weight syncs) and the engine; this file only
 converts messages once at the edge and maps failures to status codes:
 not initialized / memory released / no weight group -> FAILED_PRECONDITION, a bad request
--> INVALID_ARGUMENT, a failed weight sync or a server shutting down -> UNAVAILABLE.
+-> INVALID_ARGUMENT, a failed weight sync (also one that landed mid-generation, which fails
+that Generate) or a server shutting down -> UNAVAILABLE.
 
 A Generate whose caller is gone (cancelled, past its deadline, its process killed) stops
 generating at the engine's next check, so an abandoned run does not hold the engine for the
@@ -46,7 +47,7 @@ from meshrl.weight_sync.group import WeightGroupError
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
 from meshrl.wire import ragged_from_proto, tensor_to_proto
 from services.rollout.convert import generation_to_proto, sampling_from_proto
-from services.rollout.engine import GenerationCancelled, MemoryReleasedError
+from services.rollout.engine import GenerationCancelled, MemoryReleasedError, WeightsMixedError
 from services.rollout.metrics import count_generation, report_weight_version
 from services.rollout.worker import (
     NotInitializedError,
@@ -81,7 +82,7 @@ def _status_of(e: Exception) -> grpc.StatusCode | None:
         if isinstance(e.__cause__, ValueError):
             return grpc.StatusCode.INVALID_ARGUMENT
         return grpc.StatusCode.UNAVAILABLE
-    if isinstance(e, WeightGroupError | ShuttingDownError):
+    if isinstance(e, WeightGroupError | ShuttingDownError | WeightsMixedError):
         return grpc.StatusCode.UNAVAILABLE
     if isinstance(e, GenerationCancelled):
         return grpc.StatusCode.CANCELLED  # its caller is gone: nobody reads this
@@ -154,7 +155,13 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             except GenerationCancelled as e:
                 log.info("Generate: %s (its RPC ended: the caller left or the server stops)", e)
                 raise
-        count_generation(prompts, result.responses, result.finish_reasons)
+        count_generation(
+            prompts,
+            result.responses,
+            result.finish_reasons,
+            result.token_versions,
+            result.weight_version,
+        )
         return generation_to_proto(result)
 
     @_rollout_rpc

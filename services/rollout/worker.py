@@ -1,9 +1,10 @@
 """What the rollout server does, apart from gRPC: the engine behind a lock, and weight syncs.
 
 One lock serialises everything that touches the engine, so a weight swap never overlaps a
-generation: ReceiveWeights waits for the Generate in flight, and a Generate that arrives
-during a swap waits for it. Failures are typed exceptions; ``server.py`` maps them to
-status codes.
+forward: ReceiveWeights waits for the Generate in flight, and a Generate that arrives during
+a swap waits for it. With ``rollout.partial_rollout`` a running Generate lends the engine to
+the swap at its next token boundary instead (``engine_lock.py``), and goes on under the new
+weights. Failures are typed exceptions; ``server.py`` maps them to status codes.
 
 Stopping: `close` refuses new calls. A generation whose RPC was cancelled (the server
 cancels the calls still running after its grace period) stops at the engine's next check;
@@ -23,6 +24,7 @@ from meshrl.ragged import Ragged
 from meshrl.rpc.call_count import CallCount
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
 from services.rollout.engine import IntakeFailed, RolloutEngine, WeightIntake
+from services.rollout.engine_lock import EngineLock
 from services.rollout.registry import build_engine
 from services.rollout.types import GenerationResult, SamplingParams, TokenScores
 
@@ -61,7 +63,8 @@ class RolloutWorker:
     def __init__(self) -> None:
         self._engine: RolloutEngine | None = None
         self.model_path = ""
-        self._engine_lock = threading.Lock()  # generation, scoring and swaps never overlap
+        self._engine_lock = EngineLock()  # generation, scoring and swaps never overlap
+        self._partial_rollout = False  # a Generate lends the engine to a swap mid-call
         self._group: WeightIntake | None = None
         self._group_lock = threading.Lock()  # taken before _engine_lock, never after
         self._calls = CallCount(lambda name: ShuttingDownError("rollout server is shutting down"))
@@ -97,9 +100,10 @@ class RolloutWorker:
     def initialize(self, cfg: RunConfig) -> None:
         with self._call():
             engine = build_engine(cfg)  # slow: load outside the lock, swap in under it
-            with self._engine_lock:
+            with self._engine_lock.hold():
                 self._engine = engine
                 self.model_path = cfg.actor_rollout_ref.model.path
+                self._partial_rollout = cfg.actor_rollout_ref.rollout.partial_rollout
 
     def generate(
         self,
@@ -108,15 +112,17 @@ class RolloutWorker:
         cancelled: threading.Event | None = None,
     ) -> GenerationResult:
         """``cancelled``: set when the caller is gone; the engine then stops at its next
-        check, and a call that waited for the lock behind another does not start."""
-        with self._call(), self._generations.admit("generate"), self._engine_lock:
-            return self.engine.generate(prompts, params, cancelled)
+        check, and a call that waited for the lock behind another does not start. With
+        partial rollouts the engine lends itself to a weight swap at its token boundaries."""
+        with self._call(), self._generations.admit("generate"), self._engine_lock.hold():
+            lend = self._engine_lock if self._partial_rollout else None
+            return self.engine.generate(prompts, params, cancelled, lend)
 
     def score(
         self, prompts: Ragged, responses: Ragged, temperature: float, with_entropy: bool
     ) -> tuple[TokenScores, int]:
         """Per-token scores and the weight version that computed them."""
-        with self._call(), self._engine_lock:
+        with self._call(), self._engine_lock.hold():
             engine = self.engine
             return engine.score(
                 prompts, responses, temperature, with_entropy
@@ -124,7 +130,7 @@ class RolloutWorker:
 
     def set_memory(self, release: bool) -> int:
         """Releases or resumes the engine's memory; returns the KV cache bytes held after."""
-        with self._call(), self._engine_lock:
+        with self._call(), self._engine_lock.hold():
             engine = self.engine
             engine.release_memory() if release else engine.resume_memory()
             return engine.kv_cache_bytes
@@ -150,7 +156,7 @@ class RolloutWorker:
             intake = self._current_group(manifest)
             start = time.monotonic()
             try:
-                received = intake.receive(manifest, self._engine_lock)
+                received = intake.receive(manifest, self._engine_lock.borrow())
             except Exception as e:
                 self._close_group()
                 why = str(e) if isinstance(e, IntakeFailed) else f"({type(e).__name__}: {e})"

@@ -229,3 +229,23 @@ def test_compute_dtypes_follow_the_device_unless_set(given, trainer, rollout):
     assert cfg.actor_rollout_ref.model.dtype == trainer
     assert cfg.actor_rollout_ref.rollout.dtype == rollout  # the engine's follow the actor's
     assert config_from_yaml(config_to_yaml(cfg)) == cfg  # as the role servers get it
+
+
+def test_partial_rollouts_keeping_the_kv_cache_are_refused_with_vllm_on_a_gpu_run():
+    vllm = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.partial_rollout=true"]
+    with pytest.raises(ConfigError) as bad:
+        build_config({}, [*vllm, "trainer.device=cuda"])
+    assert str(bad.value).splitlines()[1:] == [
+        "  actor_rollout_ref.rollout.partial_rollout_kv=keep does not go with rollout.name=vllm "
+        "(vLLM continues the unfinished responses of a partial rollout by prefilling them "
+        "again under the new weights): set partial_rollout_kv=recompute, or use "
+        "rollout.name=auto, native or fast"
+    ]
+    recompute = [
+        *vllm,
+        "trainer.device=cuda",
+        "actor_rollout_ref.rollout.partial_rollout_kv=recompute",
+    ]
+    assert build_config({}, recompute).actor_rollout_ref.rollout.partial_rollout_kv == "recompute"
+    # On a CPU run rollout.name=vllm generates with the native engine, which keeps it.
+    assert build_config({}, vllm).actor_rollout_ref.rollout.partial_rollout

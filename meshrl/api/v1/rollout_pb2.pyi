@@ -44,16 +44,18 @@ class GenerateRequest(_message.Message):
     def __init__(self, prompts: _Optional[_Union[_common_pb2.TokenBatch, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("responses", "logprobs", "finish_reasons", "weight_version")
+    __slots__ = ("responses", "logprobs", "finish_reasons", "weight_version", "token_versions")
     RESPONSES_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASONS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     responses: _common_pb2.TokenBatch
     logprobs: _common_pb2.Tensor
     finish_reasons: _containers.RepeatedScalarFieldContainer[FinishReason]
     weight_version: int
-    def __init__(self, responses: _Optional[_Union[_common_pb2.TokenBatch, _Mapping]] = ..., logprobs: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., finish_reasons: _Optional[_Iterable[_Union[FinishReason, str]]] = ..., weight_version: _Optional[int] = ...) -> None: ...
+    token_versions: _common_pb2.Tensor
+    def __init__(self, responses: _Optional[_Union[_common_pb2.TokenBatch, _Mapping]] = ..., logprobs: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., finish_reasons: _Optional[_Iterable[_Union[FinishReason, str]]] = ..., weight_version: _Optional[int] = ..., token_versions: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ...) -> None: ...
 
 class MemoryStateRequest(_message.Message):
     __slots__ = ("release",)

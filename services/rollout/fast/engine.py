@@ -14,6 +14,12 @@ inherited); only ``generate`` differs. One call:
               taken during the next one (``harvest.py``: no sync), unless sequences wait
               for slots, one reaches its length or compaction is due
 
+Partial rollouts: at the top of each round (a token boundary of every slot) the engine
+lends itself to a waiting weight swap; the running slots then go on under the new weights
+over their KV cache as it is (``keep``; the graphs read the weights in place) or over one
+prefilled again under them (``recompute``, ``recompute.py``). Each token's version is kept
+by ``token_versions.py``.
+
 Runs eagerly (same code, no graphs) on CPU or with ``enforce_eager``, which is how the
 tests check it against the plain engine.
 """
@@ -28,15 +34,17 @@ import torch
 from torch.profiler import record_function
 
 from meshrl.ragged import Ragged
-from services.rollout.engine import check_cancelled
+from services.rollout.engine import TokenBoundary, check_cancelled
 from services.rollout.fast.cuda_graphs import DecodeGraphs, row_bucket, width_bucket
 from services.rollout.fast.decoder import StaticDecoder, unsupported_reason
 from services.rollout.fast.gpu_sampler import sample_rows
 from services.rollout.fast.harvest import Check, Harvest, HarvestRings
 from services.rollout.fast.kv_cache import KVView, StaticKVCache, cuda_capacity_tokens
+from services.rollout.fast.recompute import recompute_running_slots
 from services.rollout.fast.scheduler import Scheduler
 from services.rollout.fast.slots import SlotState
 from services.rollout.native.engine import NativeEngine
+from services.rollout.token_versions import TokenVersions
 from services.rollout.types import GenerationResult, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -147,6 +155,7 @@ class FastEngine(NativeEngine):
         prompts: Ragged,
         params: SamplingParams,
         cancelled: threading.Event | None = None,
+        at_token_boundary: TokenBoundary | None = None,
     ) -> GenerationResult:
         self._check_memory()
         self._check_tokens(prompts, "prompts")
@@ -167,10 +176,13 @@ class FastEngine(NativeEngine):
             state = SlotState(kv.slots, params.max_tokens, slot_len, self.runner.device)
             sched = Scheduler(lengths, params.n, kv.slots, params.max_tokens)
             harvest = Harvest(total, self._harvest_rings)
+            versions = TokenVersions(total, self.weight_version)
         pending: Check | None = None  # the previous round's check, read during this round
         steps_done = 0
         while not sched.finished:
             check_cancelled(cancelled, steps_done)  # once a round: an Event read
+            if at_token_boundary is not None and at_token_boundary.lend_if_asked():
+                self._weights_swapped(versions, prompts, kv, state, sched)
             admitted = sched.admit()
             if admitted:
                 with record_function("meshrl/admit"):  # named ranges in profiler traces
@@ -199,12 +211,41 @@ class FastEngine(NativeEngine):
                     self._compact(kv, state, sched)
         with record_function("meshrl/finish"):
             responses, logprobs, reasons = harvest.result()
+            version, token_versions = versions.result(responses.lengths)
             return GenerationResult(
                 responses=responses,
                 logprobs=logprobs,
                 finish_reasons=reasons,
-                weight_version=self.weight_version,
+                weight_version=version,
+                token_versions=token_versions,
             )
+
+    def _weights_swapped(
+        self,
+        versions: TokenVersions,
+        prompts: Ragged,
+        kv: KVView,
+        state: SlotState,
+        sched: Scheduler,
+    ) -> None:
+        """After a swap at a round's start: notes how far each sequence was and, with
+        ``recompute``, prefills the running slots again under the new weights."""
+        version = self.weight_version
+        if not versions.changed_to(version):
+            return
+        generated = torch.full((versions.total,), state.max_tokens, dtype=torch.int64)
+        generated[list(sched.waiting)] = 0
+        gen_len = state.gen_len.cpu()
+        for slot in sched.active:
+            generated[sched.slot_seq[slot]] = gen_len[slot]
+        recomputed = 0
+        if self.partial_rollout_kv == "recompute":
+            recomputed = recompute_running_slots(
+                self.decoder, kv, state, sched, prompts, self.max_prefill_tokens
+            )
+        versions.switch(version, generated)
+        log.info("weights v%d swapped in mid-generation (KV cache: %s, %d slots recomputed)",
+                 version, self.partial_rollout_kv, recomputed)  # fmt: skip
 
     def _admit(self, prompts: Ragged, admitted, kv: KVView, state: SlotState, sampling) -> None:
         """Prefills the admitted (sequence, slot) pairs and samples their first tokens.

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 class DecodeBatch:
     cache: DynamicCache
     """The model's KV cache (a transformers DynamicCache), one batch row per ``rows``."""
+    prompt_ids: torch.Tensor
+    """(rows, P) int64 the left-padded prompts (a weight swap may recompute the cache)."""
     attention_mask: torch.Tensor
     """(rows, P + max_tokens) int64: 1 at real prompt tokens and at generated tokens so far."""
     positions: torch.Tensor
@@ -49,14 +51,18 @@ class DecodeBatch:
     """Tokens generated so far by every live row."""
 
     @staticmethod
-    def start(cache, prompt_mask: torch.Tensor, max_tokens: int) -> DecodeBatch:
-        """A batch right after prefill; prompt_mask (rows, P) marks the left-padded prompts."""
+    def start(
+        cache, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_tokens: int
+    ) -> DecodeBatch:
+        """A batch right after prefill; prompt_ids and prompt_mask (rows, P) are the
+        left-padded prompts."""
         rows, width = prompt_mask.shape
         device = prompt_mask.device
         mask = torch.zeros(rows, width + max_tokens, dtype=torch.int64, device=device)
         mask[:, :width] = prompt_mask
         return DecodeBatch(
             cache=cache,
+            prompt_ids=prompt_ids,
             attention_mask=mask,
             positions=prompt_mask.sum(dim=1) - 1,  # the last prompt token's; append moves it on
             last_tokens=torch.zeros(rows, dtype=torch.int64, device=device),
@@ -103,6 +109,7 @@ class DecodeBatch:
         """Drops finished rows from the model batch (and its KV cache)."""
         keep = self.alive.nonzero().squeeze(1)  # (alive,)
         self.cache.batch_select_indices(keep)
+        self.prompt_ids = self.prompt_ids[keep]
         self.attention_mask = self.attention_mask[keep]
         self.positions = self.positions[keep]
         self.last_tokens = self.last_tokens[keep]

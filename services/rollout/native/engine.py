@@ -10,6 +10,11 @@ B*n sequences and decodes them in chunks of at most ``max_num_seqs``:
 
 The log-probs returned with the tokens are float32 ``log_softmax(logits / T)``, the same
 quantity :meth:`NativeEngine.compute_logprobs` (and the trainer) get from a full forward.
+
+Partial rollouts: before each decode step (a token boundary) the engine lends itself to a
+waiting weight swap (``at_token_boundary``); the unfinished rows then go on under the new
+weights, over their KV cache as it is (``keep``) or over one recomputed under the new weights
+(``recompute``), and each token's version is kept (``token_versions.py``).
 """
 
 from __future__ import annotations
@@ -25,12 +30,19 @@ from meshrl.algorithms.entropy import entropy_from_logits, logprobs_from_logits
 from meshrl.ragged import Ragged
 from meshrl.weight_sync.types import GroupSpec
 from meshrl.wire import dtype_from_name
-from services.rollout.engine import MemoryReleasedError, WeightIntake, check_cancelled
+from services.rollout.engine import (
+    KVAfterSwap,
+    MemoryReleasedError,
+    TokenBoundary,
+    WeightIntake,
+    check_cancelled,
+)
 from services.rollout.eos import eos_token_ids
 from services.rollout.intake import InProcessIntake
 from services.rollout.native.batch import DecodeBatch, left_pad
 from services.rollout.native.model_runner import ModelRunner
 from services.rollout.native.sampler import sample
+from services.rollout.token_versions import TokenVersions
 from services.rollout.types import FinishReason, GenerationResult, SamplingParams, TokenScores
 
 log = logging.getLogger(__name__)
@@ -46,6 +58,15 @@ class _Sampling(NamedTuple):
     stop_ids: torch.Tensor  # (s,) int64: EOS ids + the request's stop ids
 
 
+class _Call(NamedTuple):
+    """What every chunk of one generate call shares besides sampling."""
+
+    cancelled: threading.Event | None
+    at_token_boundary: TokenBoundary | None
+    versions: TokenVersions
+    steps: list[int]  # decode steps of the call so far, for a cancellation's message
+
+
 class NativeEngine:
     """A :class:`~services.rollout.engine.RolloutEngine` in plain torch + transformers."""
 
@@ -59,12 +80,15 @@ class NativeEngine:
         max_num_seqs: int = 256,
         logprob_batch_size: int = 16,
         max_model_len: int | None = None,
+        partial_rollout_kv: KVAfterSwap = "keep",
     ):
         """``max_model_len``: positions a prompt and its response may take together (the run
         gives data.max_prompt_length + data.max_response_length); None: the model's
-        ``max_position_embeddings``, or no limit when its config has none."""
+        ``max_position_embeddings``, or no limit when its config has none.
+        ``partial_rollout_kv``: the KV cache of unfinished rows at a weight swap mid-call."""
         if max_num_seqs < 1 or logprob_batch_size < 1:
             raise ValueError("max_num_seqs and logprob_batch_size must be >= 1")
+        self.partial_rollout_kv = partial_rollout_kv
         self.runner = ModelRunner(model_path, dtype_from_name(dtype), device)
         self.model_path = model_path
         self.max_model_len = max_model_len or getattr(
@@ -115,49 +139,80 @@ class NativeEngine:
         prompts: Ragged,
         params: SamplingParams,
         cancelled: threading.Event | None = None,
+        at_token_boundary: TokenBoundary | None = None,
     ) -> GenerationResult:
         self._check_memory()
         self._check_tokens(prompts, "prompts")
         self._check_length(prompts, params.max_tokens)
         sampling = self._sampling(params)
         total = len(prompts) * params.n
+        call = _Call(cancelled, at_token_boundary, TokenVersions(total, self.weight_version), [0])
         tokens: list[torch.Tensor] = []
         logprobs: list[torch.Tensor] = []
         reasons: list[FinishReason] = []
-        steps = [0]  # decode steps of the call so far, for a cancellation's message
         for start in range(0, total, self.max_num_seqs):
             seqs = range(start, min(total, start + self.max_num_seqs))
-            chunk = self._generate_chunk(prompts, seqs, sampling, cancelled, steps)
+            chunk = self._generate_chunk(prompts, seqs, sampling, call)
             t, lp, r = chunk.results()
             tokens += t
             logprobs += lp
             reasons += r
+        responses = _ragged(tokens, torch.int64)
+        version, token_versions = call.versions.result(responses.lengths)
         return GenerationResult(
-            responses=_ragged(tokens, torch.int64),
+            responses=responses,
             logprobs=_ragged(logprobs, torch.float32),
             finish_reasons=reasons,
-            weight_version=self.weight_version,
+            weight_version=version,
+            token_versions=token_versions,
         )
 
     def _generate_chunk(
-        self,
-        prompts: Ragged,
-        seqs: range,
-        sampling: _Sampling,
-        cancelled: threading.Event | None,
-        steps: list[int],
+        self, prompts: Ragged, seqs: range, sampling: _Sampling, call: _Call
     ) -> DecodeBatch:
         """Decodes sequences ``seqs`` (sequence k is sample k % n of prompt k // n) to the
-        end; counts its decode steps into ``steps[0]``."""
-        check_cancelled(cancelled, steps[0])
+        end; counts its decode steps into ``call.steps[0]``."""
+        check_cancelled(call.cancelled, call.steps[0])
+        self._at_token_boundary(call, seqs, None, sampling.params.max_tokens)
         batch, logits = self._prefill(prompts, seqs, sampling.params)
         tokens, logprobs = sample(logits, sampling.params, sampling.generator)
         num_alive = batch.append(tokens, logprobs, sampling.stop_ids)
         while num_alive:
-            check_cancelled(cancelled, steps[0])  # an Event read: nothing next to a step
+            check_cancelled(call.cancelled, call.steps[0])  # an Event read: nothing next to a step
+            self._at_token_boundary(call, seqs, batch, sampling.params.max_tokens)
             num_alive = self.step(batch, num_alive, sampling)
-            steps[0] += 1
+            call.steps[0] += 1
         return batch
+
+    def _at_token_boundary(
+        self, call: _Call, seqs: range, batch: DecodeBatch | None, max_tokens: int
+    ) -> None:
+        """Lends the engine to a waiting weight swap; if the weights changed, notes where
+        each sequence of the call was and, with ``recompute``, rebuilds the batch's cache.
+        ``batch``: the chunk ``seqs`` being decoded (None: not prefilled yet)."""
+        if call.at_token_boundary is None or not call.at_token_boundary.lend_if_asked():
+            return
+        version = self.weight_version
+        if not call.versions.changed_to(version):
+            return
+        generated = torch.zeros(call.versions.total, dtype=torch.int64)
+        generated[: seqs.start] = max_tokens  # earlier chunks: finished
+        if batch is not None:
+            generated[seqs.start : seqs.stop] = batch.lengths.cpu()
+            if self.partial_rollout_kv == "recompute":
+                self._recompute_cache(batch)
+        call.versions.switch(version, generated)
+        log.info("weights v%d swapped in mid-generation (KV cache: %s)", version,
+                 self.partial_rollout_kv)  # fmt: skip
+
+    def _recompute_cache(self, batch: DecodeBatch) -> None:
+        """Prefills every row's prompt and tokens so far, but the last one (fed by the next
+        step), under the weights now loaded, into a fresh cache."""
+        fed = batch.prompt_width + batch.step - 1  # columns the cache holds
+        ids = torch.cat([batch.prompt_ids, batch.tokens[batch.seq_ids, : batch.step - 1]], dim=1)
+        cache = self.runner.new_cache()
+        self.runner.prefill(ids, batch.attention_mask[:, :fed], cache)  # (rows, fed)
+        batch.cache = cache
 
     def _prefill(
         self, prompts: Ragged, seqs: range, params: SamplingParams
@@ -174,7 +229,8 @@ class NativeEngine:
             # n samples of a prompt share its prefill: copy its KV rows instead of recomputing.
             cache.batch_select_indices(rows)
             logits, mask = logits[rows], mask[rows]
-        return DecodeBatch.start(cache, mask, params.max_tokens), logits
+        ids = ids[rows]  # (rows, P): kept for a recompute of the cache after a weight swap
+        return DecodeBatch.start(cache, ids, mask, params.max_tokens), logits
 
     def step(self, batch: DecodeBatch, num_alive: int, sampling: _Sampling) -> int:
         """One decode step of every row; returns the rows still alive."""

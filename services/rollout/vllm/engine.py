@@ -6,6 +6,10 @@ the model folder needs no tokenizer). Weights arrive in vLLM's GPU worker proces
 the worker extension (``extension.py``), which this engine's intake drives with
 ``LLM.collective_rpc``.
 
+With partial rollouts (``rollout.partial_rollout``) a generation goes through
+``partial.py`` instead of ``LLM.generate``: a weight sync aborts the unfinished requests and
+they continue, prefilled again, under the new weights.
+
 Memory on a GPU shared with the trainers (``release_memory``): vLLM's sleep level 1 moves
 the weights to host memory and drops the KV cache. A weight sync that comes while asleep
 wakes the weights alone first (the intake), so the KV cache comes back only when the next
@@ -32,6 +36,7 @@ from services.rollout.engine import (
     IntakeFailed,
     MemoryReleasedError,
     ReceivedWeights,
+    TokenBoundary,
     check_cancelled,
 )
 from services.rollout.eos import folder_eos_token_ids
@@ -41,12 +46,14 @@ from services.rollout.vllm.mapping import (
     flat,
     manifest_to_json,
     per_prompt_kwargs,
+    per_sample_kwargs,
     response_logprobs,
     results_from_outputs,
     scoring_kwargs,
     spec_to_json,
     token_prompts,
 )
+from services.rollout.vllm.partial import generate_across_swaps
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +98,9 @@ class VllmEngine:
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         vllm = import_vllm()
         self._vllm = vllm
+        from vllm.sampling_params import RequestOutputKind
+
+        self._delta_output = RequestOutputKind.DELTA  # partial rollouts read outputs as deltas
         start = time.monotonic()
         self.llm = vllm.LLM(
             model=model_path,
@@ -140,11 +150,25 @@ class VllmEngine:
         prompts: Ragged,
         params: SamplingParams,
         cancelled: threading.Event | None = None,
+        at_token_boundary: TokenBoundary | None = None,
     ) -> GenerationResult:
         # LLM.generate runs vLLM's loop to the end: a cancelled call is refused before it
-        # starts, not stopped half-way.
+        # starts, not stopped half-way, and a weight sync waits for it. With partial rollouts
+        # the requests are driven one step at a time instead (partial.py).
         check_cancelled(cancelled, 0)
         self._check_awake()
+        if at_token_boundary is not None:
+            return generate_across_swaps(
+                self.llm,
+                self._vllm.SamplingParams,
+                self._delta_output,
+                prompts,
+                per_sample_kwargs(params, len(prompts), self.eos_ids),
+                params,
+                lambda: self.weight_version,
+                cancelled,
+                at_token_boundary,
+            )
         sampling = [
             self._vllm.SamplingParams(**kwargs)
             for kwargs in per_prompt_kwargs(params, len(prompts), self.eos_ids)

@@ -58,6 +58,29 @@ def per_prompt_kwargs(
     return [{**kwargs, "seed": (base + i) % 2**63} for i in range(num_prompts)]
 
 
+def per_sample_kwargs(
+    params: SamplingParams, num_prompts: int, eos_ids: tuple[int, ...] = ()
+) -> list[dict[str, Any]]:
+    """``vllm.SamplingParams`` keywords for each sample, one request a sample (partial
+    rollouts): sample j of prompt i at ``i * n + j``, n = 1 each, seeded as
+    :func:`per_prompt_kwargs` seeds prompts (with n = 1, the same seeds)."""
+    one = SamplingParams(**{**params.__dict__, "n": 1})
+    return per_prompt_kwargs(one, num_prompts * params.n, eos_ids)
+
+
+CONTINUATION_SEED_SPREAD = 0xD1B54A32D192ED03  # odd, and unlike PROMPT_SEED_SPREAD
+
+
+def continuation_kwargs(kwargs: dict[str, Any], done: int, part: int) -> dict[str, Any]:
+    """The keywords of part ``part`` of a sample (0: its first request) that has ``done``
+    tokens already: the tokens it has left, and a seed of its own for each part (the same
+    seed again would replay the first part's noise over the new prefix)."""
+    out = {**kwargs, "max_tokens": kwargs["max_tokens"] - done}
+    if part and "seed" in kwargs:
+        out["seed"] = (kwargs["seed"] + part * CONTINUATION_SEED_SPREAD) % 2**63
+    return out
+
+
 def scoring_kwargs() -> dict[str, Any]:
     """``vllm.SamplingParams`` keywords that score a prompt: one token out, the log-prob of
     every prompt token (``prompt_logprobs=0``: the actual token's only)."""
@@ -84,8 +107,8 @@ def results_from_outputs(
         for sample in samples:
             ids = [int(t) for t in sample.token_ids]
             tokens.append(ids)
-            logprobs.append(_sampled_logprobs(ids, sample.logprobs))
-            reasons.append(_finish_reason(sample.finish_reason))
+            logprobs.append(sampled_logprobs(ids, sample.logprobs))
+            reasons.append(finish_reason(sample.finish_reason))
     return tokens, logprobs, reasons
 
 
@@ -101,13 +124,15 @@ def response_logprobs(
     ]
 
 
-def _sampled_logprobs(ids: list[int], per_position) -> list[float]:
+def sampled_logprobs(ids: list[int], per_position) -> list[float]:
+    """The log-prob of each sampled token from vLLM's per-position dicts (``logprobs=0``)."""
     if per_position is None or len(per_position) != len(ids):
         raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
     return [float(per_position[i][tok].logprob) for i, tok in enumerate(ids)]
 
 
-def _finish_reason(reason: str | None) -> FinishReason:
+def finish_reason(reason: str | None) -> FinishReason:
+    """vLLM's finish reason of a sample; an aborted one is an error, never a response."""
     if reason in ("stop", "length"):
         return cast(FinishReason, reason)
     raise RuntimeError(f"vLLM finished a sample with reason {reason!r} (aborted?)")

@@ -1,24 +1,21 @@
 """The rollout server as a real process: `python -m services.rollout.server` on a free port."""
 
-import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import grpc
 import pytest
 import torch
 from grpc_health.v1 import health_pb2
+from rollout_server_process import Server, sync_weights, wait_for_log
 
-from meshrl.api.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from meshrl.api.v1 import common_pb2, rollout_pb2
 from meshrl.config import build_config, config_to_yaml
-from meshrl.launcher.ports import free_port
 from meshrl.ragged import Ragged
-from meshrl.rpc.client import health_status, open_channel, wait_for_health
+from meshrl.rpc.client import health_status
 from meshrl.testing.tiny_model import make_tiny_model_dir
-from meshrl.weight_sync import GroupSpec, WeightGroup, WeightManifest, plan_buckets, send_weights
+from meshrl.weight_sync import GroupSpec, WeightGroup, WeightManifest, plan_buckets
 from meshrl.wire import ragged_from_proto, ragged_to_proto, tensor_from_proto
 from services.rollout.convert import sampling_from_proto, sampling_to_proto
 from services.rollout.native.engine import NativeEngine
@@ -27,41 +24,7 @@ from services.rollout.types import SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
-REPO = Path(__file__).resolve().parents[3]
 PROMPTS = [[1, 4, 5, 6], [1, 7], [1, 8, 9]]
-
-
-class Server:
-    def __init__(self, log_path: Path):
-        self.address = f"127.0.0.1:{free_port()}"
-        self.log_path = log_path
-        self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "services.rollout.server", "--port", self.address.split(":")[1]],
-            cwd=REPO,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self.channel = None
-        try:
-            wait_for_health(self.address, "", timeout_s=60, alive=lambda: self.proc.poll() is None)
-        except Exception:
-            self.stop()
-            raise RuntimeError(f"server did not start:\n{log_path.read_text()}") from None
-        self.channel = open_channel(self.address)
-        self.stub = rollout_pb2_grpc.RolloutServiceStub(self.channel)
-
-    def stop(self) -> None:
-        if self.channel is not None:
-            self.channel.close()
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
 
 
 def _config_yaml(model_dir: str) -> str:
@@ -211,38 +174,19 @@ def test_receive_weights_without_a_group_fails_precondition(server):
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "JoinWeightGroup" in details
 
 
-def _sync(server, model, version: int) -> common_pb2.WeightSyncResult:
-    """Plays the actor over gloo: a fresh group each time, as after every (re)formation."""
-    store, spec = WeightGroup.open("127.0.0.1", timeout_s=30, world_size=2)
-    peer = GroupSpec(**{**spec.__dict__, "rank": 1})
-    joined = server.stub.JoinWeightGroup.future(
-        common_pb2.JoinWeightGroupRequest(spec=peer.to_proto()), timeout=60
-    )
-    group = WeightGroup.join(spec, store)
-    assert joined.result().group_id == spec.group_id
-    named = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
-    manifest = WeightManifest(version, plan_buckets(named, torch.float32, 32 * 1024), spec.group_id)
-    result = server.stub.ReceiveWeights.future(manifest.to_proto(), timeout=60)
-    send_weights(group, ((n, p.detach()) for n, p in model.named_parameters()), manifest)
-    try:
-        return result.result()
-    finally:
-        group.close()
-
-
 def test_weight_sync_over_grpc_and_gloo(server, model_dirs):
     request = _generate_request(PROMPTS, temperature=0, max_tokens=8, n=1)
     params = SamplingParams(temperature=0, max_tokens=8)
     other = NativeEngine(model_dirs[1])
     original = NativeEngine(model_dirs[0])
-    result = _sync(server, other.runner.model, version=4)
+    result = sync_weights(server, other.runner.model, version=4)
     assert result.version == 4 and result.bytes == 4 * other.num_parameters
     reply = server.stub.Generate(request, timeout=60)
     assert reply.weight_version == 4
     expected = other.generate(Ragged.from_lists(PROMPTS), params).responses.tolist()
     assert ragged_from_proto(reply.responses).tolist() == expected
     # A second group replaces the first; the original weights come back as version 5.
-    assert _sync(server, original.runner.model, version=5).version == 5
+    assert sync_weights(server, original.runner.model, version=5).version == 5
     reply = server.stub.Generate(request, timeout=60)
     assert reply.weight_version == 5
     expected = original.generate(Ragged.from_lists(PROMPTS), params).responses.tolist()
@@ -286,14 +230,6 @@ def test_an_unset_seed_is_a_fresh_one_and_zero_is_a_seed():
 STOP_BOUND_S = 20.0
 
 
-def _wait_for_log(srv: Server, text: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while text not in srv.log_path.read_text():
-        if srv.proc.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"no {text!r} in the server log:\n{srv.log_path.read_text()}")
-        time.sleep(0.05)
-
-
 def _ctrl_c(srv: Server) -> tuple[int | None, float]:
     """SIGINT to the server; its exit code (None: still running after STOP_BOUND_S) and the
     seconds it took to exit."""
@@ -329,7 +265,7 @@ def test_ctrl_c_does_not_wait_for_a_generation_in_flight(own_server):
     # 2048 sampled sequences of up to 200 tokens: longer than the bound on any machine.
     request = _generate_request([[1, 4, 5]] * 64, temperature=1.0, max_tokens=200, n=32)
     call = own_server.stub.Generate.future(request, timeout=300)
-    _wait_for_log(own_server, "rpc Generate #1 started")
+    wait_for_log(own_server, "rpc Generate #1 started")
     rc, seconds = _ctrl_c(own_server)
     log = own_server.log_path.read_text()
     assert rc == 0 and seconds < STOP_BOUND_S, (rc, seconds, log)
@@ -345,7 +281,7 @@ def test_a_generation_whose_caller_left_stops_and_frees_the_engine(own_server):
     # rest of the batch (48 s on a CPU) for the engine lock.
     big = _generate_request([[1, 4, 5]] * 64, temperature=1.0, max_tokens=200, n=32)
     call = own_server.stub.Generate.future(big, timeout=300)
-    _wait_for_log(own_server, "rpc Generate #1 started")
+    wait_for_log(own_server, "rpc Generate #1 started")
     start = time.monotonic()
     call.cancel()
     small = _generate_request([[1, 4, 5]], temperature=0.0, max_tokens=4, n=1)
@@ -369,7 +305,7 @@ def test_ctrl_c_does_not_wait_for_a_weight_sync_whose_sender_never_sends(own_ser
         buckets = plan_buckets([("model.embed_tokens.weight", (22, 64))], torch.float32, 1 << 15)
         manifest = WeightManifest(1, buckets, spec.group_id)
         call = own_server.stub.ReceiveWeights.future(manifest.to_proto(), timeout=120)
-        _wait_for_log(own_server, "rpc ReceiveWeights #1 started")
+        wait_for_log(own_server, "rpc ReceiveWeights #1 started")
         rc, seconds = _ctrl_c(own_server)  # the server holds the group, waiting for us
         log = own_server.log_path.read_text()
         assert rc == 0 and seconds < STOP_BOUND_S, (rc, seconds, log)

@@ -140,7 +140,7 @@ class _SlowEngine:
         time.sleep(0.05)
         self.spans.append((what, start, time.monotonic()))
 
-    def generate(self, prompts, params, cancelled=None):
+    def generate(self, prompts, params, cancelled=None, at_token_boundary=None):
         self._busy("generate")
 
     def load_weights(self, named_tensors):
