@@ -39,7 +39,9 @@ def build_char_tokenizer(chars: list[str] | None = None) -> PreTrainedTokenizerF
     return fast
 
 
-def save_char_tokenizer(path: str | Path, chars: list[str] | None = None) -> PreTrainedTokenizerFast:
+def save_char_tokenizer(
+    path: str | Path, chars: list[str] | None = None
+) -> PreTrainedTokenizerFast:
     tok = build_char_tokenizer(chars)
     tok.save_pretrained(str(path))
     return tok

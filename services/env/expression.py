@@ -64,7 +64,9 @@ def evaluate(expression: str) -> float | int:
 
 
 def _eval(node: ast.expr) -> float | int:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+        if isinstance(node.value, bool):  # True / False are ints to Python, not to us
+            raise ExpressionError(f"not allowed in an expression: {node.value!r}")
         return node.value
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         left, right = _eval(node.left), _eval(node.right)

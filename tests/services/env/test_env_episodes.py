@@ -96,7 +96,11 @@ def test_the_arithmetic_chain_takes_a_turn_per_question(table):
     (started,) = table.reset([task])
     ep = started.episode_id
     first = table.step([EpisodeAction(ep, "17+25=42")])[0]
-    assert (first.observation_text, first.reward, first.done) == ("\nRight. Now times 3.\n", 1 / 3, False)
+    assert (first.observation_text, first.reward, first.done) == (
+        "\nRight. Now times 3.\n",
+        1 / 3,
+        False,
+    )
     second = table.step([EpisodeAction(ep, "I think 100")])[0]
     assert second.observation_text == "\nWrong, it is 126. Now minus 9.\n"
     assert (second.reward, second.done) == (0.0, False)
