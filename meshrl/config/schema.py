@@ -322,6 +322,9 @@ class MultiTurnConfig(Section):
     max_assistant_turns: int = Field(5, ge=1)
     """Model turns of an episode at most; the whole episode, observations included, also
     stays within data.max_response_length tokens."""
+    max_turn_tokens: int | None = Field(None, gt=0)
+    """Tokens one model turn may take at most; None: what is left of
+    data.max_response_length."""
     step_timeout_s: float = Field(30.0, gt=0)
     """Time limit of one environment step; a step past it ends its episode with an error
     (the run goes on)."""

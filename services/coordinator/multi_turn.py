@@ -82,6 +82,7 @@ class MultiTurnRollout:
         self.env = env
         self.generate_turns = generate
         self.tokenizer = tokenizer
+        self.turn_limit = cfg.max_turn_tokens or 2**31 - 1  # None: the episode's budget
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -113,7 +114,7 @@ class MultiTurnRollout:
                 turn_sampling = replace(
                     sampling,
                     n=1,
-                    max_tokens=max(e.room for e in open_),
+                    max_tokens=min(max(e.room for e in open_), self.turn_limit),
                     seed=None if sampling.seed is None else seed + turn * TURN_SEED_STRIDE,
                 )
                 contexts = Ragged.from_lists([prompts[e.row] + e.tokens for e in open_])
