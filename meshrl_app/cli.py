@@ -19,7 +19,7 @@ EXIT_STOPPED = RunState.STOPPED.exit_code
 EXIT_INTERRUPTED = INTERRUPTED_EXIT_CODE
 
 
-PREPROCESS_DATASETS = ("gsm8k", "math", "hellaswag", "hh_rlhf", "full_hh_rlhf")
+PREPROCESS_DATASETS = ("gsm8k", "gsm8k_tool", "math", "hellaswag", "hh_rlhf", "full_hh_rlhf")
 """The names of meshrl.data.preprocess.PREPROCESSORS (docs/data.md), written out so that
 building the parser does not import pyarrow; tests/data/test_data_preprocess.py keeps them
 equal."""

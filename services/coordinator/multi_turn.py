@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from meshrl.config import ConfigError
 from meshrl.config.schema import MultiTurnConfig
 from meshrl.ragged import Ragged
 from services.coordinator.rollout_batch import RolloutBatch
@@ -220,6 +221,9 @@ def multi_turn_rollout(
     off); an enabled one needs the env server's client."""
     if not cfg.enable:
         return None
-    if env is None:
-        raise ValueError("actor_rollout_ref.rollout.multi_turn.enable needs an env server")
+    if env is None:  # a launcher that starts none (Ray)
+        raise ConfigError(
+            "actor_rollout_ref.rollout.multi_turn.enable: this run has no env server; use "
+            "the local launcher, or launcher.kind=external with launcher.addresses.env"
+        )
     return MultiTurnRollout(cfg, env, generate, tokenizer)

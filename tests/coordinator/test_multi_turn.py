@@ -3,12 +3,14 @@ responses are, token for token, the sampled turns and the observations' ids; the
 is 1 exactly on the sampled tokens; rewards sit on the last token of the turn that earned
 them; budgets of turns and tokens hold; an environment that fails costs its episode alone."""
 
+import pytest
 import torch
 
+from meshrl.config import ConfigError
 from meshrl.config.schema import MultiTurnConfig
 from meshrl.data.dataset import PromptRecord
 from meshrl.ragged import Ragged
-from services.coordinator.multi_turn import MultiTurnRollout
+from services.coordinator.multi_turn import MultiTurnRollout, multi_turn_rollout
 from services.env.episodes import EpisodeTable
 from services.env.types import EnvReply
 from services.rollout.types import GenerationResult, SamplingParams
@@ -177,3 +179,10 @@ def test_n_samples_a_prompt_are_grouped_as_single_turn_batches_are():
     batch = rollout.generate(_records([10, 11]), _sampling(n=2))
     assert batch.group_ids.tolist() == [0, 0, 1, 1]
     assert batch.responses.tolist() == [_encode("x")] * 2 + [_encode("y")] * 2
+
+
+def test_a_multi_turn_run_without_an_env_server_is_refused():
+    cfg = MultiTurnConfig(enable=True)
+    with pytest.raises(ConfigError, match="multi_turn.enable: this run has no env server"):
+        multi_turn_rollout(cfg, None, ScriptedEngine({}), Tokens())
+    assert multi_turn_rollout(MultiTurnConfig(), None, ScriptedEngine({}), Tokens()) is None
