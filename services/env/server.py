@@ -4,8 +4,10 @@
 
 Ready (health SERVING) once its sandbox workers are up; observations are text alone until
 Initialize loads the run's tokenizer, after which they also carry its token ids.
-Initialize applies the run's ``actor_rollout_ref.rollout.multi_turn`` settings and drops
-the episodes still open.
+Initialize applies the run's ``multi_turn.tool_timeout_s`` and ``step_timeout_s`` and
+drops the episodes still open; the sandbox's workers and their memory limit are the
+process's own (``--tool-workers``, ``--tool-memory-limit-mb``: the local launcher passes
+the run's ``multi_turn`` values).
 """
 
 from __future__ import annotations
