@@ -118,7 +118,7 @@ def run_arm(arm: str, out: Path, data: dict, train: list, args) -> dict:
         f"data.val_files=[{data['test']}]",
         f"data.train_files=[{data['train']}]",
         "data.max_prompt_length=16",
-        "data.max_response_length=128",
+        "data.max_response_length=160",
         f"data.train_batch_size={args.batch}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={args.batch // 2}",
         f"critic.ppo_mini_batch_size={args.batch // 2}",
@@ -133,7 +133,7 @@ def run_arm(arm: str, out: Path, data: dict, train: list, args) -> dict:
             "actor_rollout_ref.rollout.multi_turn.enable=true",
             "actor_rollout_ref.rollout.multi_turn.environment=calculator",
             "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
-            "actor_rollout_ref.rollout.multi_turn.max_turn_tokens=80",
+            "actor_rollout_ref.rollout.multi_turn.max_turn_tokens=100",
         ]
     cfg = demo_config(root, overrides)
     t0 = time.perf_counter()

@@ -112,16 +112,22 @@ class MultiTurnRollout:
                 open_ = [e for e in episodes if not e.done]
                 if not open_:
                     break
-                turn_sampling = replace(
-                    sampling,
-                    n=1,
-                    max_tokens=min(max(e.room for e in open_), self.turn_limit),
-                    seed=None if sampling.seed is None else seed + turn * TURN_SEED_STRIDE,
-                )
-                contexts = Ragged.from_lists([prompts[e.row] + e.tokens for e in open_])
-                out = self.generate_turns(contexts, turn_sampling)
-                weight_version = out.weight_version
-                actions = self.take_turns(open_, out, turn + 1)
+                actions = []
+                # One request per token cap: a context and its new tokens must stay within
+                # the engine's max_model_len, so no episode may be given another's room.
+                for cap, group in self.by_cap(open_):
+                    turn_sampling = replace(
+                        sampling,
+                        n=1,
+                        max_tokens=cap,
+                        seed=None
+                        if sampling.seed is None
+                        else seed + turn * TURN_SEED_STRIDE + cap,
+                    )
+                    contexts = Ragged.from_lists([prompts[e.row] + e.tokens for e in group])
+                    out = self.generate_turns(contexts, turn_sampling)
+                    weight_version = out.weight_version
+                    actions += self.take_turns(group, out, turn + 1)
                 self.step(actions)
         finally:  # episodes the budgets ended, or all of them after a failure
             left_open = [e.episode_id for e in episodes if e.env_open]
@@ -130,6 +136,14 @@ class MultiTurnRollout:
         batch = self.batch(records, rows, episodes, weight_version)
         batch.rollout_metrics = self.metrics(episodes)
         return batch
+
+    def by_cap(self, episodes: list[Episode]) -> list[tuple[int, list[Episode]]]:
+        """The open episodes grouped by the tokens their next turn may take: their room,
+        at most ``max_turn_tokens`` (most share the turn limit: one group)."""
+        groups: dict[int, list[Episode]] = {}
+        for e in episodes:
+            groups.setdefault(min(e.room, self.turn_limit), []).append(e)
+        return sorted(groups.items(), key=lambda item: -item[0])
 
     def take_turns(
         self, episodes: list[Episode], out: GenerationResult, turn: int

@@ -49,13 +49,16 @@ class ScriptedEngine:
     """Generates, for each context, the next text of a script chosen by the context's
     first token; records every call (what the engine sampled, with its log-probs)."""
 
-    def __init__(self, scripts):
+    def __init__(self, scripts, max_model_len=3 + 64):
         self.scripts = scripts  # first prompt token -> list of turn texts
         self.calls = []
+        self.max_model_len = max_model_len  # prompt (3) + the response budget, as rollout's
 
     def __call__(self, contexts: Ragged, sampling: SamplingParams) -> GenerationResult:
         rows, lps, reasons = [], [], []
         for ctx in contexts.tolist():
+            # what a rollout server refuses (INVALID_ARGUMENT)
+            assert len(ctx) + sampling.max_tokens <= self.max_model_len
             turns = self.scripts[ctx[0]]
             text = turns[min(self._turn(ctx), len(turns) - 1)]
             ids = _encode(text)[: sampling.max_tokens]
@@ -154,6 +157,18 @@ def test_the_token_budget_ends_an_episode():
     assert len(response) == 14 and batch.finish_reasons == ["length"]
     assert response[-3:] == _encode("bCA")
     assert len(client.table) == 0  # closed
+
+
+def test_episodes_of_different_lengths_are_never_given_more_than_their_room():
+    # row 0 writes long turns, row 1 short ones: in turn 2 their rooms differ, and each is
+    # asked for no more than its own (a rollout server refuses a context + max_tokens past
+    # max_model_len)
+    rollout, engine, _ = _rollout({10: ["a" * 40 + "CALL", "b" * 30], 11: ["xCALL", "yCALL", "z"]})
+    batch = rollout.generate(_records([10, 11]), _sampling(max_tokens=64))
+    long_row, short_row = batch.responses.tolist()
+    assert len(long_row) == 64 and batch.finish_reasons[0] == "length"
+    assert short_row[-1] == ord("z") and batch.finish_reasons[1] == "stop"
+    assert len(engine.calls) > 3  # turn 2 took two requests, one per room
 
 
 def test_the_turn_budget_ends_an_episode():
