@@ -2,9 +2,8 @@
 answer, never the calculator's response (masked as PPO masks it); the tool-free arm
 imitates the demo's answer."""
 
-from meshrl.testing.char_tokenizer import PRINTABLE_CHARS, build_char_tokenizer
-
 from benchmarks.learning.tool_use import encode, tool_call_text
+from meshrl.testing.char_tokenizer import PRINTABLE_CHARS, build_char_tokenizer
 
 
 def _imitated(tok, ids, labels):
