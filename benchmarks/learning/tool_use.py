@@ -1,12 +1,13 @@
 """A calculator-using policy against a tool-free one, on three-digit additions, on CPU.
 
-    .venv/bin/python -m benchmarks.learning.tool_use [--steps 30] [--warm-start 300] [--out DIR]
+    .venv/bin/python -m benchmarks.learning.tool_use [--steps 30] [--warm-start 250]
+        [--seeds 1 2 3] [--out DIR]
 
 Both arms start from the same tiny model (2 layers, hidden 64, a character tokenizer of
 the printable ASCII set), get the same supervised warm start (``--warm-start`` iterations
 of 64 problems, drawn from the training split only), then the same PPO run through the
-mesh (the demo's GAE config, ``--steps`` steps). They differ in what the warm start
-imitates and how PPO samples:
+mesh (the demo's GAE config, the actor's learning rate 1e-4, ``--steps`` steps). They
+differ in what the warm start imitates and how PPO samples:
 
 - no tool: ``123+456=579 #### 579``, one turn (as the demo's answers);
 - tool: a Hermes call ``<tool_call>{"name": "calculator", "arguments": {"expression":
@@ -105,14 +106,14 @@ def warm_start(model_dir: Path, arm: str, train: list, iterations: int, seed: in
     return float(loss.detach())
 
 
-def run_arm(arm: str, out: Path, data: dict, train: list, args) -> dict:
+def run_arm(arm: str, seed: int, out: Path, data: dict, train: list, args) -> dict:
     from meshrl_app.run_local import run_local
     from services.coordinator.metrics_sinks import read_jsonl
 
-    root = out / arm
-    model_dir = make_tiny_model_dir(root / "model", seed=args.seed, chars=PRINTABLE_CHARS)
+    root = out / f"{arm}_seed{seed}"
+    model_dir = make_tiny_model_dir(root / "model", seed=seed, chars=PRINTABLE_CHARS)
     t0 = time.perf_counter()
-    loss = warm_start(model_dir, arm, train, args.warm_start, args.seed)
+    loss = warm_start(model_dir, arm, train, args.warm_start, seed)
     warm_s = time.perf_counter() - t0
     overrides = [
         f"data.val_files=[{data['test']}]",
@@ -125,7 +126,9 @@ def run_arm(arm: str, out: Path, data: dict, train: list, args) -> dict:
         f"trainer.total_training_steps={args.steps}",
         f"trainer.test_freq={args.test_freq}",
         f"trainer.save_freq={args.steps}",
-        f"trainer.seed={args.seed}",
+        f"trainer.seed={seed}",
+        f"data.seed={seed}",
+        f"actor_rollout_ref.actor.optim.lr={args.actor_lr}",
         "trainer.plot=false",
     ]
     if arm == "tool":
@@ -143,6 +146,7 @@ def run_arm(arm: str, out: Path, data: dict, train: list, args) -> dict:
     (_, a0), (s1, a1) = val[0], val[-1]
     return {
         "arm": arm,
+        "seed": seed,
         "warm_start_iterations": args.warm_start,
         "warm_start_final_loss": round(loss, 4),
         "warm_start_s": round(warm_s, 1),
@@ -157,10 +161,11 @@ def run_arm(arm: str, out: Path, data: dict, train: list, args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--warm-start", type=int, default=300)
+    ap.add_argument("--warm-start", type=int, default=250)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--test-freq", type=int, default=10)
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1])
+    ap.add_argument("--actor-lr", type=float, default=1e-4, help="the demo's is 3e-4")
     ap.add_argument("--arms", nargs="+", default=["no_tool", "tool"])
     ap.add_argument("--out", type=Path, default=Path("tool_use_out"))
     ap.add_argument("--results", type=Path, default=RESULTS)
@@ -168,21 +173,23 @@ def main(argv: list[str] | None = None) -> int:
     data = write_arithmetic_parquet(args.out / "data", n_train=4096, n_val=128, digits=DIGITS)
     train = sorted(read_problems(data["train"]))
     runs = []
-    for arm in args.arms:
-        runs.append(run_arm(arm, args.out, data, train, args))
-        r = runs[-1]
-        print(
-            f"{arm}: held-out greedy accuracy {r['acc_step0']:.3f} -> {r['acc_final']:.3f} "
-            f"(warm start {r['warm_start_s']:.0f}s, PPO {r['ppo_wall_s']:.0f}s)",
-            flush=True,
-        )
+    for seed in args.seeds:
+        for arm in args.arms:
+            runs.append(run_arm(arm, seed, args.out, data, train, args))
+            r = runs[-1]
+            print(
+                f"{arm}, seed {seed}: held-out greedy accuracy {r['acc_step0']:.3f} -> "
+                f"{r['acc_final']:.3f} (warm start {r['warm_start_s']:.0f}s, "
+                f"PPO {r['ppo_wall_s']:.0f}s)",
+                flush=True,
+            )
     result = {
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
         "task": f"{DIGITS}-digit addition, 4096 training / 128 held-out problems",
         "command": "python -m benchmarks.learning.tool_use "
         f"--steps {args.steps} --warm-start {args.warm_start} --batch {args.batch} "
-        f"--seed {args.seed}",
+        f"--seeds {' '.join(map(str, args.seeds))} --actor-lr {args.actor_lr}",
         "runs": runs,
     }
     args.results.parent.mkdir(parents=True, exist_ok=True)
