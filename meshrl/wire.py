@@ -121,8 +121,14 @@ def ragged_from_proto(msg: common_pb2.TokenBatch) -> Ragged:
     return Ragged(ids.to(torch.int64), offsets.to(torch.int64))
 
 
-def sequences_to_proto(prompts: Ragged, responses: Ragged) -> common_pb2.SequenceBatch:
-    """Prompts and their responses, row for row (what log-prob and value calls score)."""
-    return common_pb2.SequenceBatch(
+def sequences_to_proto(
+    prompts: Ragged, responses: Ragged, loss_mask: Ragged | None = None
+) -> common_pb2.SequenceBatch:
+    """Prompts and their responses, row for row (what log-prob and value calls score);
+    ``loss_mask``: 1 on the response tokens the model sampled (None: all of them)."""
+    msg = common_pb2.SequenceBatch(
         prompts=ragged_to_proto(prompts), responses=ragged_to_proto(responses)
     )
+    if loss_mask is not None:
+        msg.loss_mask.CopyFrom(tensor_to_proto(loss_mask.values.to(torch.uint8)))
+    return msg

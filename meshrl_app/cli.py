@@ -19,7 +19,7 @@ EXIT_STOPPED = RunState.STOPPED.exit_code
 EXIT_INTERRUPTED = INTERRUPTED_EXIT_CODE
 
 
-PREPROCESS_DATASETS = ("gsm8k", "math", "hellaswag", "hh_rlhf", "full_hh_rlhf")
+PREPROCESS_DATASETS = ("gsm8k", "gsm8k_tool", "math", "hellaswag", "hh_rlhf", "full_hh_rlhf")
 """The names of meshrl.data.preprocess.PREPROCESSORS (docs/data.md), written out so that
 building the parser does not import pyarrow; tests/data/test_data_preprocess.py keeps them
 equal."""
@@ -116,6 +116,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         from services.trainer.server import serve as serve_trainer
 
         serve_trainer(role=args.role, host=args.host, port=args.port)
+    elif args.service == "env":  # default sandbox; a run's Initialize sets its time limits
+        from services.env.server import serve as serve_env
+
+        serve_env(host=args.host, port=args.port)
     return 0
 
 
@@ -296,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="start one role server, or the coordinator service",
         description="`meshrl serve reward` is `meshrl reward serve`, with its arguments.",
     )
-    serve.add_argument("service", choices=["rollout", "trainer", "reward", "coordinator"])
+    serve.add_argument("service", choices=["rollout", "trainer", "reward", "coordinator", "env"])
     serve.add_argument("--role", choices=["actor", "critic", "ref"], default="actor")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument(

@@ -305,6 +305,38 @@ class ValKwargs(Section):
     """False forces greedy decoding."""
 
 
+class MultiTurnConfig(Section):
+    enable: bool = False
+    """Multi-turn rollouts: the model's turns alternate with an environment's observations
+    (tool results, a dialogue's next question) on the environment server, which the local
+    launcher starts. The trained sequence is the sampled tokens and the observations' tokens
+    as they were appended, the observations masked out of the losses (docs/multi_turn.md)."""
+    environment: Literal["calculator", "arithmetic_chain"] = "calculator"
+    """The environment of every episode: `calculator`, a sandboxed arithmetic tool the model
+    calls in Hermes format (`<tool_call>{"name": "calculator", "arguments": {"expression":
+    "..."}}</tool_call>`) before it answers; `arithmetic_chain`, a dialogue of one question a
+    turn (the row's `extra_info.interaction_kwargs`)."""
+    format: Literal["hermes"] = "hermes"
+    """How tool calls are written in the model's text: `hermes` (Qwen2.5's and verl's
+    default), a JSON object between `<tool_call>` and `</tool_call>`."""
+    max_assistant_turns: int = Field(5, ge=1)
+    """Model turns of an episode at most; the whole episode, observations included, also
+    stays within data.max_response_length tokens."""
+    max_turn_tokens: int | None = Field(None, gt=0)
+    """Tokens one model turn may take at most; None: what is left of
+    data.max_response_length."""
+    step_timeout_s: float = Field(30.0, gt=0)
+    """Time limit of one environment step; a step past it ends its episode with an error
+    (the run goes on)."""
+    tool_timeout_s: float = Field(5.0, gt=0)
+    """Time limit of one tool call in the environment's sandbox; a call past it is killed
+    and answers the model `error: ...`."""
+    tool_memory_limit_mb: int = Field(512, ge=64)
+    """Address space of each sandbox worker process (RLIMIT_AS)."""
+    tool_workers: int = Field(2, ge=1)
+    """Sandbox worker processes of the environment server (tool calls run side by side)."""
+
+
 class RolloutConfig(Section):
     name: Literal["auto", "native", "fast", "vllm"] = "auto"
     """Engine (one folder each under services/rollout/): `native`, the plain torch engine
@@ -366,6 +398,8 @@ class RolloutConfig(Section):
     """How the actor's weights reach the rollout servers, at the end of every PPO step."""
     val_kwargs: ValKwargs = Field(default_factory=ValKwargs)
     """Sampling of validation generations (verl's val_kwargs): greedy unless `do_sample`."""
+    multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
+    """Multi-turn rollouts with an environment server (verl's key; off by default)."""
 
 
 class RefConfig(Section):

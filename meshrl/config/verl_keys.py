@@ -142,15 +142,13 @@ VERL_KEYS: dict[str, VerlKey] = {
         "gpu_memory_utilization, enforce_eager, max_num_seqs and max_model_len from "
         "actor_rollout_ref.rollout"
     ),
-    "actor_rollout_ref.rollout.multi_turn": VerlKey(
-        why="no multi-turn rollout (tool calls, interactions): one response a sample"
+    "actor_rollout_ref.rollout.multi_turn.tool_config_path": VerlKey(
+        use="actor_rollout_ref.rollout.multi_turn.environment",
+        why="tools are those of the env server's environments (docs/multi_turn.md)",
     ),
-    "actor_rollout_ref.rollout.multi_turn.enable": VerlKey(
-        why="no multi-turn rollout (tool calls, interactions): one response a sample",
-        same_here=(False,),
-    ),
-    "actor_rollout_ref.rollout.multi_turn.format": VerlKey(
-        why="the tool-call format of multi-turn rollouts, which are off", any_value=True
+    "actor_rollout_ref.rollout.multi_turn.interaction_config_path": VerlKey(
+        use="actor_rollout_ref.rollout.multi_turn.environment",
+        why="interactions are the env server's environments (docs/multi_turn.md)",
     ),
     "actor_rollout_ref.rollout.mode": VerlKey(
         why="rollout always runs as servers of its own (no sync or async mode, no agent "

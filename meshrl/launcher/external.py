@@ -25,13 +25,14 @@ from meshrl.rpc.client import (
 
 log = logging.getLogger(__name__)
 
-ROLES = ("rollout", "actor", "critic", "ref", "reward")
+ROLES = ("rollout", "actor", "critic", "ref", "reward", "env")
 
 
 def needed_roles(cfg: RunConfig) -> list[str]:
     roles = ["rollout", "actor", "reward"]
     roles += ["critic"] if cfg.use_critic_server else []
     roles += ["ref"] if cfg.use_ref_server else []
+    roles += ["env"] if cfg.actor_rollout_ref.rollout.multi_turn.enable else []
     return roles
 
 
@@ -54,7 +55,7 @@ def external_endpoints(cfg: RunConfig) -> Endpoints:
             f"launcher.addresses.rollout: {len(given['rollout'])} address(es) for "
             f"actor_rollout_ref.rollout.replicas={replicas}"
         )
-    for role in ("actor", "critic", "ref", "reward"):
+    for role in ("actor", "critic", "ref", "reward", "env"):
         if len(given.get(role, [])) > 1:
             raise ConfigError(f"launcher.addresses.{role}: one address expected, got {given[role]}")
     one = {role: given[role][0] for role in needed_roles(cfg) if role != "rollout"}
@@ -64,6 +65,7 @@ def external_endpoints(cfg: RunConfig) -> Endpoints:
         reward=one["reward"],
         critic=one.get("critic"),
         ref=one.get("ref"),
+        env=one.get("env"),
     )
 
 
@@ -73,6 +75,7 @@ _SERVICES = {
     "rollout": "meshrl.api.v1.RolloutService",
     "trainer": "meshrl.api.v1.TrainerService",
     "reward": "meshrl.api.v1.RewardService",
+    "env": "meshrl.api.v1.EnvService",
 }
 TRAINER_ROLES = ("actor", "critic", "ref")
 

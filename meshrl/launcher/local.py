@@ -100,7 +100,7 @@ class LocalLauncher:
         return port
 
     def _max_servers(self) -> int:
-        return self.cfg.actor_rollout_ref.rollout.replicas + 4  # actor, critic, ref, reward
+        return self.cfg.actor_rollout_ref.rollout.replicas + 5  # actor, critic, ref, reward, env
 
     def plan(self) -> list[RoleProcess]:
         cfg, host = self.cfg, self.host
@@ -149,6 +149,22 @@ class LocalLauncher:
             ["--num-workers", str(cfg.reward.num_workers)],
             threads=1,
         )
+        multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
+        if multi_turn.enable:  # the environment of the episodes
+            add(
+                "env",
+                "services.env.server",
+                [
+                    "--tool-workers",
+                    str(multi_turn.tool_workers),
+                    "--tool-timeout-s",
+                    str(multi_turn.tool_timeout_s),
+                    "--tool-memory-limit-mb",
+                    str(multi_turn.tool_memory_limit_mb),
+                    "--step-timeout-s",
+                    str(multi_turn.step_timeout_s),
+                ],  # fmt: skip
+            )
         return procs
 
     def start(self) -> Endpoints:

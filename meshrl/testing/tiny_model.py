@@ -46,11 +46,14 @@ def tiny_llama_config(
     )
 
 
-def make_tiny_model_dir(path: str | Path, seed: int = 0, **config_kwargs) -> Path:
-    """Writes a random-init tiny Llama + the char tokenizer to `path`; returns the path."""
+def make_tiny_model_dir(
+    path: str | Path, seed: int = 0, chars: list[str] | None = None, **config_kwargs
+) -> Path:
+    """Writes a random-init tiny Llama + the char tokenizer (of ``chars``; default the
+    arithmetic ones) to `path`; returns the path."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tok = save_char_tokenizer(path)
+    tok = save_char_tokenizer(path, chars)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(tiny_llama_config(len(tok), **config_kwargs))
     model.generation_config = GenerationConfig(

@@ -28,6 +28,8 @@ class AdvantageInputs(NamedTuple):
     old_logprobs: torch.Tensor | None  # (b, r) actor log-probs before the update
     ref_logprobs: torch.Tensor | None  # (b, r) reference log-probs
     baseline_scores: torch.Tensor | None  # (b,) greedy-rollout scores, remax only
+    # (b, r) a multi-turn rollout's environment rewards, each on its turn's last token
+    turn_rewards: torch.Tensor | None = None
 
 
 class AdvantageOutputs(NamedTuple):
@@ -53,6 +55,11 @@ def compute_advantages(
     # The outcome estimators baseline the whole response's reward, KL penalty included, as
     # verl's do (they sum `token_level_rewards`); without KL in the reward it is the score.
     sequence_rewards = inputs.scores - kl_coef * rewards.kl.sum(-1) if use_kl else inputs.scores
+    if inputs.turn_rewards is not None:
+        # per-turn rewards where they were earned (GAE, REINFORCE++ see each token's), and
+        # in the episode's total for the outcome estimators
+        rewards = rewards._replace(rewards=rewards.rewards + inputs.turn_rewards * inputs.mask)
+        sequence_rewards = sequence_rewards + (inputs.turn_rewards * inputs.mask).sum(-1)
     est = cfg.adv_estimator
     if est == "gae":
         if inputs.values is None:

@@ -163,7 +163,7 @@ def long_calls_said(ppo, say: Callable[[str], None]) -> ProgressTicker:
 
 def endpoint_addresses(endpoints) -> set[str]:
     """host:port of every role server in ``endpoints`` (an Endpoints)."""
-    named = [endpoints.actor, endpoints.reward, endpoints.critic, endpoints.ref]
+    named = [endpoints.actor, endpoints.reward, endpoints.critic, endpoints.ref, endpoints.env]
     return {*endpoints.rollout, *(a for a in named if a)}
 
 

@@ -33,12 +33,14 @@ from services.coordinator.dynamic_sampling import (
     varied_groups,
 )
 from services.coordinator.generations import write_generations
+from services.coordinator.multi_turn import multi_turn_rollout
 from services.coordinator.rollout_ahead import RolloutAhead
 from services.coordinator.rollout_batch import RolloutBatch, padded
 from services.coordinator.rollout_memory import RolloutMemory
 from services.coordinator.rollout_pool import RolloutPool
 from services.coordinator.timing import PhaseTimer
 from services.coordinator.weight_sync import WeightSyncer
+from services.env.client import EnvClient
 from services.reward.client import RewardClient
 from services.rollout.client import RolloutClient
 from services.rollout.types import SamplingParams
@@ -78,6 +80,8 @@ class Roles:
     ref: TrainerClient | None = None
     rollout_names: list[str] = field(default_factory=list)
     """Each replica's name (``rollout0``, ...); empty: ``rollout<i>`` by position."""
+    env: EnvClient | None = None
+    """The environment server of a multi-turn run."""
 
     def named_rollouts(self) -> dict[str, RolloutClient]:
         names = self.rollout_names or [f"rollout{i}" for i in range(len(self.rollouts))]
@@ -153,6 +157,9 @@ class PPOStep:
             roles.named_rollouts(), rollout.replicas, rollout.prompts_per_request
         )
         self.memory = RolloutMemory.for_run(cfg, self.rollout_pool)
+        self.multi_turn = multi_turn_rollout(
+            rollout.multi_turn, roles.env, self.rollout_pool.generate, tokenizer
+        )
 
     # --- step 1: generate -------------------------------------------------------------
     def sampling_params(self, step: int, gen_batch: int = 0) -> SamplingParams:
@@ -169,6 +176,8 @@ class PPOStep:
         )
 
     def generate(self, records: list, step: int, gen_batch: int = 0) -> RolloutBatch:
+        if self.multi_turn is not None:  # turns with an environment: multi_turn.py
+            return self.multi_turn.generate(records, self.sampling_params(step, gen_batch))
         n = self.cfg.actor_rollout_ref.rollout.n
         prompts = Ragged.from_lists([rec.prompt_ids for rec in records])
         sampling = self.sampling_params(step, gen_batch)
@@ -343,6 +352,7 @@ class PPOStep:
                 if batch.ref_logprobs is not None
                 else None,
                 baseline_scores=batch.baseline_scores,
+                turn_rewards=batch.padded_turn_rewards(width),
             ),
             kl_coef=self.kl_ctrl.value,
         )
@@ -372,7 +382,7 @@ class PPOStep:
     def update_critic(self, batch: RolloutBatch, returns: Ragged, step: int) -> dict[str, float]:
         assert self.roles.critic is not None and batch.values is not None  # runs with a critic
         return self.roles.critic.update_value(
-            batch.prompts, batch.responses, batch.values, returns, step
+            batch.prompts, batch.responses, batch.values, returns, step, batch.loss_mask
         )
 
     def update_actor(self, batch: RolloutBatch, advantages: Ragged, step: int) -> dict[str, float]:
@@ -386,6 +396,7 @@ class PPOStep:
             step,
             ref_logprobs=batch.ref_logprobs if use_kl_loss else None,
             rollout_logprobs=batch.rollout_logprobs,
+            loss_mask=batch.loss_mask,
         )
 
     def updates(
@@ -531,6 +542,7 @@ class PPOStep:
             "reward/failed_samples": float(batch.reward_failed),
             **self.overlong_metrics(batch),
             **reward_model_metrics(batch.reward_extra),
+            **batch.rollout_metrics,
         }
 
     def overlong_metrics(self, batch: RolloutBatch) -> dict[str, float]:

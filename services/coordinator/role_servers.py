@@ -12,13 +12,14 @@ from meshrl.gpus import count_gpus
 from meshrl.launcher.endpoints import Endpoints
 from meshrl.rpc.role_client import RoleCallError
 from services.coordinator.ppo_step import Roles
+from services.env.client import EnvClient
 from services.reward.client import RewardClient
 from services.rollout.client import RolloutClient
 from services.trainer.client import TrainerClient
 
 log = logging.getLogger(__name__)
 
-RoleClient = RolloutClient | TrainerClient | RewardClient
+RoleClient = RolloutClient | TrainerClient | RewardClient | EnvClient
 
 
 def connect(cfg: RunConfig, endpoints: Endpoints, rollout_names: list[str] | None = None) -> Roles:
@@ -33,6 +34,7 @@ def connect(cfg: RunConfig, endpoints: Endpoints, rollout_names: list[str] | Non
         reward=RewardClient(endpoints.reward, t),
         critic=TrainerClient(endpoints.critic, t, "critic") if endpoints.critic else None,
         ref=TrainerClient(endpoints.ref, t, "ref") if endpoints.ref else None,
+        env=EnvClient(endpoints.env, t) if endpoints.env else None,
     )
 
 
@@ -64,7 +66,8 @@ class RoleServers:
         roles = self.roles
         named: dict[str, RoleClient] = dict(roles.named_rollouts())
         named.update(actor=roles.actor, reward=roles.reward)
-        named.update({k: c for k, c in (("critic", roles.critic), ("ref", roles.ref)) if c})
+        optional = (("critic", roles.critic), ("ref", roles.ref), ("env", roles.env))
+        named.update({k: c for k, c in optional if c})
         return named
 
     def addresses(self) -> dict[str, str]:

@@ -38,6 +38,10 @@ class RolloutBatch:
     ref_logprobs: Ragged | None = None
     values: Ragged | None = None
     baseline_scores: torch.Tensor | None = None  # (B·n,) remax greedy baseline
+    # a multi-turn rollout's (multi_turn.py), aligned with responses; None: single-turn
+    loss_mask: Ragged | None = None  # uint8, 1 on the model's tokens, 0 on observations
+    turn_rewards: Ragged | None = None  # float, env rewards on each turn's last token
+    rollout_metrics: dict[str, float] = field(default_factory=dict)  # multi_turn/*
 
     def __len__(self) -> int:
         return len(self.responses)
@@ -66,6 +70,9 @@ class RolloutBatch:
             reward_failed=self.reward_failed,
             reward_failures=pick(self.reward_failures) if self.reward_failures else [],
             chats=pick(self.chats) if self.chats else [],
+            loss_mask=self.loss_mask.select(rows) if self.loss_mask is not None else None,
+            turn_rewards=self.turn_rewards.select(rows) if self.turn_rewards is not None else None,
+            rollout_metrics=self.rollout_metrics,
         )
 
     @staticmethod
@@ -96,12 +103,23 @@ class RolloutBatch:
             reward_failed=sum(p.reward_failed for p in parts),
             reward_failures=[x for p in parts for x in p.reward_failures],
             chats=[x for p in parts for x in (p.chats or [""] * len(p))],
+            loss_mask=_concat_optional([p.loss_mask for p in parts]),
+            turn_rewards=_concat_optional([p.turn_rewards for p in parts]),
+            rollout_metrics=parts[-1].rollout_metrics,
         )
 
     def response_mask(self) -> torch.Tensor:
-        """(b, r) float mask over the right-padded responses."""
+        """(b, r) float mask over the right-padded responses: 1 on the tokens the model
+        sampled (a multi-turn rollout's observations are 0), where the advantages, returns
+        and the final score go."""
         _, mask = self.responses.to_padded()
+        if self.loss_mask is not None:
+            mask = mask & self.loss_mask.to_padded(pad_value=0)[0].bool()
         return mask.float()
+
+    def padded_turn_rewards(self, width: int) -> torch.Tensor | None:
+        """(b, width) the environment's rewards on each turn's last token; None: single-turn."""
+        return padded(self.turn_rewards, width) if self.turn_rewards is not None else None
 
     def reward_items(
         self, tokenizer, responses: Ragged | None = None, *, prompt_as_text: bool = False
@@ -125,6 +143,13 @@ class RolloutBatch:
                 texts, prompts, self.data_sources, self.ground_truths, self.extra_infos, strict=True
             )
         ]
+
+
+def _concat_optional(parts: list[Ragged | None]) -> Ragged | None:
+    """The parts one after another; None unless every part has one."""
+    if any(p is None for p in parts):
+        return None
+    return Ragged.concat([p for p in parts if p is not None])
 
 
 def padded(r: Ragged, width: int) -> torch.Tensor:

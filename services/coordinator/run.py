@@ -209,7 +209,9 @@ class PPORun:
         assert self.validation is not None and self.step_runner is not None
         runner = self.step_runner
         reward = self.servers.roles.reward
-        metrics = self.validation(self.progress.step, runner.rollout_pool, reward, runner.memory)
+        metrics = self.validation(
+            self.progress.step, runner.rollout_pool, reward, runner.memory, runner.multi_turn
+        )
         runner.rollout_pool.metrics()  # validation's generations: not the next step's figures
         return metrics
 

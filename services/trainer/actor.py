@@ -119,6 +119,7 @@ class PolicyTargets:
     advantages: torch.Tensor
     ref_logprobs: torch.Tensor | None
     is_weights: torch.Tensor | None  # truncated importance weights, when enabled
+    loss_mask: torch.Tensor | None = None  # bool, the model's tokens; None: every real one
 
 
 class ActorRole(TrainedRole):
@@ -250,7 +251,7 @@ class ActorRole(TrainedRole):
             return ragged_to_padded(values, width).float()
 
         old = padded(old_logprobs)
-        mask = batch.responses.to_padded(width=width)[1]  # (b, width)
+        mask = batch.padded_loss_mask(width)  # (b, width) the model's own tokens
         extra: dict[str, float] = {}
         is_weights = None
         if rollout_logprobs is not None:
@@ -259,7 +260,8 @@ class ActorRole(TrainedRole):
             if self.loss.tis_imp_ratio_cap > 0:
                 is_weights = truncated_is_weights(old, rollout, mask, self.loss.tis_imp_ratio_cap)
         ref = None if ref_logprobs is None else padded(ref_logprobs)
-        targets = PolicyTargets(old, padded(advantages), ref, is_weights)
+        loss_mask = mask if batch.loss_mask is not None else None
+        targets = PolicyTargets(old, padded(advantages), ref, is_weights, loss_mask)
         return targets, extra
 
     def _micro_loss(
@@ -282,6 +284,7 @@ class ActorRole(TrainedRole):
             old_logprobs, advantages = rows(targets.old_logprobs), rows(targets.advantages)
             is_weights = optional_rows(targets.is_weights)
             ref_logprobs = optional_rows(targets.ref_logprobs)
+            loss_mask = optional_rows(targets.loss_mask)
         with record_function("meshrl/forward"):
             scores = response_logprobs(
                 self.model,
@@ -294,6 +297,8 @@ class ActorRole(TrainedRole):
         logprobs = widen(scores.logprobs, width)  # (m, width)
         entropy = widen(scores.entropy, width)
         mask = widen(packed.response_mask, width)
+        if loss_mask is not None:  # a multi-turn rollout's observations are not the model's
+            mask = mask & loss_mask
 
         counts: _Counts = {
             "global_token_count": mini.token_count,

@@ -53,9 +53,11 @@ class TrainerClient(RoleClient):
         global_step: int,
         ref_logprobs: Ragged | None = None,
         rollout_logprobs: Ragged | None = None,
+        loss_mask: Ragged | None = None,
     ) -> dict[str, float]:
+        """``loss_mask``: 1 on the response tokens the model sampled (None: all)."""
         req = trainer_pb2.PolicyUpdateRequest(
-            batch=sequences_to_proto(prompts, responses),
+            batch=sequences_to_proto(prompts, responses, loss_mask),
             old_logprobs=tensor_to_proto(old_logprobs.values.float()),
             advantages=tensor_to_proto(advantages.values.float()),
             global_step=global_step,
@@ -73,9 +75,11 @@ class TrainerClient(RoleClient):
         old_values: Ragged,
         returns: Ragged,
         global_step: int,
+        loss_mask: Ragged | None = None,
     ) -> dict[str, float]:
+        """``loss_mask``: 1 on the response tokens the model sampled (None: all)."""
         req = trainer_pb2.ValueUpdateRequest(
-            batch=sequences_to_proto(prompts, responses),
+            batch=sequences_to_proto(prompts, responses, loss_mask),
             old_values=tensor_to_proto(old_values.values.float()),
             returns=tensor_to_proto(returns.values.float()),
             global_step=global_step,

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from meshrl.api.v1 import common_pb2, trainer_pb2
 from meshrl.ragged import Ragged
 from meshrl.wire import ragged_from_proto, tensor_from_proto
@@ -10,7 +12,17 @@ from services.trainer.types import SequenceBatch
 
 
 def batch_from_proto(msg: common_pb2.SequenceBatch) -> SequenceBatch:
-    batch = SequenceBatch(ragged_from_proto(msg.prompts), ragged_from_proto(msg.responses))
+    responses = ragged_from_proto(msg.responses)
+    loss_mask = None
+    if msg.loss_mask.dtype:  # a multi-turn rollout's: observations are not the model's
+        values = tensor_from_proto(msg.loss_mask).reshape(-1)
+        if values.numel() != responses.values.numel():
+            raise ValueError(
+                f"loss_mask has {values.numel()} values for {responses.values.numel()} "
+                "response tokens"
+            )
+        loss_mask = responses.with_values(values.to(torch.uint8))
+    batch = SequenceBatch(ragged_from_proto(msg.prompts), responses, loss_mask)
     if len(batch) == 0:
         raise ValueError("the batch holds no sequences")
     return batch

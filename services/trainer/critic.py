@@ -113,6 +113,8 @@ class CriticRole(TrainedRole):
         width = int(batch.response_lengths.max())
         old = ragged_to_padded(old_values, width).float()  # (b, r)
         target = ragged_to_padded(returns, width).float()
+        # the model's tokens alone: a multi-turn rollout's observations have no value target
+        loss_mask = batch.padded_loss_mask(width) if batch.loss_mask is not None else None
 
         def micro_loss(micro: MicroBatch, mini: MiniBatch):
             rows = batch.select(micro.rows)
@@ -122,6 +124,8 @@ class CriticRole(TrainedRole):
             micro_old = to_device(old[micro.rows], self.world.device)
             micro_target = to_device(target[micro.rows], self.world.device)
             mask = packed.response_mask
+            if loss_mask is not None:
+                mask = mask & to_device(loss_mask[micro.rows], self.world.device)
             values = response_values(self.model, packed)  # (m, r)
             vl = clipped_value_loss(
                 values,

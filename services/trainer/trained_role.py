@@ -87,7 +87,7 @@ class TrainedRole:
         self.model.train()
         with UpdateTimer(self.world.device) as timer:
             metrics = run_update(
-                batch.response_lengths,
+                batch.loss_lengths,  # the losses' token counts: the model's tokens alone
                 self.update,
                 global_step,
                 micro_loss,

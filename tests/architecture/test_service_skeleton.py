@@ -14,8 +14,8 @@ SKELETON = ("server.py", "client.py", "convert.py", "types.py")
 NAMES = sorted(p.name for p in SERVICES.iterdir() if (p / "__init__.py").exists())
 
 
-def test_the_services_are_the_four_roles():
-    assert NAMES == ["coordinator", "reward", "rollout", "trainer"]
+def test_the_services_are_the_five_roles():
+    assert NAMES == ["coordinator", "env", "reward", "rollout", "trainer"]
 
 
 @pytest.mark.parametrize("service", NAMES)

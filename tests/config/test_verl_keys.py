@@ -92,3 +92,13 @@ def test_verls_defaults_that_ask_for_nothing_here_are_accepted():
         "actor_rollout_ref.rollout.do_sample=True",
     ]
     assert build_config({}, accepted) == build_config({}, [])
+
+
+def test_verls_tool_and_interaction_configs_point_at_the_environment():
+    for key in ("tool_config_path", "interaction_config_path"):
+        with pytest.raises(
+            ConfigError,
+            match=f"multi_turn.{key}: unknown config key \\(verl's\\): set "
+            "actor_rollout_ref.rollout.multi_turn.environment instead",
+        ):
+            build_config({}, [f"actor_rollout_ref.rollout.multi_turn.{key}=tools.yaml"])

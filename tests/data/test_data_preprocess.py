@@ -13,7 +13,7 @@ from meshrl.data.errors import DataError
 from meshrl.data.preprocess import PREPROCESSORS, convert, run
 from meshrl.data.preprocess.common import split_of
 from meshrl.data.preprocess.hh_rlhf import dialogue_to_chat
-from meshrl.testing.char_tokenizer import build_char_tokenizer
+from meshrl.testing.char_tokenizer import PRINTABLE_CHARS, build_char_tokenizer
 from meshrl_app import cli
 
 pytestmark = pytest.mark.timeout(60)
@@ -63,6 +63,25 @@ def test_gsm8k_jsonl(tmp_path):
     assert rows[1]["reward_model"]["ground_truth"] == "1234"
     assert rows[1]["extra_info"]["index"] == 1 and rows[1]["extra_info"]["split"] == "train"
     assert read(tmp_path / "out/test.parquet")[0]["reward_model"]["ground_truth"] == "-5"
+
+
+def test_gsm8k_tool_rows_carry_verls_agent_and_tool_fields(tmp_path):
+    jsonl(tmp_path / "raw/train.jsonl", GSM[:1])
+    assert run("gsm8k_tool", tmp_path / "raw", tmp_path / "out") == {"train": 1}
+    (row,) = read(tmp_path / "out/train.parquet")
+    system, user = row["prompt"]
+    assert system["role"] == "system" and "<tool_call>" in system["content"]
+    assert user["content"].startswith("Natalia sold 48 clips.")
+    assert row["agent_name"] == "tool_agent"
+    assert row["reward_model"]["ground_truth"] == "72"
+    assert row["extra_info"]["need_tools_kwargs"] is True
+    assert row["extra_info"]["tools_kwargs"] == {
+        "calculator": {"create_kwargs": {"ground_truth": "72"}}
+    }
+    ds = PromptDataset([str(tmp_path / "out/train.parquet")], build_char_tokenizer(PRINTABLE_CHARS))
+    assert ds.records[0].extra_info["tools_kwargs"]["calculator"]["create_kwargs"] == {
+        "ground_truth": "72"
+    }
 
 
 def test_gsm8k_hub_parquet(tmp_path):

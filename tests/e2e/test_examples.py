@@ -35,6 +35,8 @@ EXPECTED = {
     "gspo.yaml": ["actor/pg_clipfrac"],
     "gmpo.yaml": ["actor/pg_clipfrac_lower"],
     "grpo_lora.yaml": ["actor/kl_loss", "training/rollout_probs_diff_max"],
+    # the untrained model writes no tool call: one turn an episode, through the env server
+    "gsm8k_tool.yaml": ["multi_turn/turns/mean", "multi_turn/env_errors"],
     "dapo.yaml": [
         "train/num_gen_batches",
         "train/kept_prompts_ratio",
@@ -54,8 +56,9 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 """
 
 
-OWN_SERVERS = {"grpo_lora.yaml"}
-"""Examples run with the local launcher (their own servers, in their run folder's logs/)."""
+OWN_SERVERS = {"grpo_lora.yaml", "gsm8k_tool.yaml"}
+"""Examples run with the local launcher (their own servers, in their run folder's logs/):
+LoRA's has no reference server, the tool example an env server."""
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

@@ -40,3 +40,25 @@ def test_an_evaluation_keeps_its_estimator_and_config_checks():
     evaluation = build_config({}, [*TRAINING, "trainer.val_only=true"])
     assert evaluation.use_critic and evaluation.use_ref
     assert not evaluation.use_critic_server and not evaluation.use_ref_server
+
+
+@pytest.mark.parametrize("names_of", [_local_names, _external_names])
+def test_a_multi_turn_run_starts_an_env_server(tmp_path, names_of):
+    cfg = build_config({}, ["actor_rollout_ref.rollout.multi_turn.enable=true"])
+    assert "env" in names_of(cfg, tmp_path)
+    assert "env" not in names_of(build_config({}, []), tmp_path)
+
+
+def test_an_external_multi_turn_run_needs_the_env_address():
+    from meshrl.config import ConfigError
+    from meshrl.launcher.external import external_endpoints
+
+    addresses = {"rollout": ["h:1"], "actor": ["h:2"], "reward": ["h:3"]}
+    cfg = build_config(
+        {"launcher": {"kind": "external", "addresses": addresses}},
+        ["actor_rollout_ref.rollout.multi_turn.enable=true", "algorithm.adv_estimator=grpo"],
+    )
+    with pytest.raises(ConfigError, match="launcher.addresses.env: no address given"):
+        external_endpoints(cfg)
+    cfg.launcher.addresses["env"] = ["h:4"]
+    assert external_endpoints(cfg).env == "h:4"

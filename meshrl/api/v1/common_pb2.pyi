@@ -67,12 +67,14 @@ class InitializeResponse(_message.Message):
     def __init__(self, info: _Optional[_Union[ServerInfo, _Mapping]] = ...) -> None: ...
 
 class SequenceBatch(_message.Message):
-    __slots__ = ("prompts", "responses")
+    __slots__ = ("prompts", "responses", "loss_mask")
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
     RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
     prompts: TokenBatch
     responses: TokenBatch
-    def __init__(self, prompts: _Optional[_Union[TokenBatch, _Mapping]] = ..., responses: _Optional[_Union[TokenBatch, _Mapping]] = ...) -> None: ...
+    loss_mask: Tensor
+    def __init__(self, prompts: _Optional[_Union[TokenBatch, _Mapping]] = ..., responses: _Optional[_Union[TokenBatch, _Mapping]] = ..., loss_mask: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class LogProbsRequest(_message.Message):
     __slots__ = ("batch", "temperature", "with_entropy", "base_model")

@@ -14,13 +14,14 @@ from pathlib import Path
 from types import ModuleType
 
 from meshrl.data.errors import DataError
-from meshrl.data.preprocess import gsm8k, hellaswag, hh_rlhf, math_dataset
+from meshrl.data.preprocess import gsm8k, gsm8k_tool, hellaswag, hh_rlhf, math_dataset
 from meshrl.data.preprocess.common import Converted, convert_files, same_split, write_splits
 
 log = logging.getLogger(__name__)
 
 PREPROCESSORS: dict[str, ModuleType] = {
     "gsm8k": gsm8k,
+    "gsm8k_tool": gsm8k_tool,
     "math": math_dataset,
     "hellaswag": hellaswag,
     "hh_rlhf": hh_rlhf,
