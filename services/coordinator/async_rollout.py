@@ -215,6 +215,12 @@ class AsyncRollout:
         for g in self._buffer:
             if actor_version - g.oldest_version > self.max_staleness:
                 self._dropped += len(g.samples)
+                if self.wait_for_versions:  # started within the bound: rollout lagged behind
+                    log.warning(
+                        "async rollout: a prompt generated with weight version %d is %d "
+                        "versions behind the actor's %d: dropped",
+                        g.oldest_version, actor_version - g.oldest_version, actor_version,
+                    )  # fmt: skip
         if len(fresh) != len(self._buffer):
             self._buffer = fresh
             self._cond.notify_all()
