@@ -47,6 +47,8 @@ class BufferedGroup:
     """One prompt's n samples, generated and waiting to be trained on."""
 
     samples: RolloutBatch
+    record: object
+    """Its prompt's record (PromptRecord), as the loader gave it."""
     oldest_version: int
     """The weight version of its oldest token."""
     drawn_for: int
@@ -59,6 +61,8 @@ class BufferedGroup:
 @dataclass
 class TakenBatch:
     batch: RolloutBatch
+    records: list
+    """Its prompts' records, in the batch's group order."""
     epoch: int
     """The data epoch of its newest prompt."""
     metrics: dict[str, float]
@@ -73,7 +77,10 @@ def split_groups(batch: RolloutBatch, drawn: DrawnPrompts) -> list[BufferedGroup
         rows = (batch.group_ids == g).nonzero().flatten()
         version = int(oldest[rows].min())
         samples = batch.select_groups([g])
-        groups.append(BufferedGroup(samples, version, drawn.step, drawn.epoch, drawn.loader_state))
+        record = drawn.records[g]
+        groups.append(
+            BufferedGroup(samples, record, version, drawn.step, drawn.epoch, drawn.loader_state)
+        )
     return groups
 
 
@@ -205,7 +212,8 @@ class AsyncRollout:
             "timing_s/trainer_idle": time.perf_counter() - start,
             "timing_s/rollout_idle": rollout_idle,
         }
-        return TakenBatch(batch, max(g.epoch for g in taken), metrics)
+        records = [g.record for g in taken]
+        return TakenBatch(batch, records, max(g.epoch for g in taken), metrics)
 
     def _drop_stale(self, actor_version: int) -> None:
         """Drops the buffered groups past the bound (under the lock): they only get older."""

@@ -443,9 +443,9 @@ class PPOStep:
         for dynamic sampling. One step off policy (``ahead``): the step trains on the batch
         generated during the step before, if there is one, and generates the next step's
         (prompts from ``draw_next()``; None: no next step) while it trains. Fully async
-        (``async_rollout``): the step takes its batch from the producer's buffer (its
-        ``records`` unused) and the producer goes on generating meanwhile. Returns the
-        step's metrics (verl names)."""
+        (``async_rollout``): the step takes its batch (and its prompts' records, in place of
+        ``records``) from the producer's buffer, which goes on generating meanwhile. Returns
+        the step's metrics (verl names)."""
         timer = PhaseTimer()
         sampling_metrics: dict[str, float] = {}
         batch: RolloutBatch | None
@@ -454,7 +454,7 @@ class PPOStep:
                 self.memory.wake()
             if async_rollout is not None:
                 taken = async_rollout.take(step)
-                batch, sampling_metrics = taken.batch, taken.metrics
+                batch, records, sampling_metrics = taken.batch, taken.records, taken.metrics
                 sampling_metrics["training/epoch"] = float(taken.epoch)
             elif self.cfg.algorithm.filter_groups.enable:
                 if draw_records is None:

@@ -242,3 +242,20 @@ def test_a_rewind_empties_the_buffer_and_generates_from_the_checkpoint(tmp_path)
     run.start_async_rollout()
     assert producer.take(1).batch.prompts.tolist()[0] == [0]  # step 1's prompts again
     producer.close()
+
+
+def test_remax_generates_its_baseline_for_the_prompts_the_step_took(tmp_path):
+    run, events, rows = async_run(tmp_path, "algorithm.adv_estimator=remax", steps=3)
+    greedy = []
+    generate = run.servers.roles.rollouts[0].generate
+
+    def record_greedy(prompts, sampling):
+        if sampling.temperature == 0:
+            greedy.append([row[0] for row in prompts.tolist()])
+        return generate(prompts, sampling)
+
+    run.servers.roles.rollouts[0].generate = record_greedy
+    run.train()
+    assert trained(events) == list(range(12))
+    assert sorted(p for request in greedy for p in request) == list(range(12))
+    assert all("timing_s/gen_max" in r for r in rows)
