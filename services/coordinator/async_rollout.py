@@ -67,6 +67,8 @@ class TakenBatch:
     """The data epoch of its newest prompt."""
     metrics: dict[str, float]
     """``async/*`` and ``timing_s/trainer_idle``, ``timing_s/rollout_idle``."""
+    gen_seconds: float
+    """Seconds the producer spent generating the batches it finished since the last take."""
 
 
 def split_groups(batch: RolloutBatch, drawn: DrawnPrompts) -> list[BufferedGroup]:
@@ -106,6 +108,7 @@ class AsyncRollout:
         # since the last take
         self._dropped = 0
         self._rollout_idle = 0.0
+        self._gen_seconds = 0.0
 
     # --- the producer -------------------------------------------------------------------
     @property
@@ -160,6 +163,7 @@ class AsyncRollout:
                     self._drawn = DrawnPrompts(self._next_step(), epoch, records, before)
                 drawn = self._drawn
                 self._generating = True
+            started = time.perf_counter()
             try:
                 batch = generate(drawn.records, drawn.step)
             except BaseException as e:  # noqa: BLE001 - raised by take(), in the run's thread
@@ -175,6 +179,7 @@ class AsyncRollout:
                 if self._producer == producer:
                     self._buffer.extend(groups)
                     self._drawn = None
+                    self._gen_seconds += time.perf_counter() - started
                 self._generating = False
                 self._cond.notify_all()
 
@@ -202,6 +207,7 @@ class AsyncRollout:
             self._taken_through = step
             dropped, self._dropped = self._dropped, 0
             rollout_idle, self._rollout_idle = self._rollout_idle, 0.0
+            gen_seconds, self._gen_seconds = self._gen_seconds, 0.0
             self._cond.notify_all()  # room for the producer
         batch = RolloutBatch.concat([g.samples for g in taken])
         lags = sample_lags(batch.sample_versions(), actor_version)
@@ -213,7 +219,8 @@ class AsyncRollout:
             "timing_s/rollout_idle": rollout_idle,
         }
         records = [g.record for g in taken]
-        return TakenBatch(batch, records, max(g.epoch for g in taken), metrics)
+        epoch = max(g.epoch for g in taken)
+        return TakenBatch(batch, records, epoch, metrics, gen_seconds)
 
     def _drop_stale(self, actor_version: int) -> None:
         """Drops the buffered groups past the bound (under the lock): they only get older."""
@@ -281,7 +288,7 @@ class AsyncRollout:
         with self._cond:
             self._buffer.clear()
             self._drawn, self._error = None, None
-            self._dropped, self._rollout_idle = 0, 0.0
+            self._dropped, self._rollout_idle, self._gen_seconds = 0, 0.0, 0.0
 
     def close(self) -> None:
         """Stops the producer: it starts no other batch, and what its generation in progress

@@ -455,6 +455,7 @@ class PPOStep:
             if async_rollout is not None:
                 taken = async_rollout.take(step)
                 batch, records, sampling_metrics = taken.batch, taken.records, taken.metrics
+                timer.add("gen", taken.gen_seconds)  # generated alongside the steps before
                 sampling_metrics["training/epoch"] = float(taken.epoch)
             elif self.cfg.algorithm.filter_groups.enable:
                 if draw_records is None:

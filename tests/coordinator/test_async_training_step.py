@@ -137,6 +137,7 @@ def test_the_staleness_bound_holds_under_a_slow_trainer_rollout_waiting(tmp_path
     # rollout ran ahead as far as the bound allows, then idled: waiting for the trainer
     assert max(r["async/staleness/max"] for r in rows) == 1
     assert sum(r["timing_s/rollout_idle"] for r in rows) > 0.2
+    assert sum(r["timing_s/gen"] for r in rows) > 0  # the producer's, since the step before
     # a batch is started only once rollout serves a version recent enough: that of step
     # k (prompts 4(k-1)..) needs version k - 2 or newer
     for prompt, version in [(e[1], e[2]) for e in events.log if e[0] == "gen start"]:
