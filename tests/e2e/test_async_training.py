@@ -56,3 +56,27 @@ def test_a_fully_async_run_keeps_the_bound_and_logs_its_metrics(
     assert sorted(rows) == [3, 4]
     assert sorted(prompts_of(again, 3)) == sorted(batches[2])
     assert sorted(prompts_of(again, 4)) == sorted(batches[3])
+
+
+def test_with_partial_rollouts_the_sync_runs_beside_generation(
+    tiny_model, arithmetic_data, tmp_path, shared_mesh
+):
+    # The rollout server applies a sync that comes during a Generate call at a token
+    # boundary (or after the call, as a server that serializes them): either way each
+    # token's version is what the step counts.
+    run_dir = tmp_path / "partial"
+    overrides = _overrides(
+        tiny_model,
+        arithmetic_data,
+        run_dir,
+        3,
+        *ASYNC,
+        "actor_rollout_ref.rollout.partial_rollout=true",
+        "trainer.save_freq=-1",
+    )
+    run_local(build_config({"launcher": shared_mesh}, overrides))
+    rows = step_rows(run_dir)
+    assert sorted(rows) == [1, 2, 3]
+    for row in rows.values():
+        assert 0 <= row["async/staleness/max"] <= 1
+        assert "timing_s/gen_drain" not in row  # nothing held back for the sync
