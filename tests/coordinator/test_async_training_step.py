@@ -260,3 +260,48 @@ def test_remax_generates_its_baseline_for_the_prompts_the_step_took(tmp_path):
     assert trained(events) == list(range(12))
     assert sorted(p for request in greedy for p in request) == list(range(12))
     assert all("timing_s/gen_max" in r for r in rows)
+
+
+def test_a_pool_change_waits_for_the_batch_in_progress_then_uses_the_new_pool(tmp_path):
+    run, events, rows = async_run(tmp_path, steps=5, gen_seconds=0.05)
+
+    def recording(runner, name):
+        generate = runner.generate_async
+
+        def recorded(records, step):
+            events.add(name, "start", step)
+            out = generate(records, step)
+            events.add(name, "end", step)
+            return out
+
+        runner.generate_async = recorded
+        return runner
+
+    recording(run.step_runner, "old pool")
+
+    class Membership:  # a replica asked to join before step 3: the runner is rebuilt
+        def __init__(self):
+            self.applied = False
+
+        def has_changes(self):
+            return run.progress.step == 2 and not self.applied
+
+        def apply(self, departed, version):
+            self.applied = True
+            events.add("apply")
+            rollout = run.servers.roles.rollouts[0]
+            runner = PPOStep(
+                run.cfg, run.servers.roles, Tokenizer(), Syncer(rollout), run.progress.kl_ctrl
+            )
+            run.step_runner = recording(runner, "new pool")
+
+    run.membership = Membership()
+    run.train()
+    assert trained(events) == list(range(20))
+    log = events.log
+    change = log.index(("apply",))
+    # every generation on the old pool had ended before the change; the later ones (step 5's
+    # at least: it needs version 3, synced after the change) went through the new pool
+    assert all(i < change for i, e in enumerate(log) if e[0] == "old pool")
+    assert all(i > change for i, e in enumerate(log) if e[0] == "new pool")
+    assert ("new pool", "end", 5) in log
