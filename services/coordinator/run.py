@@ -383,6 +383,8 @@ class PPORun:
             return
         with self.rollout_held():  # the pool is rebuilt: no generation runs across it
             self.membership.apply(departed, self.progress.step)
+        # a batch whose generation failed for want of replicas is made again on the new pool
+        self.retry_async()
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for sink in self.sinks:

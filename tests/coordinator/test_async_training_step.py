@@ -14,6 +14,7 @@ import torch
 
 from meshrl.data.loader import PromptLoader
 from meshrl.ragged import Ragged
+from meshrl.rpc.role_client import RoleCallError
 from services.coordinator.ppo_step import PPOStep, Roles
 from services.coordinator.rollout_memory import RolloutMemory
 from services.rollout.types import GenerationResult
@@ -26,7 +27,7 @@ from tests.coordinator.test_one_step_off_step import (
     Syncer,
     Tokenizer,
 )
-from tests.coordinator.test_run_bookkeeping import make_run
+from tests.coordinator.test_run_bookkeeping import Unavailable, make_run
 
 
 class SlowActor(Actor):
@@ -305,3 +306,50 @@ def test_a_pool_change_waits_for_the_batch_in_progress_then_uses_the_new_pool(tm
     assert all(i < change for i, e in enumerate(log) if e[0] == "old pool")
     assert all(i > change for i, e in enumerate(log) if e[0] == "new pool")
     assert ("new pool", "end", 5) in log
+
+
+class AnyPoolSyncer(Syncer):
+    """Syncs whatever replicas the pool has left (none, after its only one went down)."""
+
+    def set_rollouts(self, rollouts):
+        pass
+
+
+def test_a_generation_failed_for_want_of_replicas_is_made_again_once_they_rejoin(tmp_path):
+    run, events, rows = async_run(tmp_path, steps=4)
+    rollout = run.servers.roles.rollouts[0]
+    run.step_runner.syncer = AnyPoolSyncer(rollout)
+    generate = rollout.generate
+    failed = []
+
+    def down_once(prompts, sampling):  # the only replica goes down on step 3's prompts
+        if prompts.tolist()[0][0] == 8 and not failed:
+            failed.append(True)
+            raise RoleCallError("rollout", "127.0.0.1:1", "Generate", Unavailable())
+        return generate(prompts, sampling)
+
+    rollout.generate = down_once
+
+    class Membership:  # at the boundary the replica that went down is restarted, rejoins
+        def has_changes(self):
+            return False
+
+        def apply(self, departed, version):
+            assert departed == ["rollout0"] and not run.async_rollout._generating
+            events.add("rejoined")
+            run.step_runner = PPOStep(
+                run.cfg,
+                run.servers.roles,
+                Tokenizer(),
+                AnyPoolSyncer(rollout),
+                run.progress.kl_ctrl,
+            )
+
+    run.membership = Membership()
+    run.train()
+    assert failed and ("rejoined",) in events.log
+    assert trained(events) == list(range(16))  # no prompt lost, none scored as a failure
+    # the failed request never reached the stand-in's log; its batch was made once it rejoined
+    regenerated = [i for i, e in enumerate(events.log) if e[:2] == ("gen start", 8)]
+    assert len(regenerated) == 1 and regenerated[0] > events.log.index(("rejoined",))
+    assert all(r["reward/failed_samples"] == 0 for r in rows)
