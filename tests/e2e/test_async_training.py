@@ -1,15 +1,25 @@
 """trainer.async_training through the mesh: every role a real server process, rollout
 generating into the buffer while the trainers train, each step's samples at most
 max_staleness versions behind, the async metrics in metrics.jsonl; a checkpoint taken with
-prompts drawn ahead resumes at them."""
+prompts drawn ahead resumes at them; partial rollouts; a replica killed mid-generation."""
 
 from __future__ import annotations
+
+import json
+import logging
 
 import pytest
 
 from meshrl.config import build_config
+from meshrl.launcher.local import LocalLauncher
+from meshrl.rpc.call_markers import TEST_SLOW_ENV
 from meshrl_app.run_local import run_local
+from services.coordinator.run import PPORun
+from tests.e2e.test_faults import KillInsideCall
 from tests.e2e.test_one_step_off_policy import _overrides, prompts_of, step_rows
+from tests.e2e.test_rollout_replicas import HOLD_S, KILL_CALL, STEPS
+from tests.e2e.test_rollout_replicas import _overrides as replica_overrides
+from tests.e2e.test_rollout_replicas import step_rows as replica_step_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -80,3 +90,49 @@ def test_with_partial_rollouts_the_sync_runs_beside_generation(
     for row in rows.values():
         assert 0 <= row["async/staleness/max"] <= 1
         assert "timing_s/gen_drain" not in row  # nothing held back for the sync
+
+
+def test_a_replica_killed_mid_generation_loses_no_prompt_in_async_mode(
+    tiny_model, arithmetic_data, tmp_path, monkeypatch, caplog
+):
+    """kill -9 of one of three rollout replicas inside a Generate call of the producer: its
+    requests go to the other two, it rejoins at a step boundary, the run finishes, every
+    prompt trained once and none scored as a failure."""
+    monkeypatch.setenv(TEST_SLOW_ENV, f"rollout.Generate={HOLD_S}@{KILL_CALL}")
+    caplog.set_level(logging.INFO, logger="services.coordinator")
+    overrides = replica_overrides(
+        tiny_model,
+        arithmetic_data,
+        tmp_path,
+        *ASYNC[1:4],
+        "actor_rollout_ref.rollout.replicas=3",
+        "actor_rollout_ref.rollout.prompts_per_request=1",
+    )
+    cfg = build_config({}, overrides)
+    with LocalLauncher(cfg, tmp_path) as launcher:
+        endpoints = launcher.start()
+        killer = KillInsideCall(launcher, "rollout1", "Generate", KILL_CALL)
+        killer.start()
+        run = PPORun(cfg, endpoints, tmp_path, restarter=launcher)
+        try:
+            run.setup()
+            last = run.train()
+        finally:
+            run.close()
+            killer.stop.set()
+    assert killer.killed.is_set(), "rollout1 never started Generate #4"
+    messages = "\n".join(r.getMessage() for r in caplog.records)
+    assert "rollout replica rollout1 left the pool" in messages
+    assert "rollout replica rollout1 joined the pool with weight version" in messages
+    assert "recovering" not in messages, "the pool, not a recovery, coped"
+    assert last["training/global_step"] == STEPS
+    rows = replica_step_rows(tmp_path)
+    assert sorted(rows) == list(range(1, STEPS + 1))
+    assert sum(r["rollout/resent_requests"] for r in rows.values()) >= 1
+    trained = []
+    for step, row in rows.items():
+        assert row["async/staleness/max"] <= 1 and row["reward/failed_samples"] == 0
+        lines = (tmp_path / "rollouts" / f"{step}.jsonl").read_text().splitlines()
+        assert len(lines) == 16  # 8 prompts x n=2
+        trained += [json.loads(line)["input"] for line in lines[::2]]
+    assert len(trained) == len(set(trained)) == 8 * STEPS  # none lost, none twice
