@@ -26,6 +26,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
 import tempfile
 import time
@@ -51,6 +52,7 @@ def run_mode(out: Path, mode: str, steps: int, extra: list[str], round_: int = 0
     from services.coordinator.metrics_sinks import read_jsonl
 
     run_dir = out / f"run_{mode}_{round_}"
+    shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run: no earlier metrics.jsonl lines
     overrides = [
         f"trainer.default_local_dir={run_dir}",
         f"trainer.total_training_steps={steps}",
