@@ -587,7 +587,7 @@ class AlgorithmConfig(Section):
 class AsyncTrainingConfig(Section):
     """Fully asynchronous training (verl's fully-async recipe names the section so): rollout
     generates continuously into a bounded buffer while the trainers train on what is in it
-    (docs/algorithms.md §32)."""
+    (docs/algorithms.md §33)."""
 
     enable: bool = False
     """Rollout generates batch after batch without waiting for the trainers, each sample
@@ -595,7 +595,7 @@ class AsyncTrainingConfig(Section):
     `data.train_batch_size` prompts of the buffer whose samples are at most `max_staleness`
     versions behind the actor. The loss then weighs each token by its behaviour policy
     (decoupled PPO: `actor.tis_imp_ratio_cap` defaults to 2 here). Not with
-    trainer.one_step_off_policy nor algorithm.filter_groups.enable."""
+    trainer.one_step_off_policy, algorithm.filter_groups.enable nor rollout.multi_turn."""
     max_staleness: int = Field(1, ge=1)
     """How many weight versions a sample may be behind the actor that trains on it, counted
     from its oldest token (1: as one step off policy, at most)."""
@@ -640,7 +640,7 @@ class TrainerConfig(Section):
     a GPU shared with the trainers, rollout keeps its KV cache while they run. Not with
     algorithm.filter_groups.enable (docs/algorithms.md §31)."""
     async_training: AsyncTrainingConfig = Field(default_factory=AsyncTrainingConfig)
-    """Fully asynchronous training with a staleness bound (docs/algorithms.md §32)."""
+    """Fully asynchronous training with a staleness bound (docs/algorithms.md §33)."""
     save_freq: int = -1
     """Checkpoint every this many steps and at the last step; -1 = never (as verl)."""
     max_ckpt_to_keep: int | None = Field(None, ge=0)
@@ -898,6 +898,13 @@ class RunConfig(Section):
                 "algorithm.filter_groups.enable=true (dynamic sampling decides from a step's "
                 "scores how many batches it generates, so rollout cannot run ahead): set one "
                 "of them to false"
+            )
+        if self.actor_rollout_ref.rollout.multi_turn.enable:
+            problems.append(
+                "trainer.async_training.enable=true does not go with "
+                "actor_rollout_ref.rollout.multi_turn.enable=true (an episode's turns are "
+                "generated one request each, and their weight versions are not kept across a "
+                "sync between turns yet): set one of them to false"
             )
         return problems
 

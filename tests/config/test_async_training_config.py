@@ -1,4 +1,4 @@
-"""trainer.async_training: its refusals (one line each, docs/reliability.md rows 130-132)
+"""trainer.async_training: its refusals (one line each, docs/reliability.md rows 130-133)
 and decoupled PPO's behaviour weight on by default."""
 
 from __future__ import annotations
@@ -26,6 +26,15 @@ def test_refused_with_dynamic_sampling():  # row 131
     assert (
         "trainer.async_training.enable=true does not go with algorithm.filter_groups.enable=true"
         in str(e.value)
+    )
+
+
+def test_refused_with_multi_turn_rollouts():  # row 133
+    with pytest.raises(ConfigError) as e:
+        build_config({}, [ASYNC, "actor_rollout_ref.rollout.multi_turn.enable=true"])
+    assert (
+        "trainer.async_training.enable=true does not go with "
+        "actor_rollout_ref.rollout.multi_turn.enable=true" in str(e.value)
     )
 
 
