@@ -47,6 +47,10 @@ def _home_expanded(value: object) -> object:
 PathText = Annotated[str, BeforeValidator(_home_expanded)]
 
 # verl's short names of dtypes (`fsdp_config.model_dtype=bf16`), as the long ones here.
+ASYNC_TIS_IMP_RATIO_CAP = 2.0
+"""`actor.tis_imp_ratio_cap` when async training is on and the cap is not set: verl's
+suggested truncation for its rollout-correction weights."""
+
 _DTYPE_NAMES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "half": "float16"}
 
 
@@ -268,7 +272,8 @@ class ActorConfig(Section):
     grad_clip: float = Field(1.0, gt=0)
     """Max global gradient norm."""
     tis_imp_ratio_cap: float = -1.0
-    """Truncated importance sampling cap on π_old/π_rollout; -1 = off."""
+    """Truncated importance sampling cap on π_old/π_rollout; -1 = off. Unset with
+    trainer.async_training.enable: 2 (decoupled PPO's behaviour weight)."""
     policy_loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
     """Which policy objective (verl's `actor_rollout_ref.actor.policy_loss`)."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
@@ -579,6 +584,31 @@ class AlgorithmConfig(Section):
     """DAPO's dynamic sampling (docs/algorithms.md §25)."""
 
 
+class AsyncTrainingConfig(Section):
+    """Fully asynchronous training (verl's fully-async recipe names the section so): rollout
+    generates continuously into a bounded buffer while the trainers train on what is in it
+    (docs/algorithms.md §33)."""
+
+    enable: bool = False
+    """Rollout generates batch after batch without waiting for the trainers, each sample
+    tagged with the weight version of each of its tokens; a step trains on the next
+    `data.train_batch_size` prompts of the buffer whose samples are at most `max_staleness`
+    versions behind the actor. The loss then weighs each token by its behaviour policy
+    (decoupled PPO: `actor.tis_imp_ratio_cap` defaults to 2 here). Not with
+    trainer.one_step_off_policy, algorithm.filter_groups.enable nor rollout.multi_turn."""
+    max_staleness: int = Field(1, ge=1)
+    """How many weight versions a sample may be behind the actor that trains on it, counted
+    from its oldest token (1: as one step off policy, at most)."""
+    stale: Literal["wait", "drop"] = "wait"
+    """What keeps the bound: `wait`, rollout does not start a batch that would be trained
+    past it (it idles instead); `drop`, rollout never waits for the trainers, and the
+    prompts whose samples are past the bound when a step takes them are dropped
+    (`async/dropped_samples`)."""
+    buffer_batches: int = Field(2, ge=1)
+    """Batches of `data.train_batch_size` prompts the buffer holds at most, the one being
+    generated included: rollout waits while it is full."""
+
+
 class TrainerConfig(Section):
     project_name: str = "meshrl"
     """The run's project: in the default run folder, the wandb project, the MLflow experiment,
@@ -609,6 +639,8 @@ class TrainerConfig(Section):
     verl's one-step off-policy recipe. Pays when rollout computes on devices of its own; on
     a GPU shared with the trainers, rollout keeps its KV cache while they run. Not with
     algorithm.filter_groups.enable (docs/algorithms.md §31)."""
+    async_training: AsyncTrainingConfig = Field(default_factory=AsyncTrainingConfig)
+    """Fully asynchronous training with a staleness bound (docs/algorithms.md §33)."""
     save_freq: int = -1
     """Checkpoint every this many steps and at the last step; -1 = never (as verl)."""
     max_ckpt_to_keep: int | None = Field(None, ge=0)
@@ -846,8 +878,45 @@ class RunConfig(Section):
                 "rollout by prefilling them again under the new weights): set "
                 "partial_rollout_kv=recompute, or use rollout.name=auto, native or fast"
             )
+        if self.trainer.async_training.enable:
+            problems.extend(self._async_training_problems())
         if problems:
             raise ValueError("\n  ".join(problems))
+        return self
+
+    def _async_training_problems(self) -> list[str]:
+        problems = []
+        if self.trainer.one_step_off_policy:
+            problems.append(
+                "trainer.async_training.enable=true does not go with "
+                "trainer.one_step_off_policy=true (fully async mode already generates ahead, "
+                "max_staleness=1 bounds it as one step off does): set one of them to false"
+            )
+        if self.algorithm.filter_groups.enable:
+            problems.append(
+                "trainer.async_training.enable=true does not go with "
+                "algorithm.filter_groups.enable=true (dynamic sampling decides from a step's "
+                "scores how many batches it generates, so rollout cannot run ahead): set one "
+                "of them to false"
+            )
+        if self.actor_rollout_ref.rollout.multi_turn.enable:
+            problems.append(
+                "trainer.async_training.enable=true does not go with "
+                "actor_rollout_ref.rollout.multi_turn.enable=true (an episode's turns are "
+                "generated one request each, and their weight versions are not kept across a "
+                "sync between turns yet): set one of them to false"
+            )
+        return problems
+
+    @model_validator(mode="after")
+    def _async_training_weighs_the_behaviour_policy(self) -> RunConfig:
+        # Decoupled PPO (Hilton et al. 2022; AReaL): in async mode the samples come from
+        # older policies, so the importance weight behaviour -> proximal is on by default.
+        actor = self.actor_rollout_ref.actor
+        if self.trainer.async_training.enable and "tis_imp_ratio_cap" not in (
+            actor.model_fields_set
+        ):
+            actor.tis_imp_ratio_cap = ASYNC_TIS_IMP_RATIO_CAP
         return self
 
     def _batch_shape_problems(self) -> list[str]:

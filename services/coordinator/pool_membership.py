@@ -94,6 +94,11 @@ class PoolMembership:
         return {n: c.address for n, c in self.servers.roles.named_rollouts().items()}
 
     # --- at a step boundary, in the run's thread ---------------------------------------
+    def has_changes(self) -> bool:
+        """Whether ``apply`` has anything to do besides replicas that departed."""
+        with self._lock:
+            return bool(self._adds or self._removes or self.waiting)
+
     def apply(self, departed: list[str], version: int) -> bool:
         """Brings the replicas that ``departed`` (went down) back, makes the changes asked
         for, and syncs every replica to ``version``; True when anything changed (the step

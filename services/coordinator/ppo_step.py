@@ -27,6 +27,7 @@ from meshrl.gpus import per_gpu_throughput
 from meshrl.ragged import Ragged
 from meshrl.rpc.role_client import RoleCallError
 from services.coordinator.advantage import AdvantageInputs, compute_advantages
+from services.coordinator.async_rollout import AsyncRollout
 from services.coordinator.dynamic_sampling import (
     FilterGroupsExhausted,
     filter_values,
@@ -175,13 +176,16 @@ class PPOStep:
             seed=self.cfg.trainer.seed * 1_000_003 + step + gen_batch * GEN_BATCH_SEED_STRIDE,
         )
 
-    def generate(self, records: list, step: int, gen_batch: int = 0) -> RolloutBatch:
+    def generate(
+        self, records: list, step: int, gen_batch: int = 0, mixed_versions: bool = False
+    ) -> RolloutBatch:
+        """``mixed_versions``: a weight sync may land during the batch (fully async mode)."""
         if self.multi_turn is not None:  # turns with an environment: multi_turn.py
             return self.multi_turn.generate(records, self.sampling_params(step, gen_batch))
         n = self.cfg.actor_rollout_ref.rollout.n
         prompts = Ragged.from_lists([rec.prompt_ids for rec in records])
         sampling = self.sampling_params(step, gen_batch)
-        out = self.rollout_pool.generate(prompts, sampling)
+        out = self.rollout_pool.generate(prompts, sampling, mixed_versions)
         repeat = [i for i in range(len(records)) for _ in range(n)]
         return RolloutBatch(
             prompts=prompts.select(repeat),
@@ -193,8 +197,13 @@ class PPOStep:
             ground_truths=[records[i].ground_truth for i in repeat],
             extra_infos=[records[i].extra_info for i in repeat],
             weight_version=out.weight_version,
+            token_versions=out.token_versions,
             chats=[records[i].chat for i in repeat],
         )
+
+    def generate_async(self, records: list, step: int) -> RolloutBatch:
+        """A batch of the fully async producer, meant for ``step`` (its seed)."""
+        return self.generate(records, step, mixed_versions=True)
 
     # --- step 2: score, reference, values, old log-probs (in parallel) ---------------
     def score(self, batch: RolloutBatch) -> None:
@@ -428,19 +437,27 @@ class PPOStep:
         draw_records: Callable[[int], list] | None = None,
         ahead: RolloutAhead | None = None,
         draw_next: Callable[[], tuple[int, list, dict]] | None = None,
+        async_rollout: AsyncRollout | None = None,
     ) -> dict[str, float]:
         """step counts from 1; ``draw_records(i)``: the step's i-th further batch of prompts,
         for dynamic sampling. One step off policy (``ahead``): the step trains on the batch
         generated during the step before, if there is one, and generates the next step's
-        (prompts from ``draw_next()``; None: no next step) while it trains. Returns the
-        step's metrics (verl names)."""
+        (prompts from ``draw_next()``; None: no next step) while it trains. Fully async
+        (``async_rollout``): the step takes its batch (and its prompts' records, in place of
+        ``records``) from the producer's buffer, which goes on generating meanwhile. Returns
+        the step's metrics (verl names)."""
         timer = PhaseTimer()
         sampling_metrics: dict[str, float] = {}
         batch: RolloutBatch | None
         with timer("step"):
             with timer("gen"):  # taking the KV caches back is part of generating, as before
                 self.memory.wake()
-            if self.cfg.algorithm.filter_groups.enable:
+            if async_rollout is not None:
+                taken = async_rollout.take(step)
+                batch, records, sampling_metrics = taken.batch, taken.records, taken.metrics
+                timer.add("gen", taken.gen_seconds)  # generated alongside the steps before
+                sampling_metrics["training/epoch"] = float(taken.epoch)
+            elif self.cfg.algorithm.filter_groups.enable:
                 if draw_records is None:
                     raise ValueError("dynamic sampling needs draw_records")
                 batch, sampling_metrics = self.generate_varied(records, step, timer, draw_records)
@@ -459,7 +476,7 @@ class PPOStep:
                 and draw_next is not None
                 and ahead.start(step + 1, draw_next, self.generate)
             )
-            if not ahead_started:
+            if not ahead_started and async_rollout is None:
                 self.memory.sleep()  # the KV cache's memory goes to the trainers till next gen
             self.score_and_infer(batch, timer)
             if self.generations is not None:
@@ -475,8 +492,7 @@ class PPOStep:
             # a replica that went down in the step left the pool: the weights go to the rest
             self.syncer.set_rollouts(self.rollout_pool.clients)
             try:
-                with timer("sync_weights"):
-                    sync_metrics = self.syncer.sync(version=step)
+                sync_metrics = self.sync_weights(step, timer, async_rollout)
             except RoleCallError as err:
                 sync_error = err
         metrics = {
@@ -492,6 +508,27 @@ class PPOStep:
             log.warning("step %d: %s", step, warning)
         if sync_error is not None:
             raise WeightSyncFailed(sync_error, metrics) from sync_error
+        return metrics
+
+    def sync_weights(
+        self, step: int, timer: PhaseTimer, async_rollout: AsyncRollout | None
+    ) -> dict[str, float]:
+        """The actor's weights to rollout as version ``step``. Fully async, generation goes
+        on: with ``rollout.partial_rollout`` the sync runs beside the Generate calls in
+        flight (each engine applies it at a token boundary); without, the pool's requests
+        are held back and those in flight waited for (``timing_s/gen_drain``) first."""
+        if async_rollout is None:
+            with timer("sync_weights"):
+                return self.syncer.sync(version=step)
+        if self.cfg.actor_rollout_ref.rollout.partial_rollout:
+            with timer("sync_weights"):
+                metrics = self.syncer.sync(version=step)
+        else:
+            with self.rollout_pool.gate.closed() as drained:
+                timer.add("gen_drain", drained)
+                with timer("sync_weights"):
+                    metrics = self.syncer.sync(version=step)
+        async_rollout.weights_synced(step)
         return metrics
 
     def generated_ahead(

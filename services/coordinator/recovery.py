@@ -19,7 +19,7 @@ from meshrl.config import RunConfig
 from meshrl.rpc.client import unreachable
 from meshrl.rpc.role_client import RoleCallError
 from services.coordinator.role_servers import RoleServers
-from services.coordinator.rollout_ahead import RolloutAhead
+from services.coordinator.rollout_ahead import PromptsDrawnAhead
 from services.coordinator.run_checkpoints import RunCheckpoints
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class Recovery:
         servers: RoleServers,
         checkpoints: RunCheckpoints,
         resync: Callable[[int], None],
-        ahead: RolloutAhead | None = None,
+        ahead: PromptsDrawnAhead | None = None,
     ):
         self.cfg = cfg
         self.restarter = restarter  # None: a dead role server ends the run

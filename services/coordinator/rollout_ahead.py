@@ -23,10 +23,24 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Protocol
 
 from services.coordinator.rollout_batch import RolloutBatch
 
 log = logging.getLogger(__name__)
+
+
+class PromptsDrawnAhead(Protocol):
+    """Prompts drawn from the loader before the step that trains on them (one step off
+    policy, fully async): what checkpoints and rewinds must know of them."""
+
+    def loader_state(self, current: dict, step: int) -> dict:
+        """The loader state a checkpoint of ``step`` saves (``current``: the loader's now)."""
+        ...
+
+    def forget(self) -> None:
+        """The run went back to a checkpoint: what was drawn ahead is abandoned."""
+        ...
 
 
 @dataclass

@@ -24,6 +24,9 @@ class RolloutBatch:
     ground_truths: list[str]
     extra_infos: list[dict]
     weight_version: int
+    # (B·n rows) int64 weight version of each response token, aligned with responses;
+    # None: every token is of weight_version
+    token_versions: Ragged | None = None
     # filled by the phases of the step
     scores: torch.Tensor | None = None  # (B·n,) the score the advantage sees (shaped)
     reward_scores: torch.Tensor | None = None  # (B·n,) the reward service's, unshaped
@@ -64,6 +67,9 @@ class RolloutBatch:
             ground_truths=pick(self.ground_truths),
             extra_infos=pick(self.extra_infos),
             weight_version=self.weight_version,
+            token_versions=(
+                self.token_versions.select(rows) if self.token_versions is not None else None
+            ),
             scores=self.scores[rows] if self.scores is not None else None,
             reward_scores=self.reward_scores[rows] if self.reward_scores is not None else None,
             reward_extra=pick(self.reward_extra) if self.reward_extra else [],
@@ -92,7 +98,12 @@ class RolloutBatch:
             data_sources=[x for p in parts for x in p.data_sources],
             ground_truths=[x for p in parts for x in p.ground_truths],
             extra_infos=[x for p in parts for x in p.extra_infos],
-            weight_version=parts[-1].weight_version,
+            weight_version=max(p.weight_version for p in parts),
+            token_versions=(
+                Ragged.concat([p.versions() for p in parts])
+                if any(p.token_versions is not None for p in parts)
+                else None
+            ),
             scores=torch.cat([p.scores for p in parts if p.scores is not None]) if scored else None,
             reward_scores=(
                 torch.cat([p.reward_scores for p in parts if p.reward_scores is not None])
@@ -107,6 +118,25 @@ class RolloutBatch:
             turn_rewards=_concat_optional([p.turn_rewards for p in parts]),
             rollout_metrics=parts[-1].rollout_metrics,
         )
+
+    def versions(self) -> Ragged:
+        """The weight version of each response token, filled from ``weight_version`` where
+        ``token_versions`` is None."""
+        if self.token_versions is not None:
+            return self.token_versions
+        ids = self.responses.values
+        return self.responses.with_values(torch.full_like(ids, self.weight_version).long())
+
+    def sample_versions(self) -> torch.Tensor:
+        """(B·n,) int64 each sample's oldest weight version (of its first token, as a sync
+        only makes later tokens newer), ``weight_version`` for an empty response."""
+        versions = self.versions()
+        oldest = torch.full((len(self),), self.weight_version, dtype=torch.int64)
+        for i in range(len(self)):
+            row = versions.row(i)
+            if row.numel():
+                oldest[i] = row.min()
+        return oldest
 
     def response_mask(self) -> torch.Tensor:
         """(b, r) float mask over the right-padded responses: 1 on the tokens the model

@@ -33,8 +33,11 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
+import torch
+
 from meshrl.ragged import Ragged
 from meshrl.rpc.role_client import RoleCallError
+from services.coordinator.dispatch_gate import DispatchGate
 from services.rollout.client import RolloutClient
 from services.rollout.types import GenerationResult, SamplingParams
 
@@ -61,6 +64,15 @@ def replica_down(err: RoleCallError) -> bool:
 def replica_label(name: str) -> str:
     """``rollout2`` -> ``2``: a replica's name in metric keys."""
     return name.removeprefix("rollout")
+
+
+def token_versions(result: GenerationResult) -> Ragged:
+    """The weight version of each response token: the result's own, else every token of
+    its ``weight_version``."""
+    if result.token_versions is not None:
+        return result.token_versions.with_values(result.token_versions.values.long())
+    ids = result.responses.values
+    return result.responses.with_values(torch.full_like(ids, result.weight_version).long())
 
 
 def request_sampling(sampling: SamplingParams, index: int) -> SamplingParams:
@@ -118,6 +130,8 @@ class RolloutPool:
         self.in_flight = in_flight
         self._lock = threading.Lock()
         self._stats = PoolStats()
+        self.gate = DispatchGate()
+        """Closed by a weight sync that must not overlap a request (fully async mode)."""
 
     # --- membership ---------------------------------------------------------------------
     @property
@@ -162,13 +176,19 @@ class RolloutPool:
         )
 
     # --- generation ---------------------------------------------------------------------
-    def generate(self, prompts: Ragged, sampling: SamplingParams) -> GenerationResult:
-        """B·n responses, sample j of prompt i at row i·n + j, whichever replicas served them.
+    def generate(
+        self, prompts: Ragged, sampling: SamplingParams, mixed_versions: bool = False
+    ) -> GenerationResult:
+        """B·n responses, sample j of prompt i at row i·n + j, whichever replicas served them;
+        ``token_versions`` always filled (a request's ``weight_version`` where it sent none).
+        ``mixed_versions``: requests may be served by different weight versions (a sync
+        landed during the batch, fully async mode); ``weight_version`` is then the newest.
 
         Raises:
             RoleCallError: no replica is left (the last one's error), or a call failed for
                 a reason other than its replica going down.
-            RuntimeError: the replicas served different weight versions.
+            RuntimeError: the replicas served different weight versions (unless
+                ``mixed_versions``).
         """
         start = time.perf_counter()
         b = len(prompts)
@@ -179,7 +199,7 @@ class RolloutPool:
         with self._lock:
             self._stats.seconds += time.perf_counter() - start
         versions = {r.weight_version for r in results}
-        if len(versions) != 1:
+        if len(versions) != 1 and not mixed_versions:
             raise RuntimeError(
                 f"rollout replicas serve different weight versions: {sorted(versions)}"
             )
@@ -191,7 +211,8 @@ class RolloutPool:
                 [r.logprobs.row(i) for r in results for i in range(len(r.logprobs))]
             ),
             finish_reasons=[x for r in results for x in r.finish_reasons],
-            weight_version=versions.pop(),
+            weight_version=max(versions),
+            token_versions=Ragged.concat([token_versions(r) for r in results]),
         )
 
     def _dispatch(
@@ -209,17 +230,25 @@ class RolloutPool:
         )
         try:
             while pending or running:
-                while pending and (target := self._least_loaded(outstanding, running)):
+                while (
+                    pending
+                    and (target := self._least_loaded(outstanding, running)) is not None
+                    and self.gate.try_enter()
+                ):
                     name, client = target
                     i = pending.popleft()
                     future = executor.submit(
                         client.generate, requests[i], request_sampling(sampling, i)
                     )
+                    future.add_done_callback(lambda _: self.gate.leave())
                     running[future] = (name, i)
                     outstanding[name] = outstanding.get(name, 0) + len(requests[i])
-                if not running:  # requests left, no replica to take them
+                if not running:
+                    if not self.gate.is_open:  # a weight sync: requests go out after it
+                        self.gate.wait_open()
+                        continue
                     assert last_error is not None  # only replicas that went down leave
-                    raise last_error
+                    raise last_error  # requests left, no replica to take them
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in done:
                     name, i = running.pop(future)

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 from tqdm import tqdm
@@ -26,6 +27,7 @@ from meshrl.config import RunConfig
 from meshrl.data.dataset import PromptDataset
 from meshrl.launcher.endpoints import Endpoints
 from meshrl.rpc.role_client import RoleCallError
+from services.coordinator.async_rollout import AsyncRollout
 from services.coordinator.generations import generations_dir
 from services.coordinator.metrics_sinks import ConsoleSink, MetricsSink, close_sinks, file_sinks
 from services.coordinator.plot import plot_metrics
@@ -35,6 +37,7 @@ from services.coordinator.preflight import check_data_sources, check_filter_metr
 from services.coordinator.recovery import Recovery, Restarter
 from services.coordinator.role_servers import RoleServers
 from services.coordinator.rollout_ahead import RolloutAhead
+from services.coordinator.rollout_batch import RolloutBatch
 from services.coordinator.run_checkpoints import RunCheckpoints
 from services.coordinator.run_data import RunData, load_run_data
 from services.coordinator.run_progress import RunProgress, new_kl_controller
@@ -77,11 +80,17 @@ class PPORun:
         self.progress = RunProgress(kl_ctrl=new_kl_controller(cfg))
         # trainer.one_step_off_policy: the next step's prompts, generated while a step trains
         self.ahead = RolloutAhead(self._stop.is_set) if cfg.trainer.one_step_off_policy else None
+        # trainer.async_training: rollout generating continuously into a bounded buffer
+        asynchronous = cfg.trainer.async_training
+        self.async_rollout = (
+            AsyncRollout(asynchronous, cfg.data.train_batch_size) if asynchronous.enable else None
+        )
+        drawn_ahead = self.async_rollout or self.ahead
         self.checkpoints = RunCheckpoints(
-            cfg, self.run_dir, self.servers, self.progress, self.pool, self.ahead
+            cfg, self.run_dir, self.servers, self.progress, self.pool, drawn_ahead
         )
         self.recovery = Recovery(
-            cfg, restarter, self.servers, self.checkpoints, self.resync, self.ahead
+            cfg, restarter, self.servers, self.checkpoints, self.resync, drawn_ahead
         )
         # The rollout replicas: those that went down rejoin, those asked for join or leave
         self.membership = PoolMembership(cfg, self.servers, restarter, self.resync)
@@ -158,19 +167,28 @@ class PPORun:
                     self.draw_records,
                     ahead=self.ahead,
                     draw_next=self.next_step_prompts(),
+                    async_rollout=self.async_rollout,
                 )
             except WeightSyncFailed as failed:  # the updates are done: never run them twice
                 self.recovery.count_failure(
                     step, failed.error, f"step {step}: updated, but its weight sync failed"
                 )
                 self.drop_ahead()  # made by a server that may be restarted now: made again
-                if self.recovery.recover(failed.error, updated=True):
+                with self.rollout_held():
+                    went_back = self.recovery.recover(failed.error, updated=True)
+                self.retry_async()
+                if went_back:
                     return None
+                if self.async_rollout is not None:
+                    self.async_rollout.weights_synced(step)
                 return failed.metrics  # rollout now serves this step's weights
             except RoleCallError as err:
                 self.recovery.count_failure(step, err, f"step {step} failed")  # may end the run
                 self.drop_ahead()
-                if self.recovery.recover(err):
+                with self.rollout_held():
+                    went_back = self.recovery.recover(err)
+                self.retry_async()
+                if went_back:
                     return None
 
     def next_step_prompts(self) -> Callable[[], tuple[int, list, dict]] | None:
@@ -187,6 +205,36 @@ class PPORun:
             return epoch, records, before
 
         return draw
+
+    def rollout_held(self) -> AbstractContextManager[None]:
+        """Fully async: no batch is generated in the block, and the one in progress has
+        ended when it begins (servers are restarted, the pool rebuilt, in it)."""
+        return self.async_rollout.held() if self.async_rollout is not None else nullcontext()
+
+    def retry_async(self) -> None:
+        """Fully async, after a recovery: a batch whose generation failed is made again."""
+        if self.async_rollout is not None:
+            self.async_rollout.retry()
+
+    def start_async_rollout(self) -> None:
+        """Fully async: the producer, if it is not running (the start, a rewind), generates
+        for the steps after the current one, from the loader's position."""
+        producer = self.async_rollout
+        if producer is None or producer.running:
+            return
+        loader = self.progress.loader
+        assert loader is not None  # a training run
+
+        def draw() -> tuple[int, list, dict]:
+            before = loader.state_dict()
+            epoch, records = loader.next_batch()
+            return epoch, records, before
+
+        def generate(records: list, step: int) -> RolloutBatch:
+            assert self.step_runner is not None  # set up; rebuilt by a resync: the current
+            return self.step_runner.generate_async(records, step)
+
+        producer.start(self.progress.step, self.steps, draw, generate)
 
     def drop_ahead(self) -> None:
         """A failed step that is recovered from: its generation ahead ends before any server
@@ -285,9 +333,13 @@ class PPORun:
         try:
             while progress.step < self.steps and not self._stop.is_set():
                 self.change_pool()
-                drawn = self.ahead.prompts_for(progress.step + 1) if self.ahead else None
                 assert progress.loader is not None  # total_steps is 0 without one
-                epoch, records = drawn or progress.loader.next_batch()
+                if self.async_rollout is not None:  # the producer draws the prompts
+                    self.start_async_rollout()
+                    epoch, records = 0, []
+                else:
+                    drawn = self.ahead.prompts_for(progress.step + 1) if self.ahead else None
+                    epoch, records = drawn or progress.loader.next_batch()
                 self.further_records = []
                 progress.step += 1
                 progress.epoch = epoch
@@ -296,7 +348,7 @@ class PPORun:
                     went_back()
                     continue
                 metrics["training/global_step"] = float(progress.step)
-                metrics["training/epoch"] = float(epoch)
+                metrics.setdefault("training/epoch", float(epoch))  # async: of its batch
                 last = progress.step == self.steps
                 if self.validation_due(last):
                     val = self.validate_or_recover()
@@ -327,7 +379,12 @@ class PPORun:
         the current weights (:mod:`services.coordinator.pool_membership`)."""
         runner = self.step_runner
         departed = runner.rollout_pool.take_departed() if runner is not None else []
-        self.membership.apply(departed, self.progress.step)
+        if not (departed or self.membership.has_changes()):
+            return
+        with self.rollout_held():  # the pool is rebuilt: no generation runs across it
+            self.membership.apply(departed, self.progress.step)
+        # a batch whose generation failed for want of replicas is made again on the new pool
+        self.retry_async()
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for sink in self.sinks:
@@ -355,4 +412,6 @@ class PPORun:
                 closer.close()
         if self.ahead is not None:
             self.ahead.close()
+        if self.async_rollout is not None:
+            self.async_rollout.close()
         self.pool.shutdown(wait=False, cancel_futures=True)

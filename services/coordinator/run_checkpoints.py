@@ -17,7 +17,7 @@ from services.coordinator.checkpointing import (
     CoordinatorState,
 )
 from services.coordinator.role_servers import RoleServers
-from services.coordinator.rollout_ahead import RolloutAhead
+from services.coordinator.rollout_ahead import PromptsDrawnAhead
 from services.coordinator.run_data import named_resume_folder
 from services.coordinator.run_progress import RunProgress
 
@@ -42,7 +42,7 @@ class RunCheckpoints:
         servers: RoleServers,
         progress: RunProgress,
         pool: ThreadPoolExecutor,
-        ahead: RolloutAhead | None = None,
+        ahead: PromptsDrawnAhead | None = None,
     ):
         self.cfg = cfg
         self.servers = servers

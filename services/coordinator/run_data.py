@@ -162,9 +162,17 @@ def plan_warnings(cfg: RunConfig) -> list[str]:
             "false: the reward model is not loaded and every row is scored by its rule scorer "
             "(or reward.custom_function); set reward.reward_model.enable=true to score with it"
         )
-    if trainer.one_step_off_policy and rollout_may_share_trainer_gpus(cfg):
+    overlapped = [
+        key
+        for key, on in (
+            ("trainer.one_step_off_policy", trainer.one_step_off_policy),
+            ("trainer.async_training.enable", trainer.async_training.enable),
+        )
+        if on
+    ]
+    if overlapped and rollout_may_share_trainer_gpus(cfg):
         out.append(
-            "trainer.one_step_off_policy=true with rollout on a GPU of the trainer roles: they "
+            f"{overlapped[0]}=true with rollout on a GPU of the trainer roles: they "
             "take turns on it, so little overlaps, and rollout keeps its KV cache while they "
             "run (rollout.free_cache_engine does not apply); it pays with rollout on GPUs of "
             "its own (launcher.role_gpus, or a Ray pool of its own)"

@@ -87,6 +87,7 @@ class Replica:
             logprobs=Ragged.from_lists([[0.0, 0.0]] * len(rows), dtype=torch.float32),
             finish_reasons=["length"] * len(rows),
             weight_version=0,
+            token_versions=None,
         )
 
 

@@ -133,6 +133,7 @@ class Replica:
             logprobs=prompts.with_values(torch.zeros(prompts.values.numel())),
             finish_reasons=["stop"] * len(prompts),
             weight_version=0,
+            token_versions=None,
         )
 
 

@@ -58,6 +58,7 @@ class Rollout:
             logprobs=Ragged.from_lists([[0.0, 0.0]] * len(rows), dtype=torch.float32),
             finish_reasons=["length"] * len(rows),
             weight_version=self.version,
+            token_versions=None,
         )
 
     def set_memory_state(self, release):

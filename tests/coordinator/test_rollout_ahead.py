@@ -106,7 +106,7 @@ class StepsThatDrawAhead:
         self.trained: list[tuple[int, list]] = []
         self.drew_next: list[bool] = []
 
-    def run(self, records, step, draw_records=None, ahead=None, draw_next=None):
+    def run(self, records, step, draw_records=None, ahead=None, draw_next=None, async_rollout=None):
         assert ahead is self.run_.ahead
         ahead.take(step)
         self.trained.append((step, records))
@@ -171,7 +171,7 @@ def test_a_failed_step_drops_its_batch_ahead_and_a_rewind_forgets_its_prompts(tm
     generated: list[tuple[int, list]] = []
     attempts: list[int] = []
 
-    def step(records, number, draw_records=None, ahead=None, draw_next=None):
+    def step(records, number, draw_records=None, ahead=None, draw_next=None, async_rollout=None):
         attempts.append(number)
         ahead.take(number)
         if draw_next is not None:
