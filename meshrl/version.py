@@ -6,9 +6,11 @@ Read from the installed packages' metadata, so that asking costs no import of to
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 
 
+@functools.cache
 def package_version(name: str = "meshrl") -> str:
     """The installed version of ``name``; "unknown" when it is not installed (meshrl run
     from a bare checkout, without ``pip install -e .``)."""

@@ -180,6 +180,19 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+def _add_coordinator_argument(parser: argparse.ArgumentParser) -> None:
+    """``--coordinator HOST:PORT`` of the verbs that talk to a coordinator service."""
+    from meshrl.rpc.address import host_port
+
+    parser.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        type=host_port,
+        default=None,
+        help="default: $MESHRL_COORDINATOR or 127.0.0.1:50050",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     # light: argument definitions only (no grpc, pyarrow or pydantic)
     from meshrl.rpc.address import host_port
@@ -253,26 +266,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", help="runs of a coordinator service")
     status.add_argument("run_id", nargs="?", default=None, help="one run (default: all)")
-    status.add_argument(
-        "--coordinator",
-        metavar="HOST:PORT",
-        type=host_port,
-        default=None,
-        help="default: $MESHRL_COORDINATOR or 127.0.0.1:50050",
-    )
+    _add_coordinator_argument(status)
     status.set_defaults(fn=_cmd_status)
 
     stop = sub.add_parser(
         "stop", help="stop a run on a coordinator service (after its current step)"
     )
     stop.add_argument("run_id")
-    stop.add_argument(
-        "--coordinator",
-        metavar="HOST:PORT",
-        type=host_port,
-        default=None,
-        help="default: $MESHRL_COORDINATOR or 127.0.0.1:50050",
-    )
+    _add_coordinator_argument(stop)
     stop.set_defaults(fn=_cmd_stop)
 
     pool = sub.add_parser(
@@ -286,13 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
         change = pool_sub.add_parser(verb, help=what)
         change.add_argument("address", type=host_port, help="the rollout server's HOST:PORT")
         change.add_argument("--run-id", required=True, help="the run (meshrl status lists them)")
-        change.add_argument(
-            "--coordinator",
-            metavar="HOST:PORT",
-            type=host_port,
-            default=None,
-            help="default: $MESHRL_COORDINATOR or 127.0.0.1:50050",
-        )
+        _add_coordinator_argument(change)
         change.set_defaults(fn=_cmd_rollout)
 
     serve = sub.add_parser(

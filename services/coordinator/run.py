@@ -196,15 +196,7 @@ class PPORun:
         while it trains; None when there is no next step (the last, or a stop asked for)."""
         if self.ahead is None or self.progress.step >= self.steps or self._stop.is_set():
             return None
-        loader = self.progress.loader
-        assert loader is not None  # a training run
-
-        def draw() -> tuple[int, list, dict]:
-            before = loader.state_dict()
-            epoch, records = loader.next_batch()
-            return epoch, records, before
-
-        return draw
+        return self.drawing_ahead()
 
     def rollout_held(self) -> AbstractContextManager[None]:
         """Fully async: no batch is generated in the block, and the one in progress has
@@ -222,6 +214,16 @@ class PPORun:
         producer = self.async_rollout
         if producer is None or producer.running:
             return
+
+        def generate(records: list, step: int) -> RolloutBatch:
+            assert self.step_runner is not None  # set up; rebuilt by a resync: the current
+            return self.step_runner.generate_async(records, step)
+
+        producer.start(self.progress.step, self.steps, self.drawing_ahead(), generate)
+
+    def drawing_ahead(self) -> Callable[[], tuple[int, list, dict]]:
+        """How prompts are drawn ahead of their step: (epoch, records, the loader's state
+        from before them), so that a checkpoint of an earlier step draws them again."""
         loader = self.progress.loader
         assert loader is not None  # a training run
 
@@ -230,11 +232,7 @@ class PPORun:
             epoch, records = loader.next_batch()
             return epoch, records, before
 
-        def generate(records: list, step: int) -> RolloutBatch:
-            assert self.step_runner is not None  # set up; rebuilt by a resync: the current
-            return self.step_runner.generate_async(records, step)
-
-        producer.start(self.progress.step, self.steps, draw, generate)
+        return draw
 
     def drop_ahead(self) -> None:
         """A failed step that is recovered from: its generation ahead ends before any server

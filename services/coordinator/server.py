@@ -10,7 +10,6 @@ unknown run id -> NOT_FOUND; a run that would share busy role servers or a busy 
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import logging
 import os
 import sys
@@ -29,19 +28,13 @@ from meshrl.rpc.server import (
     serve_exit_code,
     wait_for_stop_signal,
 )
+from meshrl.version import package_version
 from services.coordinator.convert import event_to_proto, status_to_proto
 from services.coordinator.run_manager import RunConflict, RunManager, UnknownRun
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "meshrl.api.v1.CoordinatorService"
-
-
-def _package_version() -> str:
-    try:
-        return importlib.metadata.version("meshrl")
-    except importlib.metadata.PackageNotFoundError:
-        return ""
 
 
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
@@ -75,7 +68,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
             weight_version=-1,
             world_size=1,
             ready=True,
-            meshrl_version=_package_version(),
+            meshrl_version=package_version(),
         )
 
     @rpc_method

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
 import logging
 import sys
 import threading
@@ -38,6 +37,7 @@ from meshrl.rpc.server import (
     rpc_method,
     serve_exit_code,
 )
+from meshrl.version import package_version
 from services.reward.arguments import add_serve_arguments, reward_config, reward_model_settings
 from services.reward.convert import item_from_proto, outcome_to_proto
 from services.reward.scorer_slot import DEFAULT_MAX_CALLS, NotReady, ScorerSlot
@@ -50,13 +50,6 @@ SERVICE_NAME = "meshrl.api.v1.RewardService"
 
 ABANDON_WAIT_S = 3.0
 """How long a stopping server waits for its Score calls once their samples are cancelled."""
-
-
-def _package_version() -> str:
-    try:
-        return importlib.metadata.version("meshrl")
-    except importlib.metadata.PackageNotFoundError:  # a bare checkout
-        return ""
 
 
 class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
@@ -86,7 +79,7 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
             world_size=1,
             num_parameters=rm.num_parameters if rm else 0,
             ready=scorer is not None,
-            meshrl_version=_package_version(),
+            meshrl_version=package_version(),
             gpus=rm.gpus if rm else [],
         )
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.metadata
 import logging
 import sys
 import threading
@@ -43,6 +42,7 @@ from meshrl.rpc.server import (
     rpc_method,
     serve_exit_code,
 )
+from meshrl.version import package_version
 from meshrl.weight_sync.group import WeightGroupError
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
 from meshrl.wire import ragged_from_proto, tensor_to_proto
@@ -64,14 +64,6 @@ STOP_WAIT_S = 3.0
 """How long a stopping server waits, after the grace, for its cancelled generations to
 stop (a round of decode steps: milliseconds on a GPU)."""
 API_VERSION = "meshrl.api.v1"
-
-
-@functools.cache
-def _package_version() -> str:
-    try:
-        return importlib.metadata.version("meshrl")
-    except importlib.metadata.PackageNotFoundError:  # running from a bare checkout
-        return ""
 
 
 def _status_of(e: Exception) -> grpc.StatusCode | None:
@@ -124,7 +116,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             world_size=1,
             num_parameters=engine.num_parameters if engine else 0,
             ready=ready,
-            meshrl_version=_package_version(),
+            meshrl_version=package_version(),
             gpus=gpu_names(engine.device) if engine else [],
         )
 

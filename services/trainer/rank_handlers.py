@@ -4,7 +4,6 @@ runs the role's typed call between ``convert.py``'s checks and the response prot
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import time
 
@@ -16,6 +15,7 @@ from meshrl.api.v1 import common_pb2, trainer_pb2
 from meshrl.config import RunConfig, config_from_yaml
 from meshrl.config.placement import hands_gpu_memory_over
 from meshrl.gpus import gathered_gpu_names
+from meshrl.version import package_version
 from meshrl.wire import tensor_to_proto
 from services.trainer.actor import ActorRole
 from services.trainer.convert import (
@@ -225,10 +225,3 @@ def _model_path(cfg: RunConfig, role: str) -> str:
     if role == "critic":
         return cfg.critic.model.path or cfg.actor_rollout_ref.model.path
     return cfg.actor_rollout_ref.model.path
-
-
-def package_version() -> str:
-    try:
-        return importlib.metadata.version("meshrl")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
