@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # pulls a multi-GB CUDA build through a looser requirement.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup demo test test-fast mutation mutation-report lint typecheck protos check-protos config-docs clean
+.PHONY: setup demo test test-fast test-gpu mutation mutation-report lint typecheck protos check-protos config-docs clean
 
 setup: $(VENV)/.installed
 
@@ -34,6 +34,13 @@ test: setup
 
 test-fast: setup
 	$(PYTEST) $(PARALLEL) -m "not slow"
+
+# On the GPU machine (docs/testing.md, "GPU"): the tests marked gpu, then 3-step PPO runs with
+# each engine, synchronous and fully async; one summary line, $OUT/test_gpu.json. It runs
+# on that machine's own Python (no .venv there): `make test-gpu GPU_PY=python3`.
+GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+test-gpu:
+	OMP_NUM_THREADS=4 $(GPU_PY) -m benchmarks.gpu_tests --out $${OUT:-benchmarks/results}
 
 # Mutation testing (docs/testing.md): mutmut over the PPO math, the trainer's loss
 # assembly, the coordinator's advantages and the weight-sync receiver. One to two hours on two

@@ -3,7 +3,8 @@ driving them over gRPC, on GPUs (issue 6: one H200, all co-located; issue 9: spl
 
     python3 -m benchmarks.ppo.step --variants colocated,colocated_keep_cache --out $OUT
     python3 -m benchmarks.ppo.step --tiny --device cpu --variants colocated   # a dry run
-    python3 -m benchmarks.ppo.step --verl-defaults --variants colocated_compiled --tag _v
+    python3 -m benchmarks.ppo.step --verl-defaults --variants colocated --tag _v
+    python3 -m benchmarks.ppo.step --shape 3b --variants colocated_offload --tag _3b
 
 The model has Qwen2.5-0.5B's shape with random weights (no hub here) and no EOS, so every
 response runs to its full length; the prompts are random character strings of the chosen
@@ -48,40 +49,56 @@ LORA = [
     "critic.model.lora_alpha=64",
 ]
 
-# Placement of each variant: launcher.role_gpus plus what changes with it.
+# The trainer roles as one process each would hold them: every state in GPU memory.
+OFFLOAD = [
+    "actor_rollout_ref.actor.param_offload=true",
+    "actor_rollout_ref.actor.optimizer_offload=true",
+    "critic.param_offload=true",
+    "critic.optimizer_offload=true",
+    "actor_rollout_ref.ref.param_offload=true",
+]
+EAGER = ["actor_rollout_ref.actor.use_torch_compile=false", "critic.use_torch_compile=false"]
+NO_RECOMPUTE = [
+    "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+    "critic.model.enable_gradient_checkpointing=false",
+]
+
+# Placement and settings of each variant (launcher.role_gpus plus what changes with it).
+# The defaults on a GPU: compiled decoder layers, recomputed activations, the rollout's
+# KV cache given back while the trainers run, actor and critic updates one after the other.
 VARIANTS: dict[str, list[str]] = {
-    # One GPU for all roles; the rollout's KV cache is freed while the trainer roles run.
+    # One GPU for all roles, the defaults.
     "colocated": [],
     # As colocated, with vLLM as the rollout engine (asleep while the trainers run; the
     # actor's weights reach its worker by CUDA IPC).
     "colocated_vllm": ["actor_rollout_ref.rollout.name=vllm"],
+    # The trainers' weights and optimizer moments in CPU memory between their calls.
+    "colocated_offload": OFFLOAD,
+    "colocated_vllm_offload": ["actor_rollout_ref.rollout.name=vllm", *OFFLOAD],
+    # Without compiled layers / without recomputed activations (what they cost or give).
+    "colocated_eager": EAGER,
+    "colocated_no_recompute": NO_RECOMPUTE,
     # One GPU, the KV cache (and its CUDA graphs) kept between steps.
     "colocated_keep_cache": ["actor_rollout_ref.rollout.free_cache_engine=false"],
     # One GPU, padding-free.
     "colocated_padding_free": PADDING_FREE,
-    # One GPU; the trainer roles' decoder layers compiled (MESHRL_COMPILE_LAYERS, below).
-    "colocated_compiled": [],
-    # Both of the above (compiled via VARIANT_ENV).
-    "colocated_fast": PADDING_FREE,
-    # As colocated_compiled, one step off policy: the next batch generated while the step
-    # trains (rollout keeps its KV cache meanwhile).
-    "colocated_compiled_one_step_off": ["trainer.one_step_off_policy=true"],
-    # As colocated_compiled, the reference's weights in CPU memory between its passes.
-    "colocated_compiled_ref_offload": ["actor_rollout_ref.ref.param_offload=true"],
-    # LoRA actor and critic, eager and compiled: rollout receives the merged weights.
+    # One step off policy: the next batch generated while the step trains.
+    "colocated_one_step_off": ["trainer.one_step_off_policy=true"],
+    # Fully async training, samples at most 1 or 2 weight versions behind.
+    "colocated_async1": [
+        "trainer.async_training.enable=true",
+        "trainer.async_training.max_staleness=1",
+    ],
+    "colocated_async2": [
+        "trainer.async_training.enable=true",
+        "trainer.async_training.max_staleness=2",
+    ],
+    # The reference's weights in CPU memory between its passes.
+    "colocated_ref_offload": ["actor_rollout_ref.ref.param_offload=true"],
+    # LoRA actor and critic: rollout receives the merged weights.
     "colocated_lora": LORA,
-    "colocated_compiled_lora": LORA,
     # Rollout on GPU 1, actor + critic + ref on GPU 0; weights by NCCL.
     "split": ["launcher.role_gpus={rollout: '1', actor: '0', critic: '0', ref: '0'}"],
-}
-
-# Environment of the role servers per variant (the launcher passes its own on).
-VARIANT_ENV: dict[str, dict[str, str]] = {
-    "colocated_compiled": {"MESHRL_COMPILE_LAYERS": "1"},
-    "colocated_compiled_one_step_off": {"MESHRL_COMPILE_LAYERS": "1"},
-    "colocated_compiled_ref_offload": {"MESHRL_COMPILE_LAYERS": "1"},
-    "colocated_fast": {"MESHRL_COMPILE_LAYERS": "1"},
-    "colocated_compiled_lora": {"MESHRL_COMPILE_LAYERS": "1"},
 }
 
 
@@ -116,7 +133,7 @@ def write_prompts(path: Path, rows: int, prompt_tokens: int, seed: int = 0) -> N
     pq.write_table(pa.Table.from_pylist(records), path)
 
 
-def make_model(path: Path, tiny: bool) -> str:
+def make_model(path: Path, tiny: bool, shape: str = "0.5b") -> str:
     """The Qwen2.5-0.5B shape (or, with --tiny, a 2-layer hidden-64 Qwen2 with its
     vocabulary) + the char tokenizer."""
     from benchmarks.gpu_models import make_model_dir
@@ -126,7 +143,7 @@ def make_model(path: Path, tiny: bool) -> str:
     if tiny:
         make_tiny_qwen2_dir(path, vocab_size=151936, max_positions=32768)
     else:
-        make_model_dir(path)
+        make_model_dir(path, shape=shape)
         save_char_tokenizer(path)
     return str(path)
 
@@ -194,19 +211,17 @@ def summarize(steps: list[dict]) -> dict:
 
 
 def run_variant(variant: str, workdir: Path, model: str, args) -> dict:
+    from benchmarks.ppo.gpu_memory import MemorySampler
     from meshrl_app.run_local import run_local
 
     cfg = step_config(workdir, model, args, variant)
     shutil.rmtree(cfg.trainer.default_local_dir, ignore_errors=True)
-    env = VARIANT_ENV.get(variant, {})
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     start = time.perf_counter()
-    try:
-        run_local(cfg)
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    with MemorySampler() as memory:
+        try:
+            run_local(cfg)
+        finally:
+            memory_gib = memory.report() if args.device == "cuda" else {}
     wall = time.perf_counter() - start
     run_dir = Path(cfg.trainer.default_local_dir)
     steps = read_metrics(run_dir)
@@ -219,6 +234,7 @@ def run_variant(variant: str, workdir: Path, model: str, args) -> dict:
             "actor_rollout_ref.rollout.dtype": cfg.actor_rollout_ref.rollout.dtype,
         },
         "wall_s": wall,
+        "gpu_memory_per_phase": memory_gib,
         "median_after_first": summarize(steps),
         "steps": steps,
     }
@@ -232,6 +248,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="2-layer hidden-64 model (dry runs)")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--shape", default="0.5b", help="Qwen2.5 shape: 0.5b, 1.5b, 3b, 7b")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--mini", type=int, default=64, help="ppo_mini_batch_size")
     parser.add_argument("--micro", type=int, default=16, help="ppo_micro_batch_size_per_gpu")
@@ -249,7 +266,8 @@ def main() -> None:
     out, workdir = Path(args.out), Path(args.workdir)
     out.mkdir(parents=True, exist_ok=True)
     workdir.mkdir(parents=True, exist_ok=True)
-    model = make_model(workdir / ("model_tiny" if args.tiny else "model"), args.tiny)
+    folder = "model_tiny" if args.tiny else f"model_{args.shape}"
+    model = make_model(workdir / folder, args.tiny, args.shape)
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "host": platform.node(),

@@ -45,7 +45,7 @@ def ppo_order_updates(
     init_distributed()
     rows = 16 * mini_batches
     # _actor_tree's first five arguments are the same in older checkouts.
-    tree = _actor_tree(model_dir, device, rows, tokens, tokens)
+    tree = _actor_tree(model_dir, device, rows, tokens, tokens, compile_layers=True)
     tree["actor_rollout_ref"]["actor"].update(
         ppo_mini_batch_size=16, ppo_micro_batch_size_per_gpu=16
     )
@@ -161,7 +161,6 @@ def main() -> None:
         help="then once more with gc.freeze() (the collector skips the objects made so far)",
     )
     args = parser.parse_args()
-    os.environ.setdefault("MESHRL_COMPILE_LAYERS", "1")
     os.environ.setdefault("MESHRL_FSDP_UNITS", "model")
     path = make_model_dir(f"{args.workdir}/qwen05_fp32", dtype=torch.float32)
     os.makedirs(args.out, exist_ok=True)

@@ -61,6 +61,7 @@ def _actor_tree(
     prompt_tokens: int,
     response_tokens: int,
     checkpointing: bool = False,
+    compile_layers: bool = False,
 ) -> dict:
     """The run config of a one-mini-batch, one-micro-batch actor update of ``rows`` rows
     (bf16 compute on CUDA, float32 elsewhere)."""
@@ -80,6 +81,7 @@ def _actor_tree(
             "actor": {
                 "ppo_mini_batch_size": rows,
                 "ppo_micro_batch_size_per_gpu": rows,
+                "use_torch_compile": compile_layers,
                 "optim": {"lr": 1e-6},
             },
             "rollout": {"n": 1, "temperature": 1.0, "log_prob_micro_batch_size_per_gpu": rows},
@@ -102,9 +104,8 @@ def actor_update(
     from services.trainer.distributed import World, init_distributed
     from services.trainer.types import SequenceBatch
 
-    os.environ["MESHRL_COMPILE_LAYERS"] = "1" if compile_layers else "0"
     init_distributed()
-    tree = _actor_tree(model_dir, device, 16, 512, 512, checkpointing)
+    tree = _actor_tree(model_dir, device, 16, 512, 512, checkpointing, compile_layers)
     cfg = build_config(tree, [])
     actor = ActorRole.build(cfg, World.current(device))
     cuda = device == "cuda"
@@ -296,9 +297,8 @@ def _built_actor(
     from services.trainer.distributed import World, init_distributed
     from services.trainer.types import SequenceBatch
 
-    os.environ["MESHRL_COMPILE_LAYERS"] = "1" if compile_layers else "0"
     init_distributed()
-    tree = _actor_tree(model_dir, device, rows, tokens, tokens)
+    tree = _actor_tree(model_dir, device, rows, tokens, tokens, compile_layers=compile_layers)
     actor = ActorRole.build(build_config(tree, list(overrides)), World.current(device))
     g = torch.Generator().manual_seed(3)
     vocab = actor.model.config.vocab_size
@@ -342,7 +342,6 @@ def packing_bench(
     from services.trainer.distributed import World, init_distributed
     from services.trainer.types import SequenceBatch
 
-    os.environ["MESHRL_COMPILE_LAYERS"] = "1" if compile_layers else "0"
     init_distributed()
     cuda = device == "cuda"
     vocab = 512 if tiny else 151936
@@ -369,7 +368,9 @@ def packing_bench(
             f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={budget}",
         ],
     }
-    tree = _actor_tree(path, device, rows, prompt_tokens, max_response)
+    tree = _actor_tree(
+        path, device, rows, prompt_tokens, max_response, compile_layers=compile_layers
+    )
     padded_tokens = rows * (prompt_tokens + int(lengths.max()))
     out: dict = {"rows": rows, "real_tokens": real, "padding_fraction": 1 - real / padded_tokens}
     advantages = torch.randn(int(lengths.sum()), generator=g)  # the same for both layouts

@@ -37,3 +37,16 @@ def rollout_may_share_trainer_gpus(cfg: RunConfig) -> bool:
         pools = cfg.launcher.role_pool
         return any(pools.get("rollout", "global") == pools.get(r, "global") for r in TRAINER_ROLES)
     return cfg.launcher.kind == "local" and rollout_shares_gpu(cfg)
+
+
+def updates_share_gpu(cfg: RunConfig) -> bool:
+    """Whether the actor and the critic train on the same GPU: their updates then run one
+    after the other (together, their activations and gradients would add up, for little
+    gain on a device each of them keeps busy)."""
+    if cfg.trainer.device != "cuda":
+        return False
+    placed = cfg.launcher.role_gpus
+    if cfg.launcher.kind == "ray":
+        pools = cfg.launcher.role_pool
+        return pools.get("actor", "global") == pools.get("critic", "global")
+    return cfg.launcher.kind == "local" and placed.get("actor") == placed.get("critic")

@@ -151,8 +151,10 @@ class ModelConfig(Section):
     the cache alone)."""
     tokenizer_path: PathText | None = None
     """Tokenizer folder (or hub id) if not the model's."""
-    enable_gradient_checkpointing: bool = False
-    """Recompute activations in backward to save memory."""
+    enable_gradient_checkpointing: bool | None = None
+    """Recompute each decoder layer's activations in backward instead of keeping them (the
+    activations of a micro-batch shrink to one layer's, for about a third more update
+    compute). None: on with trainer.device=cuda (verl's default, true), off on the CPU."""
     dtype: Annotated[Literal["float32", "bfloat16"], BeforeValidator(_dtype_name)] | None = None
     """Compute dtype of the trainer (master weights stay float32). None: for
     actor_rollout_ref.model (actor, reference), bfloat16 with trainer.device=cuda (as
@@ -278,6 +280,18 @@ class ActorConfig(Section):
     """Which policy objective (verl's `actor_rollout_ref.actor.policy_loss`)."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
     """Optimizer of the actor."""
+    use_torch_compile: bool | None = None
+    """torch.compile each decoder layer of this role's model (one graph, reused by every
+    layer; FSDP2's gathers stay outside it). None: on with trainer.device=cuda (verl's
+    default, true), off on the CPU, where compiling costs more than it gains."""
+    param_offload: bool = False
+    """Keep the float32 master weights in CPU memory between this role's calls (verl's
+    `fsdp_config.param_offload`, accepted as this key): copied to the GPU when a call
+    starts and back when it ends, so a co-located rollout or the other trainer has their
+    GPU memory meanwhile. On trainer.device=cpu it changes nothing."""
+    optimizer_offload: bool = False
+    """Keep the optimizer's moments (AdamW: twice the float32 weights) in CPU memory between
+    updates (verl's `fsdp_config.optimizer_offload`, accepted as this key)."""
 
 
 class WeightSyncConfig(Section):
@@ -376,7 +390,10 @@ class RolloutConfig(Section):
     max_num_seqs: int = Field(1024, gt=0)
     """Sequences decoded together at most."""
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
-    """Fraction of GPU memory the engine may take (weights + KV cache)."""
+    """Fraction of GPU memory the engine may take at most (weights + KV cache +
+    workspace). It takes what `max_num_seqs` sequences of `data.max_prompt_length +
+    data.max_response_length` positions need, up to this share (vLLM included: its own
+    setting is given what the batch needs, not the whole share)."""
     enforce_eager: bool = False
     """Skip CUDA graphs / compilation (debugging)."""
     partial_rollout: bool = False
@@ -424,6 +441,9 @@ class RefConfig(Section):
     ``ref.fsdp_config.param_offload``, which is accepted as this key): the GPU memory of a
     whole model stays free while the actor and critic update, for a host-to-device copy of
     the weights every step. With trainer.device=cpu they are in CPU memory anyway."""
+    use_torch_compile: bool | None = None
+    """torch.compile each decoder layer of the reference. None: as
+    actor_rollout_ref.actor.use_torch_compile (verl's interpolation)."""
 
 
 class ActorRolloutRefConfig(Section):
@@ -477,6 +497,18 @@ class CriticConfig(Section):
     """PPO steps that train only the critic before the actor starts."""
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5))
     """Optimizer of the critic; its lr defaults to 1e-5 (the actor's to 1e-6)."""
+    use_torch_compile: bool | None = None
+    """torch.compile each decoder layer of this role's model (one graph, reused by every
+    layer; FSDP2's gathers stay outside it). None: on with trainer.device=cuda (verl's
+    default for the actor, true), off on the CPU, where compiling costs more than it gains."""
+    param_offload: bool = False
+    """Keep the float32 master weights in CPU memory between this role's calls (verl's
+    `fsdp_config.param_offload`, accepted as this key): copied to the GPU when a call
+    starts and back when it ends, so a co-located rollout or the other trainer has their
+    GPU memory meanwhile. On trainer.device=cpu it changes nothing."""
+    optimizer_offload: bool = False
+    """Keep the optimizer's moments (AdamW: twice the float32 weights) in CPU memory between
+    updates (verl's `fsdp_config.optimizer_offload`, accepted as this key)."""
 
 
 class RewardModelConfig(Section):
@@ -748,6 +780,13 @@ class LauncherConfig(Section):
     """local: role -> the GPUs its server sees (CUDA_VISIBLE_DEVICES, e.g. "0" or "0,1");
     unnamed roles see every GPU. Roles on one GPU are co-located (weights move by cuda_ipc),
     roles on different GPUs are split (weights move by NCCL)."""
+    check_gpu_memory: bool = True
+    """With trainer.device=cuda, estimate each role's GPU memory per phase from the model's
+    shape and the config before any server starts, and refuse a plan whose roles on one
+    GPU need more than it has (docs/memory.md)."""
+    gpu_memory_gib: float | None = Field(None, gt=0)
+    """The GPU size the estimate is checked against. None: the smallest GPU this machine
+    sees (local launcher); with the ray or external launchers, not checked unless given."""
     metrics_port_base: int | None = Field(None, ge=1, le=65535)
     """local: give each role server a Prometheus endpoint (http://HOST:PORT/metrics), on
     consecutive ports from this one in the order rollout0, rollout1, ..., actor, critic,
@@ -848,12 +887,23 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _dtypes_follow_the_device(self) -> RunConfig:
+    def _defaults_follow_the_device(self) -> RunConfig:
         model, rollout = self.actor_rollout_ref.model, self.actor_rollout_ref.rollout
         if model.dtype is None:  # bf16 compute over float32 masters on a GPU, as verl's
             model.dtype = "bfloat16" if self.trainer.device == "cuda" else "float32"
         if rollout.dtype is None:
             rollout.dtype = model.dtype
+        on_gpu = self.trainer.device == "cuda"
+        actor, critic, ref = self.actor_rollout_ref.actor, self.critic, self.actor_rollout_ref.ref
+        # verl's defaults are true; on the CPU compiling and recomputing only cost time
+        for m in (model, critic.model):
+            if m.enable_gradient_checkpointing is None:
+                m.enable_gradient_checkpointing = on_gpu
+        for role in (actor, critic):
+            if role.use_torch_compile is None:
+                role.use_torch_compile = on_gpu
+        if ref.use_torch_compile is None:
+            ref.use_torch_compile = actor.use_torch_compile
         return self
 
     @model_validator(mode="after")

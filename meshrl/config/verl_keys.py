@@ -51,10 +51,12 @@ class VerlKey:
         return f"unknown config key (verl's): set {self.use} instead{note}{accepted}"
 
 
-_FSDP = "each trainer role is always FSDP2-sharded over its world_size ranks, with no CPU offload"
+_FSDP = (
+    "each trainer role is always FSDP2-sharded over its world_size ranks; its weights and "
+    "optimizer in CPU memory between calls: <role>.param_offload / optimizer_offload"
+)
 _PER_RANK = "responses per forward on each rank"
 _MASTERS = "master weights stay float32; this is the dtype forwards and backwards compute in"
-_COMPILES = "the trainer compiles what pays on a GPU (the LM head's chunked scores) by itself"
 _LOADS = "model folders are read from local disk as they are"
 _ENGINE = "the native engine sizes its prefill chunks itself; with vLLM, vLLM's defaults"
 
@@ -78,13 +80,20 @@ VERL_KEYS: dict[str, VerlKey] = {
     "actor_rollout_ref.actor.fsdp_config": VerlKey(
         why=f"{_FSDP}; the compute dtype is actor_rollout_ref.model.dtype"
     ),
-    "actor_rollout_ref.actor.fsdp_config.param_offload": VerlKey(why=_FSDP, same_here=(False,)),
-    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": VerlKey(why=_FSDP, same_here=(False,)),
+    "actor_rollout_ref.actor.fsdp_config.param_offload": VerlKey(
+        use="actor_rollout_ref.actor.param_offload",
+        why="the same setting; this config gives both, with different values",
+        moves_to="actor_rollout_ref.actor.param_offload",
+    ),
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": VerlKey(
+        use="actor_rollout_ref.actor.optimizer_offload",
+        why="the same setting; this config gives both, with different values",
+        moves_to="actor_rollout_ref.actor.optimizer_offload",
+    ),
     "actor_rollout_ref.actor.fsdp_config.grad_offload": VerlKey(why=_FSDP, same_here=(False,)),
     "actor_rollout_ref.actor.fsdp_config.model_dtype": VerlKey(
         use="actor_rollout_ref.model.dtype", why=_MASTERS
     ),
-    "actor_rollout_ref.actor.use_torch_compile": VerlKey(why=_COMPILES, any_value=True),
     "actor_rollout_ref.model.enable_activation_offload": VerlKey(
         use="actor_rollout_ref.model.enable_gradient_checkpointing=true",
         why="activations are not offloaded to the CPU; recomputing them saves the memory",
@@ -175,8 +184,16 @@ VERL_KEYS: dict[str, VerlKey] = {
     ),
     # critic
     "critic.model.fsdp_config": VerlKey(why=f"{_FSDP}; the compute dtype is critic.model.dtype"),
-    "critic.model.fsdp_config.param_offload": VerlKey(why=_FSDP, same_here=(False,)),
-    "critic.model.fsdp_config.optimizer_offload": VerlKey(why=_FSDP, same_here=(False,)),
+    "critic.model.fsdp_config.param_offload": VerlKey(
+        use="critic.param_offload",
+        why="the same setting; this config gives both, with different values",
+        moves_to="critic.param_offload",
+    ),
+    "critic.model.fsdp_config.optimizer_offload": VerlKey(
+        use="critic.optimizer_offload",
+        why="the same setting; this config gives both, with different values",
+        moves_to="critic.optimizer_offload",
+    ),
     "critic.model.fsdp_config.grad_offload": VerlKey(why=_FSDP, same_here=(False,)),
     "critic.model.fsdp_config.model_dtype": VerlKey(use="critic.model.dtype", why=_MASTERS),
     "critic.model.use_shm": VerlKey(why=_LOADS, any_value=True),

@@ -47,6 +47,11 @@ class CallsInFlight:
             with self._lock:
                 del self._calls[key]
 
+    def methods(self) -> list[tuple[str, str]]:
+        """(server, method) of every call under way."""
+        with self._lock:
+            return [(c.server, c.method) for c in self._calls.values()]
+
     def long_calls_line(
         self, every_s: float, addresses: Collection[str] | None = None
     ) -> str | None:

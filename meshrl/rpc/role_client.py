@@ -16,6 +16,7 @@ from meshrl.api.v1 import common_pb2
 from meshrl.rpc.calls_in_flight import CALLS_IN_FLIGHT
 from meshrl.rpc.client import open_channel
 from meshrl.rpc.options import message_limit
+from meshrl.rpc.out_of_memory import OUT_OF_MEMORY
 from meshrl.weight_sync.types import GroupSpec
 
 
@@ -30,7 +31,9 @@ class RoleCallError(RuntimeError):
         self.details = details
         code = self.code_name = self.code.name if self.code is not None else "ERROR"
         hint = ""
-        if self.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        if self.code == grpc.StatusCode.RESOURCE_EXHAUSTED and not details.startswith(
+            OUT_OF_MEMORY
+        ):
             hint = (
                 f" (a message over a gRPC size limit, {message_limit() >> 20} MiB in this "
                 "process: lower data.train_batch_size (data.gen_batch_size) or rollout.n, or raise "

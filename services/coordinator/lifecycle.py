@@ -23,7 +23,7 @@ from meshrl.hub_models import with_local_models
 from meshrl.progress_ticker import ProgressTicker
 from meshrl.rpc.calls_in_flight import CALLS_IN_FLIGHT
 from services.coordinator.metrics_sinks import MetricsSink, close_sinks
-from services.coordinator.preflight import start_run_folder, write_run_config
+from services.coordinator.preflight import check_gpu_memory, start_run_folder, write_run_config
 from services.coordinator.run_folder_lock import RunFolderLock
 from services.coordinator.types import AlreadyTrained, ended_exit_code
 
@@ -98,6 +98,7 @@ def _run_in_folder(
     # A hub id among the model keys is fetched once, here: every role server gets the
     # folder of its snapshot and reads no network.
     cfg = with_local_models(cfg, say=observer.progress)
+    check_gpu_memory(cfg, observer.progress)  # the model's shape is readable from here on
     observer.progress("reading the tokenizer and the data")
     try:
         data = load_data(cfg, run_dir)

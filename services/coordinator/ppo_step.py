@@ -22,6 +22,7 @@ import torch
 
 from meshrl.algorithms.metrics import explained_variance, masked_stats
 from meshrl.algorithms.overlong import overlong_penalty
+from meshrl.config.placement import updates_share_gpu
 from meshrl.config.schema import RunConfig
 from meshrl.gpus import per_gpu_throughput
 from meshrl.ragged import Ragged
@@ -415,17 +416,17 @@ class PPOStep:
             with timer(name):
                 return fn(*args)
 
-        jobs = []
+        jobs: list[tuple] = []
         if self.roles.critic is not None:
-            jobs.append(
-                self.pool.submit(timed, "update_critic", self.update_critic, batch, returns, step)
-            )
+            jobs.append((timed, "update_critic", self.update_critic, batch, returns, step))
         if step > self.cfg.critic.critic_warmup:
-            jobs.append(
-                self.pool.submit(timed, "update_actor", self.update_actor, batch, advantages, step)
-            )
+            jobs.append((timed, "update_actor", self.update_actor, batch, advantages, step))
         metrics: dict[str, float] = {}
-        for f in jobs:
+        if updates_share_gpu(self.cfg):  # one after the other: their peaks would add up
+            for job in jobs:
+                metrics.update(job[0](*job[1:]))
+            return metrics
+        for f in [self.pool.submit(*job) for job in jobs]:
             metrics.update(f.result())
         return metrics
 

@@ -18,9 +18,11 @@ import logging
 import os
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from meshrl.config.loader import ConfigError, config_to_yaml
+from meshrl.config.memory_plan import GIB, ModelShape, check_plan_fits
 from meshrl.config.schema import ModelConfig, RunConfig
 from meshrl.data.errors import DataError
 from meshrl.launcher.external import external_endpoints
@@ -131,6 +133,44 @@ def check_cuda_here(cfg: RunConfig) -> None:
         import torch
 
         check_gpus_here(cfg, torch.cuda.device_count(), torch.backends.cuda.is_built())
+
+
+def gpu_memory_here(cfg: RunConfig) -> int | None:
+    """The GPU size a memory plan is checked against: ``launcher.gpu_memory_gib``, else
+    with the local launcher the smallest GPU here; None when neither is known."""
+    if cfg.launcher.gpu_memory_gib is not None:
+        return int(cfg.launcher.gpu_memory_gib * GIB)
+    if cfg.launcher.kind != "local":
+        return None
+    import torch
+
+    sizes = [
+        torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())
+    ]
+    return min(sizes) if sizes else None
+
+
+def check_gpu_memory(cfg: RunConfig, say: Callable[[str], None]) -> None:
+    """Before any server starts (the model folder is local by now): each GPU's estimated
+    peak, said in one line, and a ConfigError naming the roles, their estimates, the
+    device's size and what to change when it does not fit (meshrl/config/memory_plan.py)."""
+    if cfg.trainer.device != "cuda" or not cfg.launcher.check_gpu_memory:
+        return
+    device_bytes = gpu_memory_here(cfg)
+    folder = Path(cfg.actor_rollout_ref.model.path)
+    if device_bytes is None or not (folder / "config.json").is_file():
+        return
+    try:
+        shape = ModelShape.from_folder(folder)
+    except (KeyError, ValueError) as e:  # a config.json of another family: no estimate
+        log.warning("no GPU memory estimate for %s: %s", folder, e)
+        return
+    try:
+        plans = check_plan_fits(cfg, shape, device_bytes)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    for plan in plans:
+        say(f"GPU memory estimate, {plan.describe()} of {device_bytes / GIB:.1f} GiB")
 
 
 def check_required_keys_given(cfg: RunConfig) -> None:

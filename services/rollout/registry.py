@@ -72,12 +72,30 @@ def build_vllm(cfg: RunConfig) -> RolloutEngine:
         model.path,
         tokenizer_path=model.tokenizer_path,
         dtype=rollout.dtype,
-        gpu_memory_utilization=rollout.gpu_memory_utilization,
+        gpu_memory_utilization=_vllm_memory_share(cfg),
         enforce_eager=rollout.enforce_eager,
         max_num_seqs=rollout.max_num_seqs,
         max_model_len=_max_model_len(cfg),
         seed=cfg.trainer.seed,
     )
+
+
+def _vllm_memory_share(cfg: RunConfig) -> float:
+    """What the batch needs of this GPU (memory_plan.vllm_memory_fraction), at most
+    ``gpu_memory_utilization``: vLLM fills whatever share it is given with KV cache."""
+    import torch
+
+    from meshrl.config.memory_plan import ModelShape, vllm_memory_fraction
+
+    cap = cfg.actor_rollout_ref.rollout.gpu_memory_utilization
+    try:
+        shape = ModelShape.from_folder(cfg.actor_rollout_ref.model.path)
+    except (OSError, KeyError, ValueError):
+        return cap
+    _, total = torch.cuda.mem_get_info()
+    share = vllm_memory_fraction(shape, cfg, total)
+    log.info("vLLM gpu_memory_utilization %.3f (what the batch needs; at most %.2f)", share, cap)
+    return share
 
 
 ENGINES: dict[str, Callable[[RunConfig], RolloutEngine]] = {

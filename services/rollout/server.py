@@ -34,6 +34,7 @@ from meshrl.config import config_from_yaml
 from meshrl.gpus import gpu_names
 from meshrl.rpc.call_markers import CallMarkers
 from meshrl.rpc.metrics_port import add_metrics_port_argument, use_metrics_port
+from meshrl.rpc.out_of_memory import out_of_memory_line
 from meshrl.rpc.server import (
     GrpcServer,
     ServiceError,
@@ -81,6 +82,24 @@ def _status_of(e: Exception) -> grpc.StatusCode | None:
     return None
 
 
+_ROLLOUT_ADVICE = [
+    "a lower actor_rollout_ref.rollout.gpu_memory_utilization or max_num_seqs",
+    "the trainers' param_offload / optimizer_offload (docs/memory.md)",
+]
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """torch's CUDA out-of-memory error, also as the cause of another (vLLM wraps it)."""
+    seen: BaseException | None = e
+    for _ in range(8):  # a chain of causes is short
+        if seen is None:
+            return False
+        if type(seen).__name__ == "OutOfMemoryError" or "CUDA out of memory" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def _rollout_rpc(fn: Callable) -> Callable:
     """rpc_method plus the rollout's own failures mapped to status codes."""
 
@@ -90,6 +109,9 @@ def _rollout_rpc(fn: Callable) -> Callable:
         try:
             return fn(self, request, context)
         except Exception as e:
+            if _out_of_memory(e):  # vLLM's wake_up, a KV cache taken back, a batch
+                line = out_of_memory_line("rollout", fn.__name__, e, _ROLLOUT_ADVICE)
+                raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, line) from e
             code = _status_of(e)
             if code is None:
                 raise

@@ -133,8 +133,9 @@ class ActorRole(TrainedRole):
         temperature: float,
         log_prob: ForwardSettings,
         world: World,
+        offload: tuple[bool, bool] = (False, False),
     ):
-        super().__init__(model, optimization, world)
+        super().__init__(model, optimization, world, offload)
         self.loss = loss
         self.temperature = temperature
         self.log_prob = log_prob
@@ -148,13 +149,18 @@ class ActorRole(TrainedRole):
         model: torch.nn.Module = load_policy_model(
             arr.model.path,
             "cpu",
-            arr.model.enable_gradient_checkpointing,
+            bool(arr.model.enable_gradient_checkpointing),
             arr.model.use_remove_padding,
         )
         # Before sharding (FSDP2 shards what it finds), on the CPU (the same draw on every rank).
         model = add_lora(model, arr.model, cfg.trainer.seed, "actor_rollout_ref.model")
         model = model.to(world.device)
-        model = shard_model(model, world.mesh, mixed_precision(arr.model.dtype))
+        model = shard_model(
+            model,
+            world.mesh,
+            mixed_precision(arr.model.dtype),
+            compile_layers=bool(arr.actor.use_torch_compile),
+        )
         return ActorRole(
             model=model,
             optimization=Optimization.from_config(
@@ -170,6 +176,7 @@ class ActorRole(TrainedRole):
             temperature=rollout_temperature(cfg),
             log_prob=log_prob_settings(cfg, arr.rollout),
             world=world,
+            offload=(arr.actor.param_offload, arr.actor.optimizer_offload),
         )
 
     def compute_log_probs(

@@ -51,8 +51,9 @@ class CriticRole(TrainedRole):
         loss: ValueLossSettings,
         forward: ForwardSettings,
         world: World,
+        offload: tuple[bool, bool] = (False, False),
     ):
-        super().__init__(model, optimization, world)
+        super().__init__(model, optimization, world, offload)
         self.loss = loss
         self.forward = forward  # value passes; their layout is the update's too
 
@@ -61,12 +62,17 @@ class CriticRole(TrainedRole):
         c = cfg.critic
         path = c.model.path or cfg.actor_rollout_ref.model.path
         model = load_value_model(
-            path, "cpu", c.model.enable_gradient_checkpointing, c.model.use_remove_padding
+            path, "cpu", bool(c.model.enable_gradient_checkpointing), c.model.use_remove_padding
         )
         # On the decoder (the value head stays fully trained), on the CPU: see ActorRole.build.
         add_lora(model.model, c.model, cfg.trainer.seed, "critic.model")
         model = model.to(world.device)
-        model = shard_model(model, world.mesh, mixed_precision(compute_dtype(cfg)))
+        model = shard_model(
+            model,
+            world.mesh,
+            mixed_precision(compute_dtype(cfg)),
+            compile_layers=bool(c.use_torch_compile),
+        )
         dynamic = c.use_dynamic_bsz
         if dynamic is None:  # verl's default: the actor's setting
             dynamic = cfg.actor_rollout_ref.actor.use_dynamic_bsz
@@ -82,6 +88,7 @@ class CriticRole(TrainedRole):
             loss=ValueLossSettings.from_config(cfg),
             forward=forward,
             world=world,
+            offload=(c.param_offload, c.optimizer_offload),
         )
 
     def compute_values(self, batch: SequenceBatch) -> Ragged:

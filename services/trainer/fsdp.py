@@ -55,14 +55,14 @@ def shard_model(
     mesh: DeviceMesh,
     mp_policy: MixedPrecisionPolicy | None = None,
     reshard_after_forward: bool | None = None,
-    compile_layers: bool | None = None,
+    compile_layers: bool = False,
     units: str | None = None,
     offload: bool = False,
 ) -> M:
     """Applies ``fully_shard`` to every decoder layer, then to the root; returns ``model``.
 
-    ``compile_layers`` (None: the ``MESHRL_COMPILE_LAYERS=1`` environment variable)
-    torch.compiles each decoder layer first. ``units``: "layer" shards each decoder layer as
+    ``compile_layers`` (the role's ``use_torch_compile``) torch.compiles each decoder
+    layer first. ``units``: "layer" shards each decoder layer as
     its own unit (gathered just before it runs: the least memory), "model" the whole model
     as one unit (one gather per forward and one reduce per backward instead of hooks around
     every layer: less host time, the whole model's compute-dtype weights held at once).
@@ -78,8 +78,6 @@ def shard_model(
     each unit's are copied to the GPU when it is gathered and freed when it reshards. For a
     frozen, forward-only role (the reference); on a CPU mesh it changes nothing.
     """
-    if compile_layers is None:
-        compile_layers = os.environ.get("MESHRL_COMPILE_LAYERS", "") == "1"
     units = (
         units or os.environ.get("MESHRL_FSDP_UNITS") or ("model" if mesh.size() == 1 else "layer")
     )

@@ -68,6 +68,10 @@ COMMANDS: dict[str, type[Message]] = {
 }
 COMMAND_IDS = {name: i for i, name in enumerate(COMMANDS)}
 
+# The commands that read or write the optimizer's moments (with optimizer_offload, only
+# these bring them back to the GPU).
+USES_OPTIMIZER = ("UpdatePolicy", "UpdateValue", "SaveCheckpoint", "LoadCheckpoint")
+
 
 class RankHandlers:
     """What every rank does with a command: request proto -> typed call -> response proto."""
@@ -80,13 +84,24 @@ class RankHandlers:
         self.model_path = ""
         self.vocab_size = 0  # of the loaded model: token ids of a request are checked against it
         self.gives_memory_back = False  # set by Initialize (launcher placement, config)
+        self.cfg: RunConfig | None = None  # set by Initialize
         self.gpus: list[str] = []  # every rank's GPU, by UUID (set by Initialize)
 
     def dispatch(self, method_id: int, payload: bytes):
+        """A command from rank 0, on the other ranks."""
         name = list(COMMANDS)[method_id]
+        return self.run(name, COMMANDS[name].FromString(payload))
+
+    def run(self, name: str, request: Message):
+        """Command ``name`` on this rank, with the role's memory plan around it: offloaded
+        state back before, offloaded and the allocator's cache given back after."""
+        if isinstance(self.role, TrainedRole):  # offloaded state back for the call
+            self.role.memory.load(with_optimizer=name in USES_OPTIMIZER)
         try:
-            return getattr(self, name)(COMMANDS[name].FromString(payload))
+            return getattr(self, name)(request)
         finally:
+            if isinstance(self.role, TrainedRole):  # Initialize made it: offloaded at once
+                self.role.memory.release()
             if self.gives_memory_back:
                 # The caching allocator keeps freed blocks for this process; on a GPU
                 # shared with rollout they must go back, or its KV cache cannot return.
@@ -109,6 +124,7 @@ class RankHandlers:
 
     def Initialize(self, req: common_pb2.InitializeRequest) -> common_pb2.InitializeResponse:
         cfg = config_from_yaml(req.config_yaml)
+        self.cfg = cfg
         if self.publisher is not None:
             self.publisher.close()
         self.role, self.publisher = None, None

@@ -42,7 +42,13 @@ class RefRole:
         )
         # Frozen weights still shard: the reference is as large as the actor.
         offload = arr.ref.param_offload and world.device.type == "cuda"
-        model = shard_model(model, world.mesh, mixed_precision(arr.model.dtype), offload=offload)
+        model = shard_model(
+            model,
+            world.mesh,
+            mixed_precision(arr.model.dtype),
+            compile_layers=bool(arr.ref.use_torch_compile),
+            offload=offload,
+        )
         settings = log_prob_settings(cfg, arr.ref)
         role = RefRole(model, rollout_temperature(cfg), settings, world, offload)
         role.release_gpu_memory()  # the weights passed through the GPU on their way to it

@@ -25,12 +25,15 @@ import threading
 from collections.abc import Callable
 
 import grpc
+import torch
 import torch.distributed as dist
 
 from meshrl.api.v1 import common_pb2, trainer_pb2_grpc
+from meshrl.config.memory_plan import advice
 from meshrl.rpc.call_count import CallCount
 from meshrl.rpc.call_markers import CallMarkers
 from meshrl.rpc.metrics_port import add_metrics_port_argument, use_metrics_port
+from meshrl.rpc.out_of_memory import out_of_memory_line
 from meshrl.rpc.server import (
     GrpcServer,
     ServiceError,
@@ -118,7 +121,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             self.channel.send(COMMAND_IDS[method], request.SerializeToString())
             error: Exception | None = None
             try:
-                result = getattr(self.handlers, method)(request)
+                result = self.handlers.run(method, request)
             except Exception as e:  # noqa: BLE001 - re-raised after the ranks agree
                 error = e
             except (KeyboardInterrupt, SystemExit):
@@ -131,6 +134,17 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             raise ServiceError(grpc.StatusCode.UNAVAILABLE, f"weight sync failed: {error}")
         if isinstance(error, SyncStateError):
             raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION, str(error))
+        if isinstance(error, torch.OutOfMemoryError):
+            # One line naming the role and the phase; no retry would fit better.
+            raise ServiceError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                out_of_memory_line(
+                    self.handlers.role_name,
+                    method,
+                    error,
+                    advice(self.handlers.cfg) if self.handlers.cfg is not None else [],
+                ),
+            )
         if error is not None:
             raise error
         if failed:

@@ -16,6 +16,7 @@ from services.trainer.checkpoint import load_checkpoint, save_checkpoint
 from services.trainer.distributed import World
 from services.trainer.lora import hf_name, lora_settings
 from services.trainer.mfu import UpdateTimer, peak_memory_metrics, perf_metrics
+from services.trainer.offload import StateOffload
 from services.trainer.optim import LrSchedule, build_optimizer
 from services.trainer.types import SequenceBatch
 from services.trainer.update_loop import MicroLoss, UpdateSettings, run_update
@@ -64,13 +65,21 @@ class TrainedRole:
 
     name: str  # the metrics' prefix ("actor/...") and the checkpoint's role
 
-    def __init__(self, model: torch.nn.Module, optimization: Optimization, world: World):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimization: Optimization,
+        world: World,
+        offload: tuple[bool, bool] = (False, False),
+    ):
+        """``offload``: (param_offload, optimizer_offload) of the role's config."""
         self.model = model
         self.optimizer = optimization.optimizer
         self.schedule = optimization.schedule
         self.update = optimization.update
         self.world = world
         self.weight_version = 0  # updates so far (checkpointed)
+        self.memory = StateOffload(model, self.optimizer, world.device, *offload)
 
     @property
     def num_parameters(self) -> int:

@@ -27,7 +27,7 @@ VARLEN_ATTENTION = "meshrl_varlen"
 """The ``attn_implementation`` name of :func:`varlen_attention_forward`."""
 
 
-# Left out of compiled decoder layers (MESHRL_COMPILE_LAYERS): every packed micro-batch has
+# Left out of compiled decoder layers (use_torch_compile): every packed micro-batch has
 # its own sequence count and longest length, which compiled code would specialise on and
 # recompile for (up to dynamo's limit, then fall back). The attention is one kernel either
 # way; the element-wise work around it still compiles.

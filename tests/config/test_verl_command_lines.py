@@ -192,10 +192,11 @@ def test_nothing_close_gets_no_suggestion():
             "key (verl's), not used here: each trainer role is always FSDP2-sharded",
         ),
         (
-            "actor_rollout_ref.actor.fsdp_config.param_offload=True",
-            "actor_rollout_ref.actor.fsdp_config.param_offload: unknown config key (verl's), not "
-            "used here: each trainer role is always FSDP2-sharded over its world_size ranks, with "
-            "no CPU offload; only false, which asks for what meshrl does anyway, is accepted",
+            "actor_rollout_ref.actor.fsdp_config.grad_offload=True",
+            "actor_rollout_ref.actor.fsdp_config.grad_offload: unknown config key (verl's), not "
+            "used here: each trainer role is always FSDP2-sharded over its world_size ranks; its "
+            "weights and optimizer in CPU memory between calls: <role>.param_offload / "
+            "optimizer_offload; only false, which asks for what meshrl does anyway, is accepted",
         ),
         (
             "actor_rollout_ref.actor.ppo_micro_batch_size=8",  # difflib alone: ppo_mini_...

@@ -1,4 +1,4 @@
-"""Compiled decoder layers (MESHRL_COMPILE_LAYERS) with padding-free micro-batches: every
+"""Compiled decoder layers (`actor_rollout_ref.actor.use_torch_compile`) with padding-free micro-batches: every
 packed micro-batch has its own sequence count and lengths, and nothing may be compiled
 again for them once the first update has run (before the varlen attention was left out of
 the compiled code, each new count recompiled until dynamo's limit)."""
@@ -25,13 +25,13 @@ pytestmark = [
 ]
 
 
-def test_later_packed_updates_compile_nothing_new(world, tmp_path, monkeypatch):
-    monkeypatch.setenv("MESHRL_COMPILE_LAYERS", "1")
+def test_later_packed_updates_compile_nothing_new(world, tmp_path):
     path = make_tiny_qwen2_dir(tmp_path / "qwen2", tokenizer=False, vocab_size=32)
     cfg = trainer_config(str(path), [
         "actor_rollout_ref.model.use_remove_padding=true",
         "actor_rollout_ref.actor.use_dynamic_bsz=true",
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40",
+        "actor_rollout_ref.actor.use_torch_compile=true",
     ])  # fmt: skip
     torch._dynamo.reset()
     actor = ActorRole.build(cfg, world)
