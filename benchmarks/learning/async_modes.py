@@ -43,10 +43,20 @@ MODES: dict[str, list[str]] = {
         "trainer.async_training.stale=wait",
         "trainer.async_training.buffer_batches=2",
     ],
+    # The same, samples up to two weight versions behind.
+    "async2": [
+        "trainer.async_training.enable=true",
+        "trainer.async_training.max_staleness=2",
+        "trainer.async_training.stale=wait",
+        "trainer.async_training.buffer_batches=3",
+    ],
 }
 
 
-def run_mode(out: Path, mode: str, steps: int, extra: list[str], round_: int = 0) -> dict:
+def run_mode(
+    out: Path, mode: str, steps: int, extra: list[str], round_: int = 0, test_freq: int = 0
+) -> dict:
+    """``test_freq``: validate every this many steps (0: at step 0 and the last only)."""
     from meshrl_app.demo.run import demo_config, held_out_accuracy
     from meshrl_app.run_local import run_local
     from services.coordinator.metrics_sinks import read_jsonl
@@ -56,7 +66,7 @@ def run_mode(out: Path, mode: str, steps: int, extra: list[str], round_: int = 0
     overrides = [
         f"trainer.default_local_dir={run_dir}",
         f"trainer.total_training_steps={steps}",
-        f"trainer.test_freq={steps}",
+        f"trainer.test_freq={test_freq or steps}",
         "trainer.save_freq=-1",
         "trainer.logger=[jsonl]",
         "trainer.plot=false",
@@ -83,6 +93,7 @@ def run_mode(out: Path, mode: str, steps: int, extra: list[str], round_: int = 0
         "acc_step0": a0,
         "acc_final": a1,
         "final_step": s1,
+        "acc_by_step": [[s, a] for s, a in val],
         "delta": round(a1 - a0, 4),
     }
     later = [steps_rows[s] for s in sorted(steps_rows)[1:]]
@@ -103,7 +114,7 @@ def run_mode(out: Path, mode: str, steps: int, extra: list[str], round_: int = 0
     ):
         if (value := median(key)) is not None:
             result[f"median {key}"] = value
-    if mode == "async":
+    if mode.startswith("async"):
         result["async/dropped_samples total"] = sum(r["async/dropped_samples"] for r in later)
         result["async/staleness/max over the run"] = max(
             r["async/staleness/max"] for r in steps_rows.values()
@@ -120,10 +131,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=1, help="each mode once a round")
-    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    ap.add_argument(
+        "--modes", nargs="+", default=["sync", "one_step_off", "async"], choices=list(MODES)
+    )
     ap.add_argument("--out", type=Path, default=None, help="run folders (default: a temp dir)")
     ap.add_argument("--results", type=Path, default=RESULTS)
     ap.add_argument("--override", action="append", default=[], help="a config key=value, all")
+    ap.add_argument("--test-freq", type=int, default=0, help="validate every N steps too")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)  # as `meshrl demo`: the tiny model's matmuls on one thread
     out = (args.out or Path(tempfile.mkdtemp(prefix="async_modes_"))).resolve()
@@ -135,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
         # the order rotated each round: no mode always runs first, or last, on a busy box
         k = round_ % len(args.modes)
         for mode in args.modes[k:] + args.modes[:k]:
-            runs.append(run_mode(out, mode, args.steps, args.override, round_))
+            runs.append(run_mode(out, mode, args.steps, args.override, round_, args.test_freq))
             r = runs[-1]
             print(
                 f"round {round_} {mode}: {r['steps']} steps, median step "
