@@ -105,6 +105,8 @@ class RankHandlers:
             if self.gives_memory_back:
                 # The caching allocator keeps freed blocks for this process; on a GPU
                 # shared with rollout they must go back, or its KV cache cannot return.
+                # Blocks still in use by another stream's pending work are kept: wait first.
+                torch.cuda.synchronize()
                 torch.cuda.empty_cache()
 
     def info(self) -> common_pb2.ServerInfo:

@@ -59,6 +59,9 @@ class RefRole:
         took back to the device: the caching allocator would keep them reserved for this
         process, and the actor and critic beside it would gain nothing."""
         if self.offload:
+            # Blocks last used on FSDP2's copy stream stay cached until the device has
+            # finished with them: wait for it, or empty_cache keeps them.
+            torch.cuda.synchronize()
             torch.cuda.empty_cache()
 
     @property
