@@ -47,12 +47,22 @@ RUNS: list[tuple[str, str, list[str]]] = [
 ]
 
 
+def gpu_test_files() -> list[str]:
+    """The test files with a test marked gpu: only they are collected (the GPU machine
+    lacks packages other tests import, such as testcontainers)."""
+    return sorted(
+        str(p.relative_to(REPO))
+        for p in (REPO / "tests").rglob("test_*.py")
+        if "pytest.mark.gpu" in p.read_text()
+    )
+
+
 def run_pytest(out: Path, timeout_s: int) -> dict:
     """pytest -m gpu; each test's outcome from its JUnit XML."""
     xml = out / "test_gpu_junit.xml"
     cmd = [
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu",
-        "-o", "addopts=", f"--junitxml={xml}", "tests",
+        "-o", "addopts=", f"--junitxml={xml}", *gpu_test_files(),
     ]  # fmt: skip
     start = time.monotonic()
     done = subprocess.run(
