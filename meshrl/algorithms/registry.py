@@ -209,6 +209,17 @@ POLICY_LOSSES: dict[str, PolicyLossEntry] = {
             "the unclipped policy gradient with a KL penalty on the highest-covariance tokens, "
             "chosen per micro-batch as verl (Cui et al. 2025)",
         ),
+        PolicyLossEntry(
+            "cispo",
+            "meshrl.algorithms.cispo:cispo",
+            "CISPO's REINFORCE gradient of every token weighted by its importance ratio, "
+            "clipped and detached, so no token leaves the update (MiniMax-M1, 2025)",
+            paper_clip_ranges=(
+                "each token's importance weight",
+                "MiniMax-M1 sets no lower bound (clip_ratio_low of 1 or more) and tunes "
+                "clip_ratio_high alone",
+            ),
+        ),
     )
 }
 """Every policy loss, by ``actor_rollout_ref.actor.policy_loss.loss_mode``."""
