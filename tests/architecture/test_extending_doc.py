@@ -5,6 +5,7 @@ each registry's names (the step a checklist asks for, kept)."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 import typing
 from pathlib import Path
@@ -90,8 +91,7 @@ def test_every_name_of_code_the_page_gives_is_defined_where_it_says():
 
 
 def _declared(entries):
-    import dataclasses
-
+    """The fields an entry declares its needs with (all but its name, function, summary)."""
     entry = next(iter(entries.values()))
     skip = {"name", "function", "summary"}
     return [f for f in dataclasses.fields(entry) if f.name not in skip]
