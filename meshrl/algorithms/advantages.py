@@ -1,4 +1,5 @@
-"""Advantage estimators (``algorithm.adv_estimator``).
+"""Advantage estimators (``algorithm.adv_estimator``), as pure functions of tensors; the
+registry (meshrl/algorithms/registry.py) names them and says what each needs.
 
 Every estimator returns :class:`AdvantageResult` ``(advantages, returns)``, both
 ``(b, t)`` and exactly 0 where the mask is 0. All run under ``torch.no_grad``:
@@ -25,6 +26,7 @@ from torch import Tensor
 
 from meshrl.algorithms.groups import group_stats
 from meshrl.algorithms.masked import masked_whiten, valid_positions, zero_masked
+from meshrl.algorithms.registry import ESTIMATORS
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -38,14 +40,8 @@ __all__ = [
     "rloo_advantages",
 ]
 
-ADVANTAGE_ESTIMATORS = (
-    "gae",
-    "grpo",
-    "rloo",
-    "reinforce_plus_plus",
-    "reinforce_plus_plus_baseline",
-    "remax",
-)
+ADVANTAGE_ESTIMATORS = tuple(ESTIMATORS)
+"""The names of ``algorithm.adv_estimator``, from the registry (meshrl/algorithms/registry.py)."""
 
 GroupIds = Tensor | Sequence[Hashable]
 

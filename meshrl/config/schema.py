@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Annotated, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from meshrl.algorithms.registry import ESTIMATORS, POLICY_LOSSES, advantage_estimator, describe
 
 # The KL estimators of meshrl.algorithms.kl.KL_ESTIMATOR_KINDS, named here so that loading a
 # config does not import torch (tests/config checks the two lists agree). "+": straight-through.
@@ -20,6 +22,17 @@ KLEstimator = Literal[
     "kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3",
     "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+",
 ]  # fmt: skip
+
+
+# The names of the advantage estimators and policy losses are their registry's
+# (meshrl/algorithms/registry.py, torch-free): an entry added there is a value allowed here,
+# described in docs/config.md. The type checker sees a plain str.
+if TYPE_CHECKING:
+    EstimatorName = str
+    PolicyLossName = str
+else:
+    EstimatorName = Literal[tuple(ESTIMATORS)]
+    PolicyLossName = Literal[tuple(POLICY_LOSSES)]
 
 
 _Item = TypeVar("_Item")
@@ -197,17 +210,11 @@ class OptimConfig(Section):
 
 
 class PolicyLossConfig(Section):
-    loss_mode: Literal["vanilla", "gspo", "geo_mean", "clip_cov", "kl_cov"] = "vanilla"
-    """vanilla: PPO's clipped token ratio with dual clip; gspo: GSPO's sequence ratio
-    (the geometric mean of a response's token ratios, clipped once, aggregated
-    seq-mean-token-mean whatever loss_agg_mode says; Zheng et al. 2025). GSPO's clip
-    ranges are tiny: the paper takes clip_ratio_low=3e-4, clip_ratio_high=4e-4.
-    geo_mean: GMPO's sequence ratio (the geometric mean of the token ratios, each clipped
-    in log space at -clip_ratio_low / +clip_ratio_high, the paper 0.4 both; averaged over
-    responses whatever loss_agg_mode says; Zhao et al. 2025). clip_cov / kl_cov: PPO
-    without dual clip that takes a random few high-covariance tokens out of the loss /
-    the unclipped policy gradient with a KL penalty on the highest-covariance tokens
-    (Cui et al. 2025); both select per micro-batch, as verl."""
+    loss_mode: PolicyLossName = Field(
+        "vanilla",
+        description="The policy objective, by its entry in meshrl/algorithms/registry.py "
+        "(docs/algorithms.md has each, docs/extending.md adds one): " + describe(POLICY_LOSSES),
+    )
     clip_cov_ratio: float = Field(0.0002, gt=0, le=1)
     """clip_cov: share of a micro-batch's response tokens taken out of the loss at most
     (at least one), drawn among the candidates (seeded by trainer.seed)."""
@@ -592,11 +599,11 @@ class FilterGroupsConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    adv_estimator: Literal[
-        "gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"
-    ] = "gae"
-    """Advantage estimator: gae (needs the critic), grpo, rloo, reinforce_plus_plus,
-    reinforce_plus_plus_baseline, or remax (a greedy baseline: one more generation a step)."""
+    adv_estimator: EstimatorName = Field(
+        "gae",
+        description="Advantage estimator, by its entry in meshrl/algorithms/registry.py "
+        "(docs/algorithms.md has each, docs/extending.md adds one): " + describe(ESTIMATORS),
+    )
     gamma: float = Field(1.0, ge=0, le=1)
     """Discount per response token, of gae and reinforce_plus_plus."""
     lam: float = Field(1.0, ge=0, le=1)
@@ -997,7 +1004,7 @@ class RunConfig(Section):
     def use_critic(self) -> bool:
         if self.critic.enable is not None:
             return self.critic.enable
-        return self.algorithm.adv_estimator == "gae"
+        return advantage_estimator(self.algorithm.adv_estimator).needs_critic
 
     @property
     def use_critic_server(self) -> bool:

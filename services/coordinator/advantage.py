@@ -8,14 +8,8 @@ from typing import NamedTuple
 
 import torch
 
-from meshrl.algorithms.advantages import (
-    gae_advantages,
-    grpo_advantages,
-    reinforce_plus_plus_advantages,
-    reinforce_plus_plus_baseline_advantages,
-    remax_advantages,
-    rloo_advantages,
-)
+from meshrl.algorithms.estimators import EstimatorInputs
+from meshrl.algorithms.registry import advantage_estimator
 from meshrl.algorithms.rewards import token_level_rewards
 from meshrl.config.schema import AlgorithmConfig
 
@@ -24,10 +18,10 @@ class AdvantageInputs(NamedTuple):
     scores: torch.Tensor  # (b,) sequence scores from the reward service
     mask: torch.Tensor  # (b, r) float, 1 on real response tokens
     group_ids: torch.Tensor  # (b,) int, responses of one prompt share an id
-    values: torch.Tensor | None  # (b, r) critic values, gae only
+    values: torch.Tensor | None  # (b, r) critic values, for an estimator that needs_critic
     old_logprobs: torch.Tensor | None  # (b, r) actor log-probs before the update
     ref_logprobs: torch.Tensor | None  # (b, r) reference log-probs
-    baseline_scores: torch.Tensor | None  # (b,) greedy-rollout scores, remax only
+    baseline_scores: torch.Tensor | None  # (b,) greedy-rollout scores, needs_greedy_baseline
     # (b, r) a multi-turn rollout's environment rewards, each on its turn's last token
     turn_rewards: torch.Tensor | None = None
 
@@ -42,7 +36,8 @@ class AdvantageOutputs(NamedTuple):
 def compute_advantages(
     cfg: AlgorithmConfig, inputs: AdvantageInputs, kl_coef: float
 ) -> AdvantageOutputs:
-    """Token rewards, then the advantage estimator named by `cfg.adv_estimator`."""
+    """Token rewards, then the advantage estimator named by `cfg.adv_estimator` (its entry in
+    meshrl/algorithms/registry.py), given what the entry says it needs."""
     use_kl = cfg.use_kl_in_reward and inputs.ref_logprobs is not None
     rewards = token_level_rewards(
         inputs.scores,
@@ -60,35 +55,22 @@ def compute_advantages(
         # in the episode's total for the outcome estimators
         rewards = rewards._replace(rewards=rewards.rewards + inputs.turn_rewards * inputs.mask)
         sequence_rewards = sequence_rewards + (inputs.turn_rewards * inputs.mask).sum(-1)
-    est = cfg.adv_estimator
-    if est == "gae":
-        if inputs.values is None:
-            raise ValueError("adv_estimator gae needs critic values (critic.enable)")
-        result = gae_advantages(
-            rewards.rewards,
-            inputs.values,
-            inputs.mask,
-            cfg.gamma,
-            cfg.lam,
-            whiten=cfg.whiten_advantages,
-        )
-    elif est == "grpo":
-        result = grpo_advantages(
-            sequence_rewards, inputs.mask, inputs.group_ids, norm_by_std=cfg.norm_adv_by_std_in_grpo
-        )
-    elif est == "rloo":
-        result = rloo_advantages(sequence_rewards, inputs.mask, inputs.group_ids)
-    elif est == "reinforce_plus_plus":
-        result = reinforce_plus_plus_advantages(rewards.rewards, inputs.mask, cfg.gamma)
-    elif est == "reinforce_plus_plus_baseline":
-        result = reinforce_plus_plus_baseline_advantages(
-            sequence_rewards, inputs.mask, inputs.group_ids
-        )
-    elif est == "remax":
-        if inputs.baseline_scores is None:
-            raise ValueError("adv_estimator remax needs the greedy baseline scores")
-        result = remax_advantages(rewards.rewards, inputs.baseline_scores, inputs.mask)
-    else:  # the config schema already restricts the names
-        raise ValueError(f"unknown adv_estimator {est!r}")
+    entry = advantage_estimator(cfg.adv_estimator)
+    if entry.needs_critic and inputs.values is None:
+        raise ValueError(f"adv_estimator {entry.name} needs critic values (critic.enable)")
+    if entry.needs_greedy_baseline and inputs.baseline_scores is None:
+        raise ValueError(f"adv_estimator {entry.name} needs the greedy baseline scores")
+    estimate = entry.load()
+    result = estimate(
+        EstimatorInputs(
+            token_rewards=rewards.rewards,
+            sequence_rewards=sequence_rewards,
+            mask=inputs.mask,
+            group_ids=inputs.group_ids,
+            values=inputs.values,
+            baseline_scores=inputs.baseline_scores,
+        ),
+        cfg,
+    )
     kl_mean = float(rewards.kl_mean) if use_kl else 0.0
     return AdvantageOutputs(rewards.rewards, result.advantages, result.returns, kl_mean)

@@ -22,6 +22,7 @@ import torch
 
 from meshrl.algorithms.metrics import explained_variance, masked_stats
 from meshrl.algorithms.overlong import overlong_penalty
+from meshrl.algorithms.registry import advantage_estimator
 from meshrl.config.placement import updates_share_gpu
 from meshrl.config.schema import RunConfig
 from meshrl.gpus import per_gpu_throughput
@@ -255,7 +256,8 @@ class PPOStep:
         )
 
     def remax_baseline(self, records: list, batch: RolloutBatch, step: int) -> None:
-        """ReMax: greedy responses of the same prompts, scored, as the baseline."""
+        """Greedy responses of the same prompts, scored, as the baseline of an estimator that
+        needs_greedy_baseline (ReMax)."""
         greedy = dataclasses.replace(self.sampling_params(step), temperature=0.0, n=1)
         prompts = Ragged.from_lists([rec.prompt_ids for rec in records])
         out = self.rollout_pool.generate(prompts, greedy)
@@ -467,7 +469,7 @@ class PPOStep:
                 if batch is None:
                     with timer("gen"):
                         batch = self.generate(records, step)
-            if self.cfg.algorithm.adv_estimator == "remax":
+            if advantage_estimator(self.cfg.algorithm.adv_estimator).needs_greedy_baseline:
                 with timer("gen_max"):
                     self.remax_baseline(records, batch, step)
             # The next batch, with this step's weights (rollout keeps its KV cache for it).

@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from meshrl.algorithms.registry import ESTIMATORS, advantage_estimator, policy_loss
 from meshrl.config.loader import ConfigError, config_to_yaml
 from meshrl.config.memory_plan import GIB, ModelShape, check_plan_fits
 from meshrl.config.schema import ModelConfig, RunConfig
@@ -30,19 +31,6 @@ from services.coordinator.generations import generations_dir
 from services.reward.scorers.registry import known_data_sources
 
 log = logging.getLogger(__name__)
-
-# Sequence-ratio losses whose clip ranges are on another scale than PPO's 0.2: what they
-# clip, and what their paper takes (a warning when the ranges are left to clip_ratio).
-PAPER_CLIP_RANGES = {
-    "gspo": (
-        "a response's ratio",
-        "GSPO's paper takes 3e-4 / 4e-4, as a sequence ratio moves far less than a token's",
-    ),
-    "geo_mean": (
-        "each token's log-ratio (at -low / +high)",
-        "GMPO's paper takes 0.4 / 0.4 (ratios e^-0.4 to e^0.4)",
-    ),
-}
 
 ANY_SOURCE = "*"
 """What the reward server lists when it scores every data_source (custom function, RM)."""
@@ -221,22 +209,40 @@ def check_run_config(cfg: RunConfig) -> None:
         # Here, not when the launcher is made: that came after the loggers had opened, and
         # a wrong address list left a failed wandb or MLflow run behind.
         external_endpoints(cfg)  # a missing, surplus or unknown role's address, named
-    actor = cfg.actor_rollout_ref.actor
-    mode = actor.policy_loss.loss_mode
-    if mode in PAPER_CLIP_RANGES and None in (actor.clip_ratio_low, actor.clip_ratio_high):
-        what, paper = PAPER_CLIP_RANGES[mode]
-        log.warning(
-            "policy_loss.loss_mode=%s clips %s at clip_ratio_low / clip_ratio_high, here "
-            "%s / %s (unset ones fall back to clip_ratio); %s",
-            mode,
-            what,
-            actor.clip_ratio_low or actor.clip_ratio,
-            actor.clip_ratio_high or actor.clip_ratio,
-            paper,
-        )
+    for line in registry_warnings(cfg):
+        log.warning("%s", line)
     if warning := vllm_on_cpu_warning(cfg):
         log.warning("%s", warning)
     check_lora_targets(cfg)
+
+
+def registry_warnings(cfg: RunConfig) -> list[str]:
+    """Lines for what the chosen estimator and policy loss declare
+    (meshrl/algorithms/registry.py) and the config leaves to chance: a loss whose clip
+    ranges are on another scale than PPO's, left to ``clip_ratio``; a group baseline with
+    one response a prompt (the raw score is then the advantage, as in verl)."""
+    warnings = []
+    actor = cfg.actor_rollout_ref.actor
+    loss = policy_loss(actor.policy_loss.loss_mode)
+    if loss.paper_clip_ranges and None in (actor.clip_ratio_low, actor.clip_ratio_high):
+        what, paper = loss.paper_clip_ranges
+        low, high = (
+            actor.clip_ratio_low or actor.clip_ratio,
+            actor.clip_ratio_high or actor.clip_ratio,
+        )
+        warnings.append(
+            f"policy_loss.loss_mode={loss.name} clips {what} at clip_ratio_low / "
+            f"clip_ratio_high, here {low} / {high} (unset ones fall back to clip_ratio); {paper}"
+        )
+    estimator = advantage_estimator(cfg.algorithm.adv_estimator)
+    n = cfg.actor_rollout_ref.rollout.n
+    if estimator.needs_groups and n < 2 and not cfg.trainer.val_only:
+        warnings.append(
+            f"algorithm.adv_estimator={estimator.name} baselines each response by the other "
+            f"responses to its prompt, but actor_rollout_ref.rollout.n={n}: with no others, the "
+            "raw score is the advantage (set rollout.n to 2 or more for a baseline)"
+        )
+    return warnings
 
 
 def vllm_on_cpu_warning(cfg: RunConfig) -> str | None:
@@ -257,11 +263,12 @@ def combination_problems(cfg: RunConfig) -> list[str]:
     """Each combination of settings in ``cfg`` that no PPO run can use, naming its keys
     and the way out. All of them, so that a pasted command line is fixed in one round."""
     problems = []
-    if cfg.algorithm.adv_estimator == "gae" and not cfg.use_critic:
+    estimator = advantage_estimator(cfg.algorithm.adv_estimator)
+    if estimator.needs_critic and not cfg.use_critic:
+        critic_free = ", ".join(e.name for e in ESTIMATORS.values() if not e.needs_critic)
         problems.append(
-            "critic.enable=false: algorithm.adv_estimator=gae needs critic values; enable the "
-            "critic or pick a critic-free estimator (grpo, rloo, reinforce_plus_plus, "
-            "reinforce_plus_plus_baseline, remax)"
+            f"critic.enable=false: algorithm.adv_estimator={estimator.name} needs critic "
+            f"values; enable the critic or pick a critic-free estimator ({critic_free})"
         )
     # (servers of one's own, launcher.kind=external, are started as their owner chose)
     engine = cfg.actor_rollout_ref.rollout.name
@@ -332,10 +339,10 @@ def combination_problems(cfg: RunConfig) -> list[str]:
             f"actor_rollout_ref.rollout.n={cfg.actor_rollout_ref.rollout.n} gives one sample a "
             "prompt; set it to 2 or more"
         )
-    if fg.enable and cfg.algorithm.adv_estimator == "remax":
+    if fg.enable and estimator.needs_greedy_baseline:
         problems.append(
-            "algorithm.filter_groups.enable=true with algorithm.adv_estimator=remax: ReMax's "
-            "greedy baseline is generated for the step's prompts before any are filtered; "
+            f"algorithm.filter_groups.enable=true with algorithm.adv_estimator={estimator.name}: "
+            "its greedy baseline is generated for the step's prompts before any are filtered; "
             "pick grpo, rloo or another estimator"
         )
     return problems

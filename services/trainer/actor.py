@@ -3,7 +3,6 @@ updates, and streams its full weights to the rollout servers."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -14,15 +13,9 @@ from torch.profiler import record_function
 
 from meshrl.algorithms.aggregation import aggregate_loss
 from meshrl.algorithms.kl import kl_penalty
-from meshrl.algorithms.policy_loss import (
-    clip_cov_policy_loss,
-    geo_mean_policy_loss,
-    gspo_policy_loss,
-    kl_cov_policy_loss,
-    ppo_policy_loss,
-    rollout_mismatch_metrics,
-    truncated_is_weights,
-)
+from meshrl.algorithms.loss_modes import PolicyLossInputs, PolicyLossSettings
+from meshrl.algorithms.policy_loss import rollout_mismatch_metrics, truncated_is_weights
+from meshrl.algorithms.registry import policy_loss
 from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
 from services.trainer.distributed import World
@@ -38,77 +31,11 @@ from services.trainer.trained_role import Optimization, TrainedRole
 from services.trainer.types import SequenceBatch
 
 
-@dataclass(frozen=True)
-class PolicyLossSettings:
-    """The actor's loss, from ``actor_rollout_ref.actor``."""
-
-    clip_ratio_low: float
-    clip_ratio_high: float
-    clip_ratio_c: float
-    loss_agg_mode: str
-    entropy_coeff: float
-    use_kl_loss: bool
-    kl_loss_coef: float
-    kl_loss_type: str
-    tis_imp_ratio_cap: float
-    loss_mode: str  # vanilla (PPO), gspo, geo_mean, clip_cov or kl_cov
-    loss_width: int  # response columns of the loss: Dr. GRPO's constant T (max_response_length)
-    clip_cov_ratio: float
-    clip_cov_lb: float
-    clip_cov_ub: float
-    kl_cov_ratio: float
-    ppo_kl_coef: float
-    seed: int  # trainer.seed, of clip_cov's draws
-
-    @staticmethod
-    def from_config(cfg: RunConfig) -> PolicyLossSettings:
-        a = cfg.actor_rollout_ref.actor
-        return PolicyLossSettings(
-            clip_ratio_low=a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low,
-            clip_ratio_high=a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high,
-            clip_ratio_c=a.clip_ratio_c,
-            loss_agg_mode=a.loss_agg_mode,
-            entropy_coeff=a.entropy_coeff,
-            use_kl_loss=a.use_kl_loss,
-            kl_loss_coef=a.kl_loss_coef,
-            kl_loss_type=a.kl_loss_type,
-            tis_imp_ratio_cap=a.tis_imp_ratio_cap,
-            loss_mode=a.policy_loss.loss_mode,
-            loss_width=cfg.data.max_response_length,
-            clip_cov_ratio=a.policy_loss.clip_cov_ratio,
-            clip_cov_lb=a.policy_loss.clip_cov_lb,
-            clip_cov_ub=a.policy_loss.clip_cov_ub,
-            kl_cov_ratio=a.policy_loss.kl_cov_ratio,
-            ppo_kl_coef=a.policy_loss.ppo_kl_coef,
-            seed=cfg.trainer.seed,
-        )
-
-    def draw_seed(self, update: int, rows: torch.Tensor) -> int:
-        """Seed of clip_cov's draw in one micro-batch, from the run (``seed``), the update
-        (the actor's weight_version: checkpoints keep it) and the micro-batch's rows. verl
-        draws from torch's global generator; this draw is reproducible, a resumed run draws
-        as the uninterrupted one would have, and micro-batches, steps and ranks differ."""
-        key = repr([self.seed, update, *rows.tolist()]).encode()
-        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
-
-
 class _Counts(TypedDict):
     """The loss functions' keyword arguments for the whole mini-batch's counts."""
 
     global_token_count: int
     global_seq_count: int
-
-
-class _Clip(TypedDict):
-    clip_ratio_low: float
-    clip_ratio_high: float
-
-
-class _TokenAgg(_Counts):
-    """Keyword arguments of the token-aggregated losses (clip_cov, kl_cov)."""
-
-    loss_agg_mode: str
-    is_weights: torch.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -120,6 +47,7 @@ class PolicyTargets:
     ref_logprobs: torch.Tensor | None
     is_weights: torch.Tensor | None  # truncated importance weights, when enabled
     loss_mask: torch.Tensor | None = None  # bool, the model's tokens; None: every real one
+    behaviour_logprobs: torch.Tensor | None = None  # the rollout's, for a loss that needs them
 
 
 class ActorRole(TrainedRole):
@@ -137,6 +65,8 @@ class ActorRole(TrainedRole):
     ):
         super().__init__(model, optimization, world, offload)
         self.loss = loss
+        self.loss_entry = policy_loss(loss.loss_mode)  # what the loss needs (registry.py)
+        self.loss_fn = self.loss_entry.load()
         self.temperature = temperature
         self.log_prob = log_prob
         # The update's micro-batches take the log-prob passes' layout: the model's
@@ -220,6 +150,11 @@ class ActorRole(TrainedRole):
         """
         if self.loss.use_kl_loss and ref_logprobs is None:
             raise ValueError("use_kl_loss is set but the request has no ref_logprobs")
+        if self.loss_entry.needs_behaviour_logprobs and rollout_logprobs is None:
+            raise ValueError(
+                f"policy_loss.loss_mode={self.loss_entry.name} needs the rollout's log-probs, "
+                "but the request has no rollout_logprobs"
+            )
         targets, extra = self._targets(
             batch, old_logprobs, advantages, ref_logprobs, rollout_logprobs
         )
@@ -260,15 +195,17 @@ class ActorRole(TrainedRole):
         old = padded(old_logprobs)
         mask = batch.padded_loss_mask(width)  # (b, width) the model's own tokens
         extra: dict[str, float] = {}
-        is_weights = None
+        is_weights, behaviour = None, None
         if rollout_logprobs is not None:
             rollout = padded(rollout_logprobs)
             extra = rollout_mismatch_metrics(old, rollout, mask)
             if self.loss.tis_imp_ratio_cap > 0:
                 is_weights = truncated_is_weights(old, rollout, mask, self.loss.tis_imp_ratio_cap)
+            if self.loss_entry.needs_behaviour_logprobs:
+                behaviour = rollout
         ref = None if ref_logprobs is None else padded(ref_logprobs)
         loss_mask = mask if batch.loss_mask is not None else None
-        targets = PolicyTargets(old, padded(advantages), ref, is_weights, loss_mask)
+        targets = PolicyTargets(old, padded(advantages), ref, is_weights, loss_mask, behaviour)
         return targets, extra
 
     def _micro_loss(
@@ -292,6 +229,7 @@ class ActorRole(TrainedRole):
             is_weights = optional_rows(targets.is_weights)
             ref_logprobs = optional_rows(targets.ref_logprobs)
             loss_mask = optional_rows(targets.loss_mask)
+            behaviour_logprobs = optional_rows(targets.behaviour_logprobs)
         with record_function("meshrl/forward"):
             scores = response_logprobs(
                 self.model,
@@ -311,41 +249,18 @@ class ActorRole(TrainedRole):
             "global_token_count": mini.token_count,
             "global_seq_count": mini.seq_count,
         }
-        clip: _Clip = {"clip_ratio_low": cfg.clip_ratio_low, "clip_ratio_high": cfg.clip_ratio_high}
-        token_agg: _TokenAgg = {
-            "loss_agg_mode": cfg.loss_agg_mode,
-            "is_weights": is_weights,
-            **counts,
-        }
-        if cfg.loss_mode == "gspo":
-            pg = gspo_policy_loss(
-                logprobs, old_logprobs, advantages, mask, **clip,
-                global_seq_count=mini.seq_count, is_weights=is_weights,
-            )  # fmt: skip
-        elif cfg.loss_mode == "geo_mean":
-            pg = geo_mean_policy_loss(
-                logprobs, old_logprobs, advantages, mask, **clip,
-                global_seq_count=mini.seq_count, is_weights=is_weights,
-            )  # fmt: skip
-        elif cfg.loss_mode == "clip_cov":
-            draw = torch.Generator(self.world.device)
-            draw.manual_seed(cfg.draw_seed(self.weight_version, micro.rows))
-            pg = clip_cov_policy_loss(
-                logprobs, old_logprobs, advantages, mask, **clip, **token_agg,
-                clip_cov_ratio=cfg.clip_cov_ratio, clip_cov_lb=cfg.clip_cov_lb,
-                clip_cov_ub=cfg.clip_cov_ub, generator=draw,
-            )  # fmt: skip
-        elif cfg.loss_mode == "kl_cov":
-            pg = kl_cov_policy_loss(
-                logprobs, old_logprobs, advantages, mask, **token_agg,
-                kl_cov_ratio=cfg.kl_cov_ratio, ppo_kl_coef=cfg.ppo_kl_coef,
-            )  # fmt: skip
-        else:
-            pg = ppo_policy_loss(
-                logprobs, old_logprobs, advantages, mask, **clip,
-                clip_ratio_c=cfg.clip_ratio_c, loss_agg_mode=cfg.loss_agg_mode,
-                is_weights=is_weights, **counts,
-            )  # fmt: skip
+        generator = None
+        if self.loss_entry.draws:
+            generator = torch.Generator(self.world.device)
+            generator.manual_seed(cfg.draw_seed(self.weight_version, micro.rows))
+        # the loss named by policy_loss.loss_mode (meshrl/algorithms/registry.py)
+        pg = self.loss_fn(
+            PolicyLossInputs(
+                logprobs, old_logprobs, advantages, mask, is_weights,
+                mini.token_count, mini.seq_count, generator, behaviour_logprobs,
+            ),
+            cfg,
+        )  # fmt: skip
         entropy_agg = aggregate_loss(entropy, mask, cfg.loss_agg_mode, **counts)
         loss = pg.loss - cfg.entropy_coeff * entropy_agg
         # This micro-batch's share of the mini-batch's tokens turns its token means into

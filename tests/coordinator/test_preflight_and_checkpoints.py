@@ -57,6 +57,32 @@ def test_sequence_ratio_losses_warn_when_their_clip_ranges_are_left_to_clip_rati
     assert f"loss_mode={mode}" not in caplog.text
 
 
+def test_a_critic_free_run_is_offered_the_estimators_that_need_no_critic():
+    # The list comes from the registry's needs_critic, not from a copy here.
+    with pytest.raises(ConfigError) as e:
+        check_run_config(build_config({}, ["critic.enable=false"]))
+    assert str(e.value) == (
+        "critic.enable=false: algorithm.adv_estimator=gae needs critic values; enable the "
+        "critic or pick a critic-free estimator (grpo, rloo, reinforce_plus_plus, "
+        "reinforce_plus_plus_baseline, remax)"
+    )
+
+
+@pytest.mark.parametrize(
+    "estimator, n, warned",
+    [("grpo", 1, True), ("rloo", 1, True), ("grpo", 2, False), ("reinforce_plus_plus", 1, False)],
+)
+def test_a_group_baseline_with_one_response_a_prompt_is_warned(estimator, n, warned, caplog):
+    # needs_groups: with rollout.n=1 each group is its response alone, no baseline (as verl).
+    keys = [f"algorithm.adv_estimator={estimator}", f"actor_rollout_ref.rollout.n={n}"]
+    with caplog.at_level(logging.WARNING, logger="services.coordinator.preflight"):
+        check_run_config(build_config({}, keys))
+    said = f"algorithm.adv_estimator={estimator} baselines each response by the other"
+    assert (said in caplog.text) == warned
+    if warned:
+        assert "actor_rollout_ref.rollout.n=1: with no others, the raw score" in caplog.text
+
+
 def _save(manager: CheckpointManager, step: int):
     state = CoordinatorState.capture(step, {}, {}, step)
     return manager.save(step, state, "", lambda tmp: None)

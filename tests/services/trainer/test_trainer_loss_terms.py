@@ -13,6 +13,7 @@ import pytest
 import torch
 from trainer_helpers import make_batch, trainer_config
 
+from meshrl.algorithms.loss_modes import vanilla
 from meshrl.ragged import Ragged
 from services.trainer.actor import ActorRole, PolicyLossSettings
 from services.trainer.critic import CriticRole
@@ -276,3 +277,33 @@ def test_the_configured_clip_ratios_reach_the_loss(
     adv = old.with_values(torch.full_like(old.values, advantage))
     metrics = actor.update_policy(batch, shifted, adv, None, None, global_step=1)
     assert metrics["actor/pg_loss"] == pytest.approx(pg_loss, rel=1e-4)
+
+
+def test_a_loss_that_draws_or_needs_the_rollouts_log_probs_is_given_them(world, tiny_model_dir):
+    # What a registry entry declares (meshrl/algorithms/registry.py) is what its function
+    # gets: here vanilla's entry declared as drawing and needing the behaviour log-probs.
+    import dataclasses
+
+    actor = _actor(world, tiny_model_dir, [])
+    actor.loss_entry = dataclasses.replace(
+        actor.loss_entry, draws=True, needs_behaviour_logprobs=True
+    )
+    seen = []
+
+    def recording(inputs, settings):
+        seen.append(inputs)
+        return vanilla(inputs, settings)
+
+    actor.loss_fn = recording
+    batch = make_batch(4, seed=19)
+    old, _ = actor.compute_log_probs(batch)
+    adv = old.with_values(torch.ones_like(old.values))
+    with pytest.raises(ValueError, match=r"loss_mode=vanilla needs the rollout's log-probs"):
+        actor.update_policy(batch, old, adv, None, None, global_step=1)
+    rollout = old.with_values(old.values - 0.25)
+    actor.update_policy(batch, old, adv, None, rollout, global_step=1)
+    assert seen and all(isinstance(x.generator, torch.Generator) for x in seen)
+    for x in seen:  # each micro-batch's rows of the rollout's log-probs, under its mask
+        torch.testing.assert_close(
+            x.behaviour_logprobs[x.mask], x.old_logprobs[x.mask] - 0.25, rtol=0, atol=1e-6
+        )
