@@ -26,6 +26,8 @@ from meshrl.config.schema import ModelConfig, RunConfig
 from meshrl.data.dataset import PromptDataset
 from meshrl.data.errors import DataError
 from meshrl.launcher.external import external_endpoints
+from meshrl.model_files import unreadable_weights
+from meshrl.rpc.server import bind_problem
 from services.coordinator.generations import generations_dir
 from services.reward.scorers.custom import parse_spec
 from services.reward.scorers.registry import known_data_sources
@@ -201,6 +203,21 @@ def check_run_config(cfg: RunConfig) -> None:
         log.warning("%s", warning)
     check_lora_targets(cfg)
     check_custom_function(cfg)
+    check_launcher_host(cfg)
+
+
+def check_launcher_host(cfg: RunConfig) -> None:
+    """``launcher.host`` of the local launcher, whose servers listen here: an address this
+    machine does not have (or a name that does not resolve) is a ConfigError naming the key,
+    before any server starts; before, an OSError traceback from the port search."""
+    if cfg.launcher.kind != "local":
+        return
+    problem = bind_problem(cfg.launcher.host, 0)
+    if problem is not None:
+        raise ConfigError(
+            f"launcher.host={cfg.launcher.host}: the local launcher's role servers cannot "
+            f"listen there: {problem}"
+        )
 
 
 def check_custom_function(cfg: RunConfig) -> None:
@@ -415,6 +432,23 @@ def _installed(package: str) -> bool:
     package without an origin: that is not the package."""
     spec = importlib.util.find_spec(package)
     return spec is not None and spec.origin is not None
+
+
+def check_model_weights(cfg: RunConfig) -> None:
+    """The weights of the model folders the run's servers will load, where they are on this
+    machine: a ``*.safetensors`` file whose header does not parse is a ConfigError naming
+    the key and the file, before any role server starts (headers only: no tensor is read).
+    Before, each server failed its Initialize with safetensors' own words, which name no
+    file (``Error while deserializing header: header too large``)."""
+    folders = {
+        "actor_rollout_ref.model.path": cfg.actor_rollout_ref.model.path,
+        "critic.model.path": cfg.critic.model.path,
+    }
+    if cfg.reward.reward_model.enable:
+        folders["reward.reward_model.path"] = cfg.reward.reward_model.path
+    for key, folder in folders.items():
+        if folder and Path(folder).is_dir() and (problem := unreadable_weights(folder)):
+            raise ConfigError(f"{key}: {problem}")
 
 
 def load_tokenizer(model: ModelConfig):

@@ -27,6 +27,7 @@ from services.coordinator.checkpointing import (
 from services.coordinator.preflight import (
     check_data_sources_here,
     check_ground_truths,
+    check_model_weights,
     context_length_warning,
     load_tokenizer,
 )
@@ -58,6 +59,7 @@ def load_run_data(cfg: RunConfig, run_dir: Path | None = None) -> RunData:
     looks (default ``trainer.default_local_dir``; a coordinator service puts a relative
     one under its ``--workdir``)."""
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model)
+    check_model_weights(cfg)  # a weights file that does not parse, named, before any server
     if warning := context_length_warning(cfg):
         log.warning("%s", warning)
     # An evaluation (trainer.val_only) draws no training batch: its training files, if

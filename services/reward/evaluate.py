@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from meshrl.config.schema import RewardConfig
+from meshrl.output_paths import output_problem
 from services.reward.arguments import (
     DEFAULT_NUM_WORKERS,
     DEFAULT_TIMEOUT_S,
@@ -443,6 +444,14 @@ def _in_process_config(args: argparse.Namespace) -> RewardConfig:
     )
 
 
+def report_path_problem(path: str | Path) -> str | None:
+    """Why the report cannot be written at ``path`` (a folder of that name, a folder that
+    cannot be made or written), asked before any sample is scored; None when it can."""
+    if Path(path).is_dir():
+        return "a folder of that name exists"
+    return output_problem(Path(path).expanduser().absolute().parent)
+
+
 def run(args: argparse.Namespace) -> int:
     """Scores, prints the table and the failures; the exit code is EVAL_EXIT_CODES'."""
     if problem := server_conflict(args):
@@ -455,6 +464,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD_ARGUMENTS
     if problem := input_conflict(args):
         print(f"error: {problem}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENTS
+    if args.output and (problem := report_path_problem(args.output)):
+        print(f"error: --output {args.output}: cannot write the report there: {problem}",
+              file=sys.stderr)  # fmt: skip
         return EXIT_BAD_ARGUMENTS
     settings = {
         "output": args.output,

@@ -389,3 +389,38 @@ def test_a_custom_function_that_cannot_load_is_refused_before_any_server(tmp_pat
     star = tmp_path / "star.py"
     star.write_text("from math import *\n")
     check_run_config(build_config({}, [f"reward.custom_function={star}:anything"]))
+
+
+def test_a_launcher_host_not_of_this_machine_is_refused_before_any_server():
+    """Before: an OSError traceback (Cannot assign requested address) from the port search."""
+    from services.coordinator.preflight import check_run_config
+
+    with pytest.raises(ConfigError) as e:
+        check_run_config(build_config({}, ["launcher.host=192.0.2.1"]))
+    assert str(e.value) == (
+        "launcher.host=192.0.2.1: the local launcher's role servers cannot listen there: "
+        "address 192.0.2.1 is not an address of this machine"
+    )
+    check_run_config(build_config({}, ["launcher.host=127.0.0.1"]))
+
+
+def test_a_weights_file_that_does_not_parse_is_named(tmp_path):
+    """Before, each server's Initialize failed with `SafetensorError: Error while
+    deserializing header: header too large`, naming no file; now the run is refused before
+    any server starts, naming the key and the file, and a server loading it names it too."""
+    from meshrl.testing.tiny_model import make_tiny_model_dir
+    from services.coordinator.run_data import load_run_data
+    from services.trainer.model_loading import load_policy_model
+
+    model = make_tiny_model_dir(tmp_path / "m", seed=0, hidden=32, intermediate=64)
+    weights = model / "model.safetensors"
+    weights.write_text("<html>a download that saved an error page</html>")
+    path, overrides = _gsm8k_without_truths(tmp_path, {})
+    overrides = [*overrides, f"actor_rollout_ref.model.path={model}"]
+    with pytest.raises(ConfigError) as e:
+        load_run_data(build_config({}, overrides))
+    assert str(e.value).startswith(
+        f"actor_rollout_ref.model.path: {weights} is not a readable safetensors file ("
+    ), str(e.value)
+    with pytest.raises(ValueError, match=f"the model's weights cannot be read: {weights} is not"):
+        load_policy_model(str(model))
