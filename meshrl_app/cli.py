@@ -158,7 +158,16 @@ def _cmd_reward(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     _check_output("--out", args.out)
-    from meshrl_app.demo.run import run_demo
+    from meshrl.progress_ticker import ProgressTicker
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    # Said at once: importing torch and transformers alone took 16 s of silence on a
+    # loaded machine before the demo's first line.
+    say("demo: loading torch and transformers")
+    with ProgressTicker(lambda s: f"demo: still loading torch and transformers ({s:.0f} s)", say):
+        from meshrl_app.demo.run import run_demo
 
     return run_demo(out_dir=args.out, overrides=args.overrides, config_path=args.config)
 
