@@ -82,3 +82,38 @@ def test_sigterm_while_the_servers_start_is_a_stop(command, tmp_path):
     assert code == 3, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert "meshrl: stopped by SIGTERM while the run started (before its first step)" in err
+
+
+def test_a_second_ctrl_c_abandons_the_step_with_130(command, tmp_path):
+    """Once the run trains: the first Ctrl-C asks it to finish its step (held here, so it
+    cannot), the second abandons the step: exit 130, the one code a second Ctrl-C has."""
+    env = {**os.environ, TEST_SLOW_ENV: "actor.UpdatePolicy=60@1"}
+    run_dir = tmp_path / "run"
+    err_path = tmp_path / "run.err"
+    with err_path.open("w") as err:
+        proc = subprocess.Popen(
+            [*command, f"trainer.default_local_dir={run_dir}"],
+            stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True,
+        )  # fmt: skip
+        actor_log = run_dir / "logs" / "actor.log"
+        deadline = time.monotonic() + 240
+        while "rpc UpdatePolicy #1 started" not in (
+            actor_log.read_text(errors="replace") if actor_log.exists() else ""
+        ):
+            assert proc.poll() is None, err_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "step 1 never reached its update"
+            time.sleep(0.05)
+        servers = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGINT)
+        text = ""
+        while "finishing the current step" not in text:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+            text = err_path.read_text(errors="replace")
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=60)
+    _, alive = psutil.wait_procs(servers, timeout=30)
+    assert not alive, f"left running: {alive}"
+    err = err_path.read_text(errors="replace")
+    assert code == 130, err[-3000:]
+    assert err.rstrip().endswith("meshrl: interrupted; all role servers stopped"), err[-2000:]
