@@ -293,3 +293,6 @@ def test_val_max_samples_caps_the_validation_rows_alone(tmp_path):
     assert len(data.train_set) == 6
     data = load_run_data(build_config({}, [*base, "data.max_samples=4"]))
     assert len(data.train_set) == 4 and len(data.val_set) == 6
+    # verl's name of the training cap is data.max_samples here
+    cfg = build_config({}, ["data.train_max_samples=4", "data.val_max_samples=2"])
+    assert (cfg.data.max_samples, cfg.data.val_max_samples) == (4, 2)
