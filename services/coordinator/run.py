@@ -389,7 +389,11 @@ class PPORun:
                 if not isinstance(err, RoleCallError) or not self.recovery.lost_a_server():
                     raise
                 self.recovery.count_failure(step, err, f"checkpoint of step {step} failed")
-                if self.recovery.recover(err, updated=True):
+                self.drop_ahead()  # as a failed step's: no generation runs across the recovery
+                with self.rollout_held():
+                    went_back = self.recovery.recover(err, updated=True)
+                self.retry_async()
+                if went_back:
                     return False
 
     def change_pool(self) -> None:
