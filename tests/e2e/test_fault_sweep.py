@@ -128,18 +128,20 @@ def _messages(caplog) -> list[str]:
 
 @pytest.fixture(scope="module", autouse=True)
 def _table(request):
-    """Prints the table of the kills run, in the terminal summary's place (not captured)."""
+    """Prints the table of the kills run once the module's runs are done (not captured)."""
     yield
     if not RESULTS:
         return
     lines = [f"{'RPC':<16} {'role':<8} {'phase':<11} {'outcome':<10} steps lost"]
     for method, role, phase, outcome, lost in RESULTS:
         lines.append(f"{method:<16} {role:<8} {phase:<11} {outcome:<10} {lost}")
-    reporter = request.config.pluginmanager.getplugin("terminalreporter")
-    write = reporter.write_line if reporter is not None else print
-    write(f"\nfault sweep (kill -9 inside each RPC of step {KILL_STEP}):")
-    for line in lines:
-        write(line)
+    text = f"\nfault sweep (kill -9 inside each RPC of step {KILL_STEP}):\n" + "\n".join(lines)
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    if capture is None:
+        print(text)
+        return
+    with capture.global_and_fixture_disabled():  # to the terminal, past pytest's capture
+        print(text, flush=True)
 
 
 def test_sweep_covers_every_rpc_of_a_step():
