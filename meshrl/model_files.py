@@ -5,6 +5,8 @@ step is a loadable folder, and by exports."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 # Small files of a model folder that describe it (not weights): the model's, then the
@@ -37,3 +39,31 @@ def copy_model_files(model_dir: Path, tokenizer_dir: Path | None, dest: Path) ->
     copy_side_files(model_dir, dest)
     if tokenizer_dir is not None:
         copy_side_files(tokenizer_dir, dest, TOKENIZER_FILES)
+
+
+def unreadable_weights(folder: str | Path) -> str | None:
+    """The first ``*.safetensors`` file of a model folder whose header does not parse (a
+    file cut short, a download that saved an error page, a Git LFS pointer), with the
+    reason; None when every one reads. Headers only: no tensor is loaded."""
+    from safetensors import safe_open
+
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt"):
+                pass
+        except Exception as e:  # noqa: BLE001 - SafetensorError and OSError alike: named
+            return f"{path} is not a readable safetensors file ({e})"
+    return None
+
+
+@contextmanager
+def naming_bad_weights(folder: str | Path) -> Iterator[None]:
+    """Around a model's load from ``folder``: a failure whose cause is a weights file that
+    does not parse is a ValueError naming that file (transformers' own error names none:
+    ``Error while deserializing header: header too large``)."""
+    try:
+        yield
+    except Exception as e:
+        if Path(folder).is_dir() and (problem := unreadable_weights(folder)) is not None:
+            raise ValueError(f"the model's weights cannot be read: {problem}") from e
+        raise

@@ -62,11 +62,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("--detach leaves a run to a coordinator service: give --coordinator")
     if config == "-":
         raise ConfigError("config '-' (standard input) is read only with --coordinator")
-    cfg = load_config(config, overrides)
-    from meshrl_app.run_local import run_local
-    from meshrl_app.run_summary import ended_line
+    from meshrl_app.graceful_stop import GracefulStop
 
-    result = run_local(cfg)
+    with GracefulStop() as stop:  # a signal from now on stops the run, even mid-import
+        cfg = load_config(config, overrides)
+        from meshrl_app.run_local import run_local
+        from meshrl_app.run_summary import ended_line
+
+        result = run_local(cfg, stop)
     print(ended_line(result, Path(cfg.trainer.default_local_dir)))
     return EXIT_SUCCEEDED if result.finished else EXIT_STOPPED
 
@@ -123,9 +126,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_output(option: str, path: str | Path) -> None:
+    """ConfigError (exit 2, one line) when ``path`` cannot take the command's output."""
+    from meshrl.config import ConfigError
+    from meshrl.output_paths import output_problem
+
+    if (problem := output_problem(path)) is not None:
+        raise ConfigError(f"{option} {path}: cannot write the output there: {problem}")
+
+
 def _cmd_preprocess(args: argparse.Namespace) -> int:
     from meshrl.data.preprocess import run
 
+    _check_output("--output", args.output)
     counts = run(args.dataset, args.input, args.output)
     for split, n in counts.items():
         print(f"{split}: {n} rows -> {args.output}/{split}.parquet")
@@ -144,12 +157,23 @@ def _cmd_reward(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from meshrl_app.demo.run import run_demo
+    _check_output("--out", args.out)
+    from meshrl.progress_ticker import ProgressTicker
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    # Said at once: importing torch and transformers alone took 16 s of silence on a
+    # loaded machine before the demo's first line.
+    say("demo: loading torch and transformers")
+    with ProgressTicker(lambda s: f"demo: still loading torch and transformers ({s:.0f} s)", say):
+        from meshrl_app.demo.run import run_demo
 
     return run_demo(out_dir=args.out, overrides=args.overrides, config_path=args.config)
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
+    _check_output("--to", args.to)
     if args.adapter:
         from meshrl_app.export import ExportError
         from meshrl_app.export_adapter import export_adapter
@@ -414,9 +438,23 @@ def main(argv: list[str] | None = None) -> int:
     except _loaded_error_types(*FAILURE_ERRORS) as e:
         print(f"meshrl: {e}", file=sys.stderr)
         return EXIT_FAILED
+    except _loaded_error_types("services.coordinator.types:StoppedBeforeStart") as e:
+        print(f"meshrl: {e}; every role server stopped, nothing trained", file=sys.stderr)
+        return EXIT_STOPPED
     except KeyboardInterrupt:
+        if args.fn is _cmd_run and not _run_handles_signals():
+            # a first Ctrl-C before `meshrl run` could install its handler: nothing started
+            print("meshrl: stopped by SIGINT before the run started", file=sys.stderr)
+            return EXIT_STOPPED
         print("meshrl: interrupted; all role servers stopped", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def _run_handles_signals() -> bool:
+    """Whether `meshrl run` had installed its signal handling (then a KeyboardInterrupt is
+    a second signal, or the run's own: exit 130)."""
+    stop = sys.modules.get("meshrl_app.graceful_stop")
+    return stop is not None and stop.GracefulStop.installed
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import annotated_types
 from pydantic import BaseModel, BeforeValidator
 from pydantic.fields import FieldInfo
 
-from meshrl.config.schema import OneOrList, PathText, RunConfig
+from meshrl.config.schema import FileList, OneOrList, PathText, RunConfig
 
 WIDTH = 95
 COMMAND = "python -m meshrl.config.docs > docs/config.md"
@@ -39,11 +39,12 @@ error that names the closest known one. `meshrl run run.yaml [key=value ...]
 verl's names where they mean the same thing; docs/verl.md maps the others.
 """
 
-# What the schema's Annotated types (PathText, OneOrList) add to a plain type, named by
+# What the schema's Annotated types (PathText, OneOrList, FileList) add to a plain type, named by
 # the function they run before validation.
 _READ_AS = {
     get_args(PathText)[1].func: "path",
     get_args(OneOrList)[1].func: "{} (one value alone: a list of one)",
+    get_args(FileList)[1].func: "{} (one value alone: a list of one; null: none)",
 }
 _BOUNDS = {
     annotated_types.Gt: ">",

@@ -50,6 +50,15 @@ def _one_item_list(value: object) -> object:
 OneOrList = Annotated[list[_Item], BeforeValidator(_one_item_list)]
 
 
+def _files_list(value: object) -> object:
+    """Data files: ``null`` (``data.val_files=null``, as verl's configs write "none") is no
+    files, a single path a list of one."""
+    return [] if value is None else _one_item_list(value)
+
+
+FileList = Annotated[list[_Item], BeforeValidator(_files_list)]
+
+
 def _home_expanded(value: object) -> object:
     """``~/x`` as the home folder's ``x``: a shell leaves ``key=~/x`` as typed (the word
     does not start with ``~``), and the files would be looked for in a folder named ``~``."""
@@ -123,11 +132,12 @@ class Section(BaseModel):
 
 
 class DataConfig(Section):
-    train_files: OneOrList[PathText] = Field(default_factory=list)
-    """Parquet files of training prompts in verl's schema (one path alone is a list of one)."""
-    val_files: OneOrList[PathText] = Field(default_factory=list)
-    """Parquet files of validation prompts (one path alone is a list of one); empty disables
-    validation."""
+    train_files: FileList[PathText] = Field(default_factory=list)
+    """Parquet files of training prompts in verl's schema (one path alone is a list of one;
+    null is none)."""
+    val_files: FileList[PathText] = Field(default_factory=list)
+    """Parquet files of validation prompts (one path alone is a list of one); empty or null
+    disables validation."""
     prompt_key: str = "prompt"
     """Column holding the prompt: a chat message list or a plain string."""
     max_prompt_length: int = Field(512, gt=0)
@@ -154,7 +164,16 @@ class DataConfig(Section):
     apply_chat_template: bool = True
     """Render `prompt` with the tokenizer's chat template (a plain string is sent as one user turn)."""
     max_samples: int = -1
-    """Use at most this many training rows (-1 = all)."""
+    """Use at most this many training rows, the first of `train_files` (-1 = all)."""
+    val_max_samples: int = -1
+    """Use at most this many validation rows, the first of `val_files` (-1 = all; verl's
+    key of the same name)."""
+    unscorable_rows: Literal["error", "skip"] = "error"
+    """Rows the run's reward cannot score: rows of a data_source the rule scorers score
+    (no `reward.custom_function`, no reward model) whose `reward_model` is null or has no
+    `ground_truth`, so that every response would score 0. error: the run is refused before
+    any role server starts, naming the file, the row and the column; skip: they are left
+    out of the data set, counted in a warning."""
 
 
 class ModelConfig(Section):

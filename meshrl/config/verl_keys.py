@@ -131,6 +131,11 @@ VERL_KEYS: dict[str, VerlKey] = {
         why="training rollouts sample; greedy ones have temperature 0",
         same_here=(True,),
     ),
+    "data.train_max_samples": VerlKey(
+        use="data.max_samples",
+        why="the same setting; this config gives both, with different values",
+        moves_to="data.max_samples",
+    ),
     "actor_rollout_ref.rollout.enable_sleep_mode": VerlKey(
         use="actor_rollout_ref.rollout.free_cache_engine",
         why="the same setting; this config gives both, with different values",

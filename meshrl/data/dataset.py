@@ -49,6 +49,10 @@ class PromptRecord:
     chat: str = ""
     """The prompt as the row has it, for a reward model to render with its own chat
     template: the message list as JSON, or the plain string ("": unknown)."""
+    where: str = ""
+    """The row's file and position in it (``train.parquet row 3``)."""
+    no_truth: str = ""
+    """Why the row has no ground truth (``column reward_model is null``); "" when it has one."""
 
 
 class PromptDataset:
@@ -65,6 +69,7 @@ class PromptDataset:
         truncation: Truncation = "error",
         apply_chat_template: bool = True,
         max_samples: int = -1,
+        max_samples_key: str = "data.max_samples",
     ):
         if truncation not in ("error", "left", "right"):
             raise ValueError(f"truncation must be error, left or right, got {truncation!r}")
@@ -74,7 +79,7 @@ class PromptDataset:
                 "set data.apply_chat_template=false for a base model, or use a chat model"
             )
         if max_samples == 0:  # else "all 0 prompts are longer than max_prompt_length"
-            raise DataError("data.max_samples=0 keeps no prompts; -1 keeps them all")
+            raise DataError(f"{max_samples_key}=0 keeps no prompts; -1 keeps them all")
         self.max_prompt_length = max_prompt_length
         rows = read_rows(list(files), prompt_key)
         if max_samples >= 0:
@@ -163,4 +168,6 @@ def _record(row: RawRow, text: str, ids: list[int]) -> PromptRecord:
         extra_info=row.extra_info,
         ability=row.ability,
         chat=row.prompt if isinstance(row.prompt, str) else json.dumps(row.prompt),
+        where=row.where,
+        no_truth=row.no_truth,
     )

@@ -43,6 +43,9 @@ class RawRow:
     ability: str = ""
     ground_truth: str = ""
     extra_info: dict[str, Any] = field(default_factory=dict)
+    no_truth: str = ""
+    """Why the row has no ground truth to score against, naming the column
+    (``reward_model is null``); "" when it has one."""
 
     @property
     def where(self) -> str:
@@ -127,6 +130,7 @@ def _to_row(rec: dict, path: str, row_in_file: int, index: int, prompt_key: str)
         extra_info["choices"] = list(reward_model["choices"])
     gt = reward_model.get("ground_truth")
     return RawRow(
+        no_truth=_no_truth(rec.get("reward_model"), gt),
         index=index,
         source_file=path,
         row_in_file=row_in_file,
@@ -136,6 +140,16 @@ def _to_row(rec: dict, path: str, row_in_file: int, index: int, prompt_key: str)
         ground_truth="" if gt is None else _gt_to_str(gt),
         extra_info=extra_info,
     )
+
+
+def _no_truth(reward_model: Any, gt: Any) -> str:
+    if reward_model is None:
+        return "column reward_model is null"
+    if gt is None:
+        return "reward_model.ground_truth is missing (null)"
+    if isinstance(gt, str) and not gt.strip():
+        return "reward_model.ground_truth is empty"
+    return ""
 
 
 def _gt_to_str(gt: Any) -> str:

@@ -45,6 +45,9 @@ PRELOAD = [
 def _run(command: list[str], env: dict[str, str], log_path: str, cwd: str) -> None:
     """In the forked process: becomes ``python -m module *args`` (or ``python -c code``)."""
     os.setsid()  # its own session: one signal to the group reaches what it starts
+    # The fork server runs with SIGINT blocked (see fork_server_process): a server takes
+    # Ctrl-C as `python -m` would.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _show_as(command)
     stdin = os.open(os.devnull, os.O_RDONLY)
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -144,7 +147,16 @@ def fork_server_process(command: list[str], env: dict[str, str], log_path: Path)
         args=(command, env, str(log_path), os.getcwd()),
         name=command[2] if command[1] == "-m" else "python -c",
     )
-    process.start()
+    # A Ctrl-C at the terminal reaches the fork server too (the launcher's process group),
+    # and multiprocessing protects it from SIGINT only once its preload is imported: before,
+    # a Ctrl-C in those seconds printed a KeyboardInterrupt traceback from deep in torch's
+    # imports. Blocked while it is started, the fork server inherits the mask (and keeps the
+    # signal blocked); here the signal waits until the start is done, and is not lost.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        process.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     # As with a subprocess, this process's exit neither waits for the server nor stops it
     # (multiprocessing would join its children at exit): the server's parent watch stops
     # it once this process is gone (meshrl.rpc.parent_watch).

@@ -4,16 +4,36 @@ A run waits on its role servers most of the time: Initialize while models load, 
 weight sync, Generate of step 1. `RoleClient` records each call here; a run's progress
 ticker (`long_calls_line`) names those that have gone on for another ``every_s`` seconds,
 so a slow call is said every ``every_s`` while it lasts and a fast run prints nothing more.
+
+A call made under :func:`calls_for` (validation's) is said with what it is for: ``rollout
+Generate for validation at step 2 (10 s)``, not as the step's own Generate.
 """
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import threading
 import time
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+CALL_PURPOSE: contextvars.ContextVar[str] = contextvars.ContextVar("call_purpose", default="")
+"""What the calls made in this context are for ("validation at step 2"); "" for the
+step's own. A thread pool that makes calls for its caller runs them in the caller's
+context (``contextvars.copy_context().run``), so the purpose goes with them."""
+
+
+@contextmanager
+def calls_for(purpose: str) -> Iterator[None]:
+    """The calls made inside (and in pools that copy this context) are said as for
+    ``purpose``."""
+    token = CALL_PURPOSE.set(purpose)
+    try:
+        yield
+    finally:
+        CALL_PURPOSE.reset(token)
 
 
 @dataclass
@@ -26,6 +46,8 @@ class Call:
     """time.monotonic() at its start."""
     said: int = 0
     """How many times a progress line named it."""
+    purpose: str = ""
+    """What it is for (CALL_PURPOSE when it started); "" for a step's own call."""
 
 
 class CallsInFlight:
@@ -40,7 +62,9 @@ class CallsInFlight:
     def track(self, server: str, address: str, method: str) -> Iterator[None]:
         key = next(self._ids)
         with self._lock:
-            self._calls[key] = Call(server, address, method, time.monotonic())
+            self._calls[key] = Call(
+                server, address, method, time.monotonic(), purpose=CALL_PURPOSE.get()
+            )
         try:
             yield
         finally:
@@ -72,7 +96,9 @@ class CallsInFlight:
             return None
         due.sort(key=lambda c: (-c[1], c[0].server))
         return "still waiting: " + ", ".join(
-            f"{call.server} {call.method} ({age:.0f} s)" for call, age in due
+            f"{call.server} {call.method}{' for ' + call.purpose if call.purpose else ''} "
+            f"({age:.0f} s)"
+            for call, age in due
         )
 
 

@@ -33,6 +33,7 @@ def prepare_model(out_dir: Path, held_out: set, seed: int = 0) -> Path:
     marker = model_dir / "WARM_STARTED"
     if marker.exists() and marker.read_text().startswith(f"seed {seed},"):
         return model_dir
+    print(f"demo: building the tiny model in {model_dir}", flush=True)
     make_tiny_model_dir(model_dir, seed=seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
@@ -156,6 +157,7 @@ def run_demo(
     out = Path(out_dir).resolve()
     cfg = demo_config(out, overrides or [], config_path)
     clear_run_dir(Path(cfg.trainer.default_local_dir), out)
+    print(f"demo: writing the addition problems to {out / 'data'}", flush=True)
     data = write_arithmetic_parquet(out / "data", digits=DIGITS)
     prepare_model(out, read_problems(data["test"]), seed=cfg.trainer.seed)
     start = time.perf_counter()

@@ -24,6 +24,7 @@ import threading
 from collections.abc import Callable
 
 from meshrl.config import ConfigError, RunConfig
+from meshrl.rpc.client import unreachable
 from meshrl.rpc.role_client import RoleCallError
 from services.coordinator.recovery import Restarter
 from services.coordinator.role_servers import RoleServers
@@ -46,9 +47,12 @@ class PoolMembership:
         servers: RoleServers,
         restarter: Restarter | None,
         resync: Callable[[int], None],
+        probe: Callable[[str], bool] = unreachable,
     ):
         """``resync(version)``: rebuilds the weight syncer and the step runner (and so the
-        pool) over ``servers``' current rollout clients, and syncs them to ``version``."""
+        pool) over ``servers``' current rollout clients, and syncs them to ``version``;
+        ``probe(address)``: True when nothing answers a health check there."""
+        self.probe = probe
         self.cfg = cfg
         self.servers = servers
         self.restarter = restarter
@@ -61,7 +65,14 @@ class PoolMembership:
 
     # --- asked from any thread ----------------------------------------------------------
     def ask_add(self, address: str) -> None:
-        """``address`` (a running rollout server) joins at the next step boundary."""
+        """``address`` (a running rollout server) joins at the next step boundary; refused at
+        once when nothing answers there (before, the ask was taken, exit 0, and the server
+        stayed out at the boundary with a warning the asker never saw)."""
+        if self.probe(address):
+            raise ReplicaRefused(
+                f"nothing answers at {address} (no health check answered within 3 s): start "
+                "the rollout server there first, or correct the address"
+            )
         with self._lock:
             if address in self._rollout_addresses().values() or address in self._adds:
                 raise ReplicaRefused(f"rollout server {address} already serves this run")

@@ -96,6 +96,16 @@ class RewardFailedEverySample(RuntimeError):
     rewards that are all 0 (almost always a reward function that fails on every input)."""
 
 
+class NoGroundTruth(RewardFailedEverySample):
+    """Every sample of a training batch has an empty ground truth while the rule scorers
+    alone score it: each would score 0, a step of zeros rather than of rewards."""
+
+
+def rule_scorers_only(cfg: RunConfig) -> bool:
+    """Whether the rule scorers alone score the run's samples (they need a ground truth)."""
+    return not cfg.reward.custom_function and not cfg.reward.reward_model.enable
+
+
 def reward_failure_summary(results: list, data_sources: list[str]) -> str | None:
     """One line on the samples the reward service could not score (a scorer that raised, hung,
     returned a non-number, or killed its worker), or None when every sample was scored."""
@@ -209,6 +219,14 @@ class PPOStep:
 
     # --- step 2: score, reference, values, old log-probs (in parallel) ---------------
     def score(self, batch: RolloutBatch) -> None:
+        truths = batch.ground_truths
+        if truths and rule_scorers_only(self.cfg) and not any(t.strip() for t in truths):
+            raise NoGroundTruth(
+                f"reward: every one of the {len(truths)} samples of this batch has an empty "
+                "ground truth, so the rule scorers would score each 0; the run stops here "
+                "rather than train on zeros (data.unscorable_rows refuses or leaves out such "
+                "rows at the start)"
+            )
         results = self.roles.reward.score(batch.reward_items(self.tokenizer))
         batch.reward_scores = torch.tensor([r.score for r in results], dtype=torch.float32)
         batch.scores = batch.reward_scores.clone()

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import logging
@@ -25,9 +26,13 @@ from meshrl.algorithms.registry import ESTIMATORS, advantage_estimator, policy_l
 from meshrl.config.loader import ConfigError, config_to_yaml
 from meshrl.config.memory_plan import GIB, ModelShape, check_plan_fits
 from meshrl.config.schema import ModelConfig, RunConfig
+from meshrl.data.dataset import PromptDataset
 from meshrl.data.errors import DataError
 from meshrl.launcher.external import external_endpoints
+from meshrl.model_files import unreadable_weights
+from meshrl.rpc.server import bind_problem
 from services.coordinator.generations import generations_dir
+from services.reward.scorers.custom import parse_spec
 from services.reward.scorers.registry import known_data_sources
 
 log = logging.getLogger(__name__)
@@ -214,6 +219,77 @@ def check_run_config(cfg: RunConfig) -> None:
     if warning := vllm_on_cpu_warning(cfg):
         log.warning("%s", warning)
     check_lora_targets(cfg)
+    check_custom_function(cfg)
+    check_launcher_host(cfg)
+
+
+def check_launcher_host(cfg: RunConfig) -> None:
+    """``launcher.host`` of the local launcher, whose servers listen here: an address this
+    machine does not have (or a name that does not resolve) is a ConfigError naming the key,
+    before any server starts; before, an OSError traceback from the port search."""
+    if cfg.launcher.kind != "local":
+        return
+    problem = bind_problem(cfg.launcher.host, 0)
+    if problem is not None:
+        raise ConfigError(
+            f"launcher.host={cfg.launcher.host}: the local launcher's role servers cannot "
+            f"listen there: {problem}"
+        )
+
+
+def check_custom_function(cfg: RunConfig) -> None:
+    """``reward.custom_function`` read where the reward server will read it (the local
+    launcher's servers run here): a file that is not there, does not parse, or defines no
+    function of that name is refused as a ConfigError before any role server starts, not
+    at the reward server's Initialize after every model loaded. Read, never run: the
+    module's own import errors are the reward server's to report (its workers run it under
+    time and memory limits)."""
+    spec = cfg.reward.custom_function
+    if not spec or cfg.launcher.kind != "local":
+        return
+    path, name = parse_spec(spec)
+    if not path.is_file():
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise ConfigError(f"reward.custom_function: file {path} {what}")
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except SyntaxError as e:
+        raise ConfigError(
+            f"reward.custom_function: {path} line {e.lineno}: {e.msg} (the file is not valid "
+            "Python)"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"reward.custom_function: cannot read {path}: {e}") from None
+    defined = _top_level_names(tree)
+    if defined is not None and name not in defined:
+        functions = sorted(n for n in defined if not n.startswith("_"))
+        raise ConfigError(
+            f"reward.custom_function: {path} defines no {name!r} at its top level; names "
+            f"there: {', '.join(functions) or 'none'} (name one as {path}:<function>)"
+        )
+
+
+def _top_level_names(tree: ast.Module) -> set[str] | None:
+    """The names a module binds at its top level; None when it cannot be told by reading
+    (a star import, an assignment to globals())."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+            return None
+        if isinstance(node, ast.Name) and node.id in ("globals", "setattr", "exec"):
+            return None
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        else:  # assignments, also inside if/try at the top level
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                    names.add(sub.id)
+                elif isinstance(sub, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    names.add(sub.name)
+    return names
 
 
 def registry_warnings(cfg: RunConfig) -> list[str]:
@@ -405,6 +481,23 @@ def _installed(package: str) -> bool:
     return spec is not None and spec.origin is not None
 
 
+def check_model_weights(cfg: RunConfig) -> None:
+    """The weights of the model folders the run's servers will load, where they are on this
+    machine: a ``*.safetensors`` file whose header does not parse is a ConfigError naming
+    the key and the file, before any role server starts (headers only: no tensor is read).
+    Before, each server failed its Initialize with safetensors' own words, which name no
+    file (``Error while deserializing header: header too large``)."""
+    folders = {
+        "actor_rollout_ref.model.path": cfg.actor_rollout_ref.model.path,
+        "critic.model.path": cfg.critic.model.path,
+    }
+    if cfg.reward.reward_model.enable:
+        folders["reward.reward_model.path"] = cfg.reward.reward_model.path
+    for key, folder in folders.items():
+        if folder and Path(folder).is_dir() and (problem := unreadable_weights(folder)):
+            raise ConfigError(f"{key}: {problem}")
+
+
 def load_tokenizer(model: ModelConfig):
     """The run's tokenizer from `model.tokenizer_path` or `model.path`; ConfigError if absent."""
     key = "actor_rollout_ref.model." + ("tokenizer_path" if model.tokenizer_path else "path")
@@ -490,6 +583,43 @@ def check_data_sources_here(cfg: RunConfig, datasets: dict[str, list[str]]) -> N
     known = scorers_known_here(cfg)
     if known is not None:
         check_data_sources(datasets, known)
+
+
+def check_ground_truths(cfg: RunConfig, sets: dict[str, PromptDataset | None]) -> None:
+    """Rows the rule scorers cannot score: their ``reward_model`` is null, or has no (or an
+    empty) ``ground_truth``, so that every response to them would score 0 and train on
+    nothing, silently. With the rule scorers alone (no custom function, no reward model: they
+    may need no ground truth), refused as a DataError naming the key, the file, the row and
+    the column, before any role server starts; ``data.unscorable_rows=skip`` leaves them out
+    of the data set instead, counted in a warning."""
+    if scorers_known_here(cfg) != known_data_sources():
+        return
+    for key, ds in sets.items():
+        if ds is None:
+            continue
+        bad = [r for r in ds.records if r.no_truth]
+        if not bad:
+            continue
+        first = bad[0]
+        said = f"{first.where}: {first.no_truth}"
+        if cfg.data.unscorable_rows == "error":
+            more = f" (and {len(bad) - 1} more rows like it)" if len(bad) > 1 else ""
+            raise DataError(
+                f"{key}: {said}{more}: the rule scorer of {first.data_source!r} has no ground "
+                "truth to compare responses with, so each would score 0. Fix the rows, set "
+                "reward.custom_function to score them, or data.unscorable_rows=skip to leave "
+                "them out"
+            )
+        ds.records = [r for r in ds.records if not r.no_truth]
+        if not ds.records:
+            raise DataError(
+                f"{key}: none of its {len(bad)} rows has a ground truth the rule scorers can "
+                f"score with (the first, {said}); data.unscorable_rows=skip left nothing"
+            )
+        log.warning(
+            "%s: %d rows left out (data.unscorable_rows=skip): no ground truth to score "
+            "them with; the first: %s", key, len(bad), said,
+        )  # fmt: skip
 
 
 def check_filter_metric(cfg: RunConfig, datasets: dict[str, list[str]], known: list[str]) -> None:

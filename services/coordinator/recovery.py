@@ -100,6 +100,13 @@ class Recovery:
         attempt = self.step_failures[step]
         log.warning("%s (%s); recovering (attempt %d of %d)", what, err, attempt, limit)
 
+    def lost_a_server(self) -> bool:
+        """Whether a role server of the run is gone (its process exited, or it answers no
+        more): a call's error is then the server's death, not its answer."""
+        if self.restarter is None:
+            return False
+        return bool(find_dead(self.restarter, self.servers.launched_addresses()))
+
     def recover(self, err: RoleCallError, updated: bool = False) -> bool:
         """Restarts dead role servers; True when the run went back to a checkpoint.
         ``updated``: the failed step's updates were done (only its weight sync failed)."""

@@ -22,6 +22,7 @@ the same batch samples the same responses however its requests were spread.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import itertools
 import logging
@@ -238,7 +239,11 @@ class RolloutPool:
                     name, client = target
                     i = pending.popleft()
                     future = executor.submit(
-                        client.generate, requests[i], request_sampling(sampling, i)
+                        # in the caller's context: a validation's calls are said as such
+                        contextvars.copy_context().run,
+                        client.generate,
+                        requests[i],
+                        request_sampling(sampling, i),
                     )
                     future.add_done_callback(lambda _: self.gate.leave())
                     running[future] = (name, i)

@@ -28,6 +28,7 @@ from meshrl.data.dataset import PromptDataset
 from meshrl.launcher.endpoints import Endpoints
 from meshrl.rpc.role_client import RoleCallError
 from services.coordinator.async_rollout import AsyncRollout
+from services.coordinator.checkpointing import CheckpointError
 from services.coordinator.generations import generations_dir
 from services.coordinator.metrics_sinks import ConsoleSink, MetricsSink, close_sinks, file_sinks
 from services.coordinator.plot import plot_metrics
@@ -356,7 +357,9 @@ class PPORun:
                     metrics.update(val)
                 if self.checkpoints.due(last):
                     with_timer = time.perf_counter()
-                    self.checkpoints.save()
+                    if not self.save_or_recover():
+                        went_back()
+                        continue
                     saved_step = progress.step
                     metrics["timing_s/save_checkpoint"] = time.perf_counter() - with_timer
                 progress.last_metrics = metrics
@@ -368,8 +371,30 @@ class PPORun:
         stopped_early = self._stop.is_set() and 0 < progress.step < self.steps
         if stopped_early and saved_step != progress.step:  # not twice for one step
             log.info("stopped at step %d; saving a checkpoint to resume from", progress.step)
-            self.checkpoints.save()
+            self.save_or_recover()  # went back instead: the checkpoint it went to resumes it
         return progress.last_metrics
+
+    def save_or_recover(self) -> bool:
+        """Saves the checkpoint of the step just completed. A trainer server that dies inside
+        its SaveCheckpoint is restarted as in a step, and the run goes back to its last
+        checkpoint: False then (the step is run again). A save that fails otherwise (a full
+        disk, a server's own write error) ends the run as before."""
+        step = self.progress.step
+        while True:
+            try:
+                self.checkpoints.save()
+                return True
+            except CheckpointError as failed:
+                err = failed.__cause__
+                if not isinstance(err, RoleCallError) or not self.recovery.lost_a_server():
+                    raise
+                self.recovery.count_failure(step, err, f"checkpoint of step {step} failed")
+                self.drop_ahead()  # as a failed step's: no generation runs across the recovery
+                with self.rollout_held():
+                    went_back = self.recovery.recover(err, updated=True)
+                self.retry_async()
+                if went_back:
+                    return False
 
     def change_pool(self) -> None:
         """At a step boundary: rollout replicas that went down in the step before are

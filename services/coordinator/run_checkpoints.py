@@ -5,7 +5,7 @@ to after a crash lost training state. The files themselves are
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 from meshrl.config import ConfigError, RunConfig, config_to_yaml
@@ -119,6 +119,7 @@ class RunCheckpoints:
             for name, c in (("actor", roles.actor), ("critic", roles.critic))
             if c is not None
         ]
+        wait(jobs)  # every save has ended before the folder is removed on a failure
         for f in jobs:
             f.result()
 

@@ -26,6 +26,8 @@ from services.coordinator.checkpointing import (
 )
 from services.coordinator.preflight import (
     check_data_sources_here,
+    check_ground_truths,
+    check_model_weights,
     context_length_warning,
     load_tokenizer,
 )
@@ -57,14 +59,18 @@ def load_run_data(cfg: RunConfig, run_dir: Path | None = None) -> RunData:
     looks (default ``trainer.default_local_dir``; a coordinator service puts a relative
     one under its ``--workdir``)."""
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model)
+    check_model_weights(cfg)  # a weights file that does not parse, named, before any server
     if warning := context_length_warning(cfg):
         log.warning("%s", warning)
     # An evaluation (trainer.val_only) draws no training batch: its training files, if
     # named (as a pasted training command line does), are not read.
     train = not cfg.trainer.val_only
     train_set = make_dataset(cfg, cfg.data.train_files, tokenizer) if train else None
-    val_set = make_dataset(cfg, cfg.data.val_files, tokenizer) if cfg.data.val_files else None
+    val_set = (
+        make_dataset(cfg, cfg.data.val_files, tokenizer, val=True) if cfg.data.val_files else None
+    )
     sets = {"data.train_files": train_set, "data.val_files": val_set}
+    check_ground_truths(cfg, sets)
     check_data_sources_here(
         cfg,
         {key: [r.data_source for r in ds.records] for key, ds in sets.items() if ds is not None},
@@ -207,8 +213,9 @@ def unused_kl_ctrl_warning(cfg: RunConfig) -> str | None:
     )
 
 
-def make_dataset(cfg: RunConfig, files: list[str], tokenizer) -> PromptDataset:
+def make_dataset(cfg: RunConfig, files: list[str], tokenizer, val: bool = False) -> PromptDataset:
     d = cfg.data
+    key = "data.val_max_samples" if val else "data.max_samples"
     return PromptDataset(
         files,
         tokenizer,
@@ -217,7 +224,8 @@ def make_dataset(cfg: RunConfig, files: list[str], tokenizer) -> PromptDataset:
         filter_overlong_prompts=d.filter_overlong_prompts,
         truncation=d.truncation,
         apply_chat_template=d.apply_chat_template,
-        max_samples=d.max_samples,
+        max_samples=d.val_max_samples if val else d.max_samples,
+        max_samples_key=key,
     )
 
 

@@ -8,6 +8,7 @@ does not load torch.
 from __future__ import annotations
 
 import enum
+import signal
 from dataclasses import dataclass, field, replace
 
 
@@ -56,6 +57,21 @@ _EXIT_CODES = {
 INTERRUPTED_EXIT_CODE = 130
 
 
+class StoppedBeforeStart(BaseException):  # noqa: N818 - a stop, as KeyboardInterrupt is
+    """A stop (Ctrl-C, SIGTERM) while the run started: its data read, its servers starting
+    or loading their models. Nothing trained, so nothing is saved; the launcher stops the
+    servers on the way out and ``meshrl run`` exits 3, as for any stop. A BaseException, as
+    KeyboardInterrupt: no handler of ordinary errors takes it for a failure."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+    def __str__(self) -> str:
+        name = signal.Signals(self.signum).name
+        return f"stopped by {name} while the run started (before its first step)"
+
+
 def ended_exit_code(error: BaseException | None, finished: bool) -> int:
     """How a run ended, as the exit code `meshrl run` exits with and its metrics sinks record
     (a wandb run is marked failed for any code but 0). ``error``: what ended it, None when
@@ -68,6 +84,8 @@ def ended_exit_code(error: BaseException | None, finished: bool) -> int:
         return (RunState.SUCCEEDED if finished else RunState.STOPPED).exit_code
     if isinstance(error, KeyboardInterrupt):
         return INTERRUPTED_EXIT_CODE
+    if isinstance(error, StoppedBeforeStart):
+        return RunState.STOPPED.exit_code
     # Imported here: `meshrl status` imports this module, and must stay light.
     from meshrl.config import ConfigError
     from meshrl.data.errors import DataError

@@ -19,6 +19,7 @@ import torch
 
 from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
+from meshrl.rpc.calls_in_flight import calls_for
 from services.coordinator.generations import (
     GenerationRow,
     generations_dir,
@@ -164,17 +165,18 @@ class RunValidation:
         memory.wake()  # validation generates: the caches come back first
         shown_count = self.cfg.trainer.log_val_generations
         shown: list[GenerationRow] | None = [] if shown_count else None
-        metrics = validate(
-            self.cfg,
-            self.records,
-            rollouts,
-            reward,
-            self.tokenizer,
-            self.generations,
-            step,
-            shown,
-            multi_turn,
-        )
+        with calls_for(f"validation at step {step}"):  # its waits said as validation's
+            metrics = validate(
+                self.cfg,
+                self.records,
+                rollouts,
+                reward,
+                self.tokenizer,
+                self.generations,
+                step,
+                shown,
+                multi_turn,
+            )
         if shown:
             log_generations(self.sinks, step, pick_shown(shown, shown_count, self.cfg.trainer.seed))
         return {**metrics, "timing_s/testing": time.perf_counter() - start}

@@ -23,8 +23,12 @@ def limit_worker(memory_limit_mb: int) -> None:
 def calculate(expression: str) -> str:
     """The calculator's answer to ``expression``: its value, or ``error: ...``."""
     try:
-        return format_value(evaluate(expression))
+        value = evaluate(expression)
     except ExpressionError as e:
         return f"error: {e}"
     except MemoryError:
         return "error: the expression needs more memory than the calculator has"
+    try:
+        return format_value(value)
+    except ValueError as e:  # an int past Python's digit limit for str(): no text of it
+        return f"error: the result cannot be written out ({e})"

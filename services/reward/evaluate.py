@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from meshrl.config.schema import RewardConfig
+from meshrl.output_paths import output_problem
+from meshrl.progress_ticker import ProgressTicker
 from services.reward.arguments import (
     DEFAULT_NUM_WORKERS,
     DEFAULT_TIMEOUT_S,
@@ -223,6 +225,28 @@ def _known_data_sources(server: str | None, cfg: RewardConfig) -> list[str]:
 def _score(
     items: list[ScoreItem], server: str | None, cfg: RewardConfig, sample_timeout_s: float | None
 ) -> list[ScoreOutcome]:
+    """The outcome of each item, in process or by the reward server at ``server``; a line on
+    stderr every PROGRESS_EVERY_S (10 s) while it lasts says what it waits for (before, 79 s
+    of silence with slow scorers)."""
+    done = [0]  # items scored so far (by the server: a chunk at a time)
+    where = f"by the reward server at {server}" if server else "in process"
+
+    def waiting(elapsed_s: float) -> str:
+        so_far = f"{done[0]} of {len(items)} scored" if server else f"{len(items)} responses"
+        return f"reward eval: scoring {where}: {so_far} ({elapsed_s:.0f} s)"
+
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    with ProgressTicker(waiting, say):
+        return _score_all(items, server, cfg, sample_timeout_s, done)
+
+
+def _score_all(
+    items: list[ScoreItem],
+    server: str | None,
+    cfg: RewardConfig,
+    sample_timeout_s: float | None,
+    done: list[int],
+) -> list[ScoreOutcome]:
     if server is None:
         from services.reward.scoring import RewardScorer
 
@@ -239,6 +263,7 @@ def _score(
         for start in range(0, len(items), CHUNK):
             try:
                 out.extend(client.score(items[start : start + CHUNK], sample_timeout_s or 0.0))
+                done[0] = len(out)
             except RoleCallError as e:
                 code = e.code.name if e.code is not None else "ERROR"
                 raise RuntimeError(f"reward server {server}: {code}: {e.details}") from None
@@ -443,6 +468,14 @@ def _in_process_config(args: argparse.Namespace) -> RewardConfig:
     )
 
 
+def report_path_problem(path: str | Path) -> str | None:
+    """Why the report cannot be written at ``path`` (a folder of that name, a folder that
+    cannot be made or written), asked before any sample is scored; None when it can."""
+    if Path(path).is_dir():
+        return "a folder of that name exists"
+    return output_problem(Path(path).expanduser().absolute().parent)
+
+
 def run(args: argparse.Namespace) -> int:
     """Scores, prints the table and the failures; the exit code is EVAL_EXIT_CODES'."""
     if problem := server_conflict(args):
@@ -455,6 +488,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD_ARGUMENTS
     if problem := input_conflict(args):
         print(f"error: {problem}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENTS
+    if args.output and (problem := report_path_problem(args.output)):
+        print(f"error: --output {args.output}: cannot write the report there: {problem}",
+              file=sys.stderr)  # fmt: skip
         return EXIT_BAD_ARGUMENTS
     settings = {
         "output": args.output,

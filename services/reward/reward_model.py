@@ -38,6 +38,7 @@ from transformers import (
 )
 
 from meshrl.gpus import gpu_names
+from meshrl.model_files import naming_bad_weights
 from services.reward.types import RewardModelError, ScoringCancelled
 
 log = logging.getLogger(__name__)
@@ -115,7 +116,8 @@ class RewardModel:
         except (OSError, ValueError) as e:
             raise RewardModelError(f"{path}: its tokenizer cannot be loaded: {_one_line(e)}") from e
         try:
-            model = auto.from_pretrained(path, num_labels=1, dtype=dtype)
+            with naming_bad_weights(path):
+                model = auto.from_pretrained(path, num_labels=1, dtype=dtype)
         except (OSError, ValueError) as e:
             raise RewardModelError(f"{path} cannot be loaded: {_one_line(e)}") from e
         self.model = model.to(self.device).eval()

@@ -49,7 +49,7 @@ from meshrl.weight_sync.types import GroupSpec, WeightManifest
 from meshrl.wire import ragged_from_proto, tensor_to_proto
 from services.rollout.convert import generation_to_proto, sampling_from_proto
 from services.rollout.engine import GenerationCancelled, MemoryReleasedError, WeightsMixedError
-from services.rollout.metrics import count_generation, report_weight_version
+from services.rollout.metrics import count_generation, register, report_weight_version
 from services.rollout.worker import (
     NotInitializedError,
     NoWeightGroupError,
@@ -125,6 +125,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.worker = worker
         self._on_ready = on_ready
         self.markers = CallMarkers("rollout")  # "rpc Generate #k started/finished" log lines
+        register()  # the rollout's own metrics: exported by rollout servers alone
         report_weight_version(lambda: worker.engine.weight_version if worker.ready else -1)
 
     def _info(self) -> common_pb2.ServerInfo:

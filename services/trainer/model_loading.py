@@ -15,6 +15,7 @@ from torch import nn
 from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
+from meshrl.model_files import naming_bad_weights
 from services.trainer.chunked_head import install_chunked_head
 from services.trainer.value_model import ValueModel
 from services.trainer.varlen_attention import VARLEN_ATTENTION
@@ -34,9 +35,10 @@ def load_policy_model(
     padding-free rows need (``varlen_attention.py``); otherwise transformers' default.
     """
     _check_folder(path)
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, local_files_only=True, **_attention(remove_padding)
-    )
+    with naming_bad_weights(path):
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32, local_files_only=True, **_attention(remove_padding)
+        )
     _prepare(model, gradient_checkpointing)
     # Log-probs and entropy straight from the LM head, chunk by chunk: the float32 logits
     # of a whole micro-batch are never materialised (see chunked_head.py).
@@ -58,9 +60,10 @@ def load_value_model(
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        decoder = AutoModel.from_pretrained(
-            path, dtype=torch.float32, local_files_only=True, **_attention(remove_padding)
-        )
+        with naming_bad_weights(path):
+            decoder = AutoModel.from_pretrained(
+                path, dtype=torch.float32, local_files_only=True, **_attention(remove_padding)
+            )
     finally:
         hf_logging.set_verbosity(verbosity)
     _prepare(decoder, gradient_checkpointing)

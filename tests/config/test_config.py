@@ -249,3 +249,50 @@ def test_partial_rollouts_keeping_the_kv_cache_are_refused_with_vllm_on_a_gpu_ru
     assert build_config({}, recompute).actor_rollout_ref.rollout.partial_rollout_kv == "recompute"
     # On a CPU run rollout.name=vllm generates with the native engine, which keeps it.
     assert build_config({}, vllm).actor_rollout_ref.rollout.partial_rollout
+
+
+def test_null_data_files_are_none_given_not_a_pydantic_error():
+    """`data.val_files=null` (verl configs write null for "none"): no validation; before,
+    pydantic's `Input should be a valid list (got None)`. A null train_files is then the
+    run's own `data.train_files is empty` check."""
+    cfg = build_config({}, ["data.val_files=null", "data.train_files=null"])
+    assert cfg.data.val_files == [] and cfg.data.train_files == []
+    cfg = build_config({"data": {"val_files": None}}, [])
+    assert cfg.data.val_files == []
+
+
+def test_val_max_samples_caps_the_validation_rows_alone(tmp_path):
+    """verl's data.val_max_samples: the first N validation rows; data.max_samples caps the
+    training rows only (before, it capped both, and nothing capped validation alone)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from meshrl.testing.char_tokenizer import save_char_tokenizer
+    from services.coordinator.run_data import load_run_data
+
+    rows = [
+        {
+            "data_source": "openai/gsm8k",
+            "prompt": [{"role": "user", "content": f"Q: {i}+1="}],
+            "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
+        }
+        for i in range(6)
+    ]
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    save_char_tokenizer(tmp_path / "tok")
+    base = [
+        f"data.train_files={path}", f"data.val_files={path}",
+        f"actor_rollout_ref.model.path={tmp_path / 'tok'}", "data.train_batch_size=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "critic.ppo_mini_batch_size=2",
+        f"trainer.default_local_dir={tmp_path / 'run'}",
+    ]  # fmt: skip
+    data = load_run_data(build_config({}, [*base, "data.val_max_samples=3"]))
+    assert data.val_set is not None and data.train_set is not None
+    assert [r.ground_truth for r in data.val_set.records] == ["1", "2", "3"]
+    assert len(data.train_set) == 6
+    data = load_run_data(build_config({}, [*base, "data.max_samples=4"]))
+    assert len(data.train_set) == 4 and len(data.val_set) == 6
+    # verl's name of the training cap is data.max_samples here
+    cfg = build_config({}, ["data.train_max_samples=4", "data.val_max_samples=2"])
+    assert (cfg.data.max_samples, cfg.data.val_max_samples) == (4, 2)

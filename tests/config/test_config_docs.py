@@ -43,8 +43,8 @@ def test_an_entry_says_type_bounds_default_and_docstring():
         "- **`data.train_batch_size`** (int, > 0; default `256`): Prompts per PPO step.\n" in page
     )
     assert (
-        "**`data.train_files`** (list of path (one value alone: a list of one); default `[]`)"
-        in (" ".join(page.split()))
+        "**`data.train_files`** (list of path (one value alone: a list of one; null: none); "
+        "default `[]`)" in (" ".join(page.split()))
     )
 
 

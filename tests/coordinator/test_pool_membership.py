@@ -61,7 +61,8 @@ def membership(servers, restarter=None):
         assert version == VERSION
         synced.append(list(servers.roles.rollout_names))
 
-    return PoolMembership(servers.cfg, servers, restarter, resync), synced
+    # stand-in replicas: every address answers the probe `ask_add` sends
+    return PoolMembership(servers.cfg, servers, restarter, resync, probe=lambda a: False), synced
 
 
 def test_a_replica_that_went_down_is_restarted_and_rejoins_after_the_sync(servers, caplog):

@@ -186,3 +186,30 @@ def test_request_size_defaults_to_the_batch_for_one_replica_and_a_quarter_share_
     assert prompts_per_request(None, 0, 1) == 1
     out = pool_of(StandIn("a:1"), per_request=None).generate(Ragged.from_lists([]), SAMPLING)
     assert len(out.responses) == 0
+
+
+def test_validation_waits_are_said_as_validation_not_as_the_steps_generate():
+    """A validation's Generate requests run in the pool's threads with the caller's purpose:
+    a long one is said `rollout Generate for validation at step 2 (10 s)`. Before, the
+    progress line named it `rollout Generate (10 s)`, as if the step generated."""
+    from meshrl.rpc.calls_in_flight import CALL_PURPOSE, CallsInFlight, calls_for
+
+    seen: list[str] = []
+    calls = CallsInFlight()
+
+    class Tracked(StandIn):
+        def generate(self, prompts, sampling):
+            seen.append(CALL_PURPOSE.get())
+            with calls.track("rollout", self.address, "Generate"):
+                time.sleep(0.05)
+                seen.append(calls.long_calls_line(0.01) or "")
+                return super().generate(prompts, sampling)
+
+    pool = pool_of(Tracked("r:1"), per_request=4)
+    with calls_for("validation at step 2"):
+        pool.generate(batch(4), SAMPLING)
+    assert seen[0] == "validation at step 2"
+    assert seen[1].startswith("still waiting: rollout Generate for validation at step 2 ("), seen
+    seen.clear()
+    pool.generate(batch(4), SAMPLING)  # the step's own
+    assert seen[0] == "" and seen[1].startswith("still waiting: rollout Generate ("), seen

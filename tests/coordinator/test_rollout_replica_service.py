@@ -17,6 +17,7 @@ from services.coordinator.pool_membership import PoolMembership
 from services.coordinator.ppo_step import Roles
 
 REPLICA = "127.0.0.1:7001"
+LIVE = {REPLICA, "127.0.0.1:7002", "127.0.0.1:7003"}  # where a stand-in server answers
 
 
 class PoolPPO(FakePPO):
@@ -26,7 +27,9 @@ class PoolPPO(FakePPO):
         super().__init__(cfg, endpoints, run_dir, sinks, restarter)
         roles = Roles(rollouts=[SimpleNamespace(address=REPLICA)], actor=None, reward=None)
         servers = SimpleNamespace(roles=roles)
-        self.membership = PoolMembership(cfg, servers, None, lambda version: None)
+        self.membership = PoolMembership(
+            cfg, servers, None, lambda version: None, probe=lambda address: address not in LIVE
+        )
 
 
 @pytest.fixture
@@ -61,8 +64,9 @@ def test_add_and_remove_are_asked_of_the_runs_pool(running):
         ("remove", REPLICA, "is the run's last replica: add another first"),
         ("remove", "127.0.0.1:9", "no rollout replica at 127.0.0.1:9 in this run"),
         ("add", REPLICA, f"rollout server {REPLICA} already serves this run"),
+        ("add", "127.0.0.1:9", "nothing answers at 127.0.0.1:9"),
     ],
-    ids=["the_last_replica", "an_unknown_replica", "a_replica_already_in"],
+    ids=["the_last_replica", "an_unknown_replica", "a_replica_already_in", "nothing_listening"],
 )
 def test_a_change_that_cannot_be_made_is_refused_saying_why(running, action, replica, said):
     address, run_id, ppo = running
@@ -89,3 +93,18 @@ def test_the_cli_verb_reaches_the_service(running, capsys):
     assert cli.main(argv) == 0
     assert "127.0.0.1:7003 joins run" in capsys.readouterr().out
     assert ppo.membership._adds == ["127.0.0.1:7003"]
+
+
+def test_adding_an_address_nothing_listens_on_is_refused_at_once():
+    """The real probe: a port nothing listens on is refused when asked (before, the ask
+    was taken, `meshrl rollout add` exited 0, and the server stayed out at the boundary)."""
+    import socket
+
+    with socket.socket() as sock:  # a port that was free a moment ago: nothing serves it
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    roles = Roles(rollouts=[SimpleNamespace(address=REPLICA)], actor=None, reward=None)
+    membership = PoolMembership(None, SimpleNamespace(roles=roles), None, lambda version: None)
+    with pytest.raises(ValueError, match=f"nothing answers at 127.0.0.1:{port}"):
+        membership.ask_add(f"127.0.0.1:{port}")
+    assert membership._adds == []

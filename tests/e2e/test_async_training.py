@@ -15,7 +15,7 @@ from meshrl.launcher.local import LocalLauncher
 from meshrl.rpc.call_markers import TEST_SLOW_ENV
 from meshrl_app.run_local import run_local
 from services.coordinator.run import PPORun
-from tests.e2e.test_faults import KillInsideCall
+from tests.e2e.kill_inside import KillInsideCall
 from tests.e2e.test_one_step_off_policy import _overrides, prompts_of, step_rows
 from tests.e2e.test_rollout_replicas import HOLD_S, KILL_CALL, STEPS
 from tests.e2e.test_rollout_replicas import _overrides as replica_overrides

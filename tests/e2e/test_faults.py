@@ -22,7 +22,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -31,11 +30,10 @@ import pytest
 import yaml
 
 from meshrl.config import build_config
-from meshrl.launcher.local import LocalLauncher
 from meshrl.rpc.call_markers import TEST_SLOW_ENV
 from services.coordinator.checkpointing import CheckpointManager, verify
 from services.coordinator.metrics_sinks import read_jsonl
-from services.coordinator.run import PPORun
+from tests.e2e.kill_inside import ended_line, run_killing
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -67,54 +65,6 @@ def _overrides(tiny_model, data, run_dir):
     ]  # fmt: skip
 
 
-def _started(method: str, k: int, pid: int) -> str:
-    return f"rpc {method} #{k} started (pid {pid})"
-
-
-def _ended(method: str, k: int | str, pid: int) -> re.Pattern:
-    return re.compile(rf"rpc {method} #{k} (finished|failed) in [\d.]+ s \(pid {pid}\)")
-
-
-class KillInsideCall(threading.Thread):
-    """Reads a role server's log and kill -9s its process group on the "started" line of the
-    server's k-th call of `method`."""
-
-    def __init__(self, launcher: LocalLauncher, name: str, method: str, k: int):
-        super().__init__(daemon=True)
-        proc = launcher.processes[name]
-        self.pid, self.log_path = proc.popen.pid, proc.log_path
-        self.line = _started(method, k, self.pid)
-        self.killed = threading.Event()
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            if self.line in self.log_path.read_text(errors="replace"):
-                os.killpg(self.pid, signal.SIGKILL)  # the server's own session, by its id
-                self.killed.set()
-                return
-            self.stop.wait(0.02)
-
-
-def run_killing(cfg, run_dir, name: str, method: str, k: int):
-    """A whole run with a restarter, the server `name` kill -9ed inside its k-th `method`
-    call. Returns the last metrics, the killer, the server's new pid and the actor's log."""
-    with LocalLauncher(cfg, run_dir) as launcher:
-        endpoints = launcher.start()
-        killer = KillInsideCall(launcher, name, method, k)
-        killer.start()
-        run = PPORun(cfg, endpoints, run_dir, restarter=launcher)
-        try:
-            run.setup()
-            last = run.train()
-        finally:
-            run.close()
-            killer.stop.set()
-        new_pid = launcher.processes[name].popen.pid
-        actor_log = launcher.processes["actor"].log_path.read_text(errors="replace")
-    return last, killer, new_pid, actor_log
-
-
 @pytest.mark.parametrize("victim", list(VICTIMS))
 def test_role_server_killed_inside_its_call(
     victim, tiny_model, arithmetic_data, tmp_path, monkeypatch, caplog
@@ -130,7 +80,7 @@ def test_role_server_killed_inside_its_call(
     # the kill landed inside the call: started, never finished or failed, by the killed pid
     log_text = killer.log_path.read_text(errors="replace")
     assert killer.line in log_text
-    assert not _ended(method, k, killer.pid).search(log_text)
+    assert not ended_line(method, k, killer.pid).search(log_text)
     # the coordinator saw step 4 fail in that call and recovered; the new server served it
     recoveries = [r.getMessage() for r in caplog.records if "recovering" in r.getMessage()]
     assert len(recoveries) == 1, recoveries
@@ -144,7 +94,7 @@ def test_role_server_killed_inside_its_call(
     # in the sync, whichever end notices first names its call: the actor's send or the receive
     calls = ("SendWeights", "ReceiveWeights") if in_sync else (method,)
     assert any(f"failed during {call}" in recoveries[0] for call in calls), recoveries[0]
-    assert _ended(method, r"\d+", new_pid).search(log_text), "the restarted server served it"
+    assert ended_line(method, r"\d+", new_pid).search(log_text), "the restarted server served it"
 
     assert last["training/global_step"] == STEPS
     rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "critic/score/mean" in r]
@@ -196,7 +146,7 @@ def test_coordinator_killed_then_resumed_from_cli(tiny_model, arithmetic_data, t
     at_kill = _read(actor_log)
     proc.wait()
     actor_pid = int(started.search(at_kill).group(1))
-    assert not _ended("UpdatePolicy", 3, actor_pid).search(at_kill), "killed mid-update"
+    assert not ended_line("UpdatePolicy", 3, actor_pid).search(at_kill), "killed mid-update"
     assert (run_dir / "checkpoints" / "global_step_2").is_dir()
     assert actor_pid in {p.pid for p in servers}, "the coordinator had started its role servers"
     # orphaned role servers notice their launcher is gone and stop by themselves
@@ -229,7 +179,7 @@ def test_rollout_killed_while_generating_ahead_one_step_off_policy(
     last, killer, new_pid, actor_log = run_killing(cfg, tmp_path, "rollout0", "Generate", 4)
     assert killer.killed.is_set() and new_pid != killer.pid
     log_text = killer.log_path.read_text(errors="replace")
-    assert not _ended("Generate", 4, killer.pid).search(log_text)
+    assert not ended_line("Generate", 4, killer.pid).search(log_text)
     recoveries = [r.getMessage() for r in caplog.records if "recovering" in r.getMessage()]
     assert len(recoveries) == 1 and recoveries[0].startswith(
         "step 3: updated, but its weight sync failed ("

@@ -16,7 +16,7 @@ from meshrl.launcher.local import LocalLauncher
 from meshrl.rpc.call_markers import TEST_SLOW_ENV
 from services.coordinator.metrics_sinks import read_jsonl
 from services.coordinator.run import PPORun
-from tests.e2e.test_faults import KillInsideCall, _ended
+from tests.e2e.kill_inside import KillInsideCall, ended_line
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -68,8 +68,8 @@ def test_a_replica_killed_mid_generation_loses_no_prompt_and_rejoins(
         new_pid = launcher.processes["rollout1"].popen.pid
     assert killer.killed.is_set(), "rollout1 never started Generate #4"
     log_text = killer.log_path.read_text(errors="replace")
-    assert not _ended("Generate", KILL_CALL, killer.pid).search(log_text), "killed mid-call"
-    assert new_pid != killer.pid and _ended("Generate", r"\d+", new_pid).search(log_text)
+    assert not ended_line("Generate", KILL_CALL, killer.pid).search(log_text), "killed mid-call"
+    assert new_pid != killer.pid and ended_line("Generate", r"\d+", new_pid).search(log_text)
 
     messages = [r.getMessage() for r in caplog.records]
     assert not [m for m in messages if "recovering" in m], "the pool, not a recovery, coped"

@@ -46,3 +46,24 @@ def test_the_demo_config_and_an_example_get_the_demos_paths(tmp_path):
         assert cfg.actor_rollout_ref.model.path == str(tmp_path / "model")
     assert own.trainer.total_training_steps == 3
     assert example.actor_rollout_ref.rollout.n == 4
+
+
+@pytest.mark.slow
+def test_the_demo_says_what_it_does_from_its_first_second(tmp_path):
+    """Its first line comes before torch and transformers are imported; before, `meshrl
+    demo` printed nothing for its first 16 s on a loaded machine."""
+    import subprocess
+    import sys
+    import time
+
+    cmd = [sys.executable, "-m", "meshrl_app.cli", "demo", "--out", str(tmp_path / "d"),
+           "--config", str(tmp_path / "nope.yaml")]  # fmt: skip
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    first_s = time.monotonic() - start
+    _, err = proc.communicate(timeout=120)
+    assert first == "demo: loading torch and transformers\n"
+    assert first_s < 5, first_s  # the import of torch alone takes longer
+    assert proc.returncode == 2 and "nope.yaml does not exist" in err

@@ -41,7 +41,7 @@ def _no_data(cfg, run_dir=None):
 
 
 def _run_ends_with(monkeypatch, outcome):
-    def fake_run_local(cfg):
+    def fake_run_local(cfg, stop=None):
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome
@@ -361,7 +361,7 @@ def test_coordinator_only_arguments_of_a_local_run_are_a_bad_request(
 
 def test_a_local_run_ends_naming_its_folder(monkeypatch, tmp_path, capsys, config):
     result = RunResult({}, finished=True, step=4, total_steps=4)
-    monkeypatch.setattr(run_local_module, "run_local", lambda cfg: result)
+    monkeypatch.setattr(run_local_module, "run_local", lambda cfg, stop=None: result)
     assert cli.main(["run", config, f"trainer.default_local_dir={tmp_path / 'r'}"]) == 0
     said = f"meshrl: run finished at step 4 of 4; run folder {tmp_path / 'r'}"
     assert said in capsys.readouterr().out

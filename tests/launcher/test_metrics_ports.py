@@ -123,5 +123,8 @@ def test_every_role_server_of_a_run_serves_its_metrics(tmp_path):
             text = urllib.request.urlopen(url, timeout=10).read().decode()
             assert 'grpc_method="Check",grpc_service="grpc.health.v1.Health"' in text, name
             assert "process_resident_memory_bytes" in text, name
+            # the rollout's own metrics from the rollout server alone (before, every server
+            # exported them: the reward server reported a rollout weight version)
+            assert ("meshrl_rollout_" in text) == (name == "rollout0"), name
         rollout = urllib.request.urlopen(f"http://127.0.0.1:{base}/metrics", timeout=10)
         assert "meshrl_rollout_weight_version -1.0" in rollout.read().decode()

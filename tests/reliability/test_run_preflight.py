@@ -288,3 +288,139 @@ def test_the_scorers_a_run_will_have_are_known_before_its_servers_start_unless_a
     from services.coordinator.preflight import scorers_known_here
 
     assert scorers_known_here(build_config({}, overrides)) == known
+
+
+def _gsm8k_without_truths(tmp_path, truthless: dict[int, dict | None], n: int = 4):
+    """A GSM8k training file of n rows, rows of `truthless` with that reward_model."""
+    rows = _rows(["openai/gsm8k"] * n)
+    for i, reward_model in truthless.items():
+        rows[i]["reward_model"] = reward_model
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    save_char_tokenizer(tmp_path / "tok")
+    return path, [
+        f"data.train_files={path}", f"actor_rollout_ref.model.path={tmp_path / 'tok'}",
+        "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "critic.ppo_mini_batch_size=2", f"trainer.default_local_dir={tmp_path / 'run'}",
+    ]  # fmt: skip
+
+
+def test_rows_the_rule_scorer_cannot_score_are_refused_before_any_server(tmp_path):
+    """Before, GSM8k rows whose reward_model was null trained to the end at reward 0, exit 0,
+    without a word: every ground truth was ""."""
+    from services.coordinator.run_data import load_run_data
+
+    path, overrides = _gsm8k_without_truths(tmp_path, {1: None, 3: None})
+    with pytest.raises(DataError) as e:
+        load_run_data(build_config({}, overrides))
+    assert str(e.value) == (
+        f"data.train_files: {path} row 1: column reward_model is null (and 1 more rows like "
+        "it): the rule scorer of 'openai/gsm8k' has no ground truth to compare responses with, "
+        "so each would score 0. Fix the rows, set reward.custom_function to score them, or "
+        "data.unscorable_rows=skip to leave them out"
+    )
+    path, overrides = _gsm8k_without_truths(tmp_path, {0: {"style": "rule", "answer": "3"}})
+    with pytest.raises(DataError, match=r"row 0: reward_model.ground_truth is missing \(null\)"):
+        load_run_data(build_config({}, overrides))
+    # a custom function may need no ground truth: not refused
+    fn = tmp_path / "r.py"
+    fn.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                  "    return 1.0\n")  # fmt: skip
+    load_run_data(build_config({}, [*overrides, f"reward.custom_function={fn}"]))
+
+
+def test_unscorable_rows_can_be_skipped_and_are_counted(tmp_path, caplog):
+    from services.coordinator.run_data import load_run_data
+
+    path, overrides = _gsm8k_without_truths(tmp_path, {1: None, 2: None}, n=6)
+    with caplog.at_level(logging.WARNING):
+        data = load_run_data(build_config({}, [*overrides, "data.unscorable_rows=skip"]))
+    assert data.train_set is not None and len(data.train_set) == 4
+    assert all(r.ground_truth == "3" for r in data.train_set.records)
+    assert (
+        f"data.train_files: 2 rows left out (data.unscorable_rows=skip): no ground truth to "
+        f"score them with; the first: {path} row 1: column reward_model is null"
+    ) in caplog.text
+    path, overrides = _gsm8k_without_truths(tmp_path, {i: None for i in range(4)})
+    with pytest.raises(DataError, match="none of its 4 rows has a ground truth"):
+        load_run_data(build_config({}, [*overrides, "data.unscorable_rows=skip"]))
+
+
+def test_a_step_whose_every_ground_truth_is_empty_stops_the_run():
+    """The step's own check, behind the start's: a zero of every sample is no reward."""
+    from services.coordinator.ppo_step import NoGroundTruth
+
+    batch = _three_sample_batch()
+    batch.ground_truths = ["", " ", ""]
+    with pytest.raises(NoGroundTruth, match="every one of the 3 samples of this batch has an "):
+        _score(batch, _FailingReward())
+
+
+def test_a_custom_function_that_cannot_load_is_refused_before_any_server(tmp_path):
+    """Read, not run, by the run's checks before any role server starts (meshrl run and a
+    coordinator service call check_run_config first); before, a missing file or a syntax
+    error was found at the reward server's Initialize, after every server had started."""
+    from services.coordinator.preflight import check_run_config
+
+    def refused(spec: str) -> str:
+        with pytest.raises(ConfigError) as e:
+            check_run_config(build_config({}, [f"reward.custom_function={spec}"]))
+        return str(e.value)
+
+    assert refused(str(tmp_path / "nope.py")) == (
+        f"reward.custom_function: file {tmp_path / 'nope.py'} does not exist"
+    )
+    bad = tmp_path / "bad.py"
+    bad.write_text("def compute_score(a, b, c, d):\n    return (1\n")
+    assert refused(str(bad)).startswith(f"reward.custom_function: {bad} line 2: ")
+    assert refused(str(bad)).endswith("(the file is not valid Python)")
+    good = tmp_path / "good.py"
+    good.write_text(
+        "import math\nSCALE = 2\n\ndef compute_score(a, b, c, d):\n    return 1.0\n"
+        "def other(a, b, c, d):\n    return 0.0\n"
+    )
+    assert refused(f"{good}:nope") == (
+        f"reward.custom_function: {good} defines no 'nope' at its top level; names there: "
+        f"SCALE, compute_score, math, other (name one as {good}:<function>)"
+    )
+    check_run_config(build_config({}, [f"reward.custom_function={good}"]))
+    check_run_config(build_config({}, [f"reward.custom_function={good}:other"]))
+    # a name bound in a way reading cannot tell is left to the reward server's Initialize
+    star = tmp_path / "star.py"
+    star.write_text("from math import *\n")
+    check_run_config(build_config({}, [f"reward.custom_function={star}:anything"]))
+
+
+def test_a_launcher_host_not_of_this_machine_is_refused_before_any_server():
+    """Before: an OSError traceback (Cannot assign requested address) from the port search."""
+    from services.coordinator.preflight import check_run_config
+
+    with pytest.raises(ConfigError) as e:
+        check_run_config(build_config({}, ["launcher.host=192.0.2.1"]))
+    assert str(e.value) == (
+        "launcher.host=192.0.2.1: the local launcher's role servers cannot listen there: "
+        "address 192.0.2.1 is not an address of this machine"
+    )
+    check_run_config(build_config({}, ["launcher.host=127.0.0.1"]))
+
+
+def test_a_weights_file_that_does_not_parse_is_named(tmp_path):
+    """Before, each server's Initialize failed with `SafetensorError: Error while
+    deserializing header: header too large`, naming no file; now the run is refused before
+    any server starts, naming the key and the file, and a server loading it names it too."""
+    from meshrl.testing.tiny_model import make_tiny_model_dir
+    from services.coordinator.run_data import load_run_data
+    from services.trainer.model_loading import load_policy_model
+
+    model = make_tiny_model_dir(tmp_path / "m", seed=0, hidden=32, intermediate=64)
+    weights = model / "model.safetensors"
+    weights.write_text("<html>a download that saved an error page</html>")
+    path, overrides = _gsm8k_without_truths(tmp_path, {})
+    overrides = [*overrides, f"actor_rollout_ref.model.path={model}"]
+    with pytest.raises(ConfigError) as e:
+        load_run_data(build_config({}, overrides))
+    assert str(e.value).startswith(
+        f"actor_rollout_ref.model.path: {weights} is not a readable safetensors file ("
+    ), str(e.value)
+    with pytest.raises(ValueError, match=f"the model's weights cannot be read: {weights} is not"):
+        load_policy_model(str(model))

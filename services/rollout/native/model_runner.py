@@ -14,6 +14,8 @@ from collections.abc import Iterable
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
+from meshrl.model_files import naming_bad_weights
+
 
 def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
     """(b, t) 0/1 mask -> (b, t) int64 position ids: 0, 1, ... over the real tokens."""
@@ -26,7 +28,8 @@ class ModelRunner:
     def __init__(self, model_path: str, dtype: torch.dtype, device: str | torch.device):
         self.device = torch.device(device)
         self.dtype = dtype
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+        with naming_bad_weights(model_path):
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
         # transformers' .to wrapper is annotated as taking the model
         self.model = model.to(self.device).eval()  # type: ignore[arg-type]
         # transformers 5.2x renamed `past_key_values` to `cache`; older 5.x (the GPU image's)

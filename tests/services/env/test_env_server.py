@@ -98,6 +98,19 @@ def test_a_bad_tool_call_is_answered_not_failed(env):
     assert "error: bad JSON" in result.observation_text and not result.done
 
 
+def test_a_result_python_cannot_write_out_is_answered_not_failed(env):
+    """(999**999)**2 is an int of 5,992 digits, past Python's limit for str() of an int:
+    the tool answers why, and the episode goes on (it used to fail the whole env step)."""
+    (started,) = env.reset([EpisodeTask("calculator")])
+    huge = ToolCall("calculator", {"expression": "(999**999)*(999**999)"})
+    (result,) = env.step([EpisodeAction(started.episode_id, "", [huge])])
+    assert "error: the result cannot be written out (Exceeds the limit" in result.observation_text
+    assert not result.done
+    small = ToolCall("calculator", {"expression": "6*7"})
+    (result,) = env.step([EpisodeAction(started.episode_id, "", [small])])
+    assert "42" in result.observation_text
+
+
 def test_an_unknown_environment_fails_the_reset(env):
     with pytest.raises(RoleCallError, match="INVALID_ARGUMENT.*no environment named 'chess'"):
         env.reset([EpisodeTask("chess")])

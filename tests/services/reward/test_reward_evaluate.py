@@ -556,3 +556,22 @@ def test_inputs_that_do_not_go_together_are_one_line_and_exit_2(capsys, flags, s
     assert cli_main(["reward", "eval", *flags]) == 2
     [error] = capsys.readouterr().err.splitlines()
     assert error.startswith(f"error: {says}")
+
+
+def test_slow_scorers_are_not_waited_for_in_silence(files, tmp_path, capsys, monkeypatch):
+    """Every PROGRESS_EVERY_S (10 s; 0.2 s here) a line on stderr says what the eval waits
+    for; before, `meshrl reward eval` was silent for 79 s with slow scorers."""
+    from meshrl import progress_ticker
+
+    monkeypatch.setattr(progress_ticker, "PROGRESS_EVERY_S", 0.2)
+    data, responses = files
+    slow = tmp_path / "slow.py"
+    slow.write_text(
+        "import time\n\ndef score(data_source, response, ground_truth, extra_info):\n"
+        "    time.sleep(0.4)\n    return 1.0\n"
+    )
+    argv = ["reward", "eval", "--data", str(data), "--responses", str(responses)]
+    argv += ["--custom-function", f"{slow}:score", "--timeout-s", "5", "--num-workers", "1"]
+    assert cli_main(argv) == 0
+    err = capsys.readouterr().err
+    assert "reward eval: scoring in process: " in err and " responses (" in err, err
