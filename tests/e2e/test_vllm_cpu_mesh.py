@@ -64,6 +64,9 @@ def test_ppo_steps_on_vllm_through_the_mesh_with_a_replica_killed_mid_generate(
             "actor_rollout_ref.rollout.replicas=2",
             "actor_rollout_ref.rollout.prompts_per_request=2",
             "actor_rollout_ref.rollout.max_num_seqs=16",
+            "actor_rollout_ref.rollout.probs_diff_freq=1",  # the drift metric on every step
+            # steps that move the weights: a sync that left any of them stale shows
+            "actor_rollout_ref.actor.optim.lr=0.05",
             f"trainer.total_training_steps={STEPS}", "trainer.save_freq=-1", "trainer.plot=false",
             "trainer.logger=[jsonl]", "trainer.rollout_data_dir=rollouts",
             f"trainer.default_local_dir={tmp_path}",
@@ -111,6 +114,6 @@ def test_ppo_steps_on_vllm_through_the_mesh_with_a_replica_killed_mid_generate(
     assert sum(r["rollout/resent_requests"] for r in rows.values()) >= 1
     for k, row in rows.items():
         # vLLM's log-probs are the actor's on the synced weights (float32 both)
-        assert row["training/rollout_probs_diff_max"] < 1e-3, (k, row)
+        assert row["training/rollout_probs_diff_max"] < 1e-5, (k, row)
         lines = (tmp_path / "rollouts" / f"{k}.jsonl").read_text().splitlines()
         assert len(lines) == 16  # 8 prompts x n=2: nothing lost with the killed replica

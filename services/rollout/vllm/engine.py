@@ -199,7 +199,7 @@ class VllmEngine:
             for kwargs in per_prompt_kwargs(params, len(prompts), self.eos_ids)
         ]
         outputs = self.llm.generate(token_prompts(prompts), sampling, use_tqdm=False)
-        tokens, logprobs, reasons = results_from_outputs(outputs, params.n)
+        tokens, logprobs, reasons = results_from_outputs(outputs, params.n, params.logprobs)
         return GenerationResult(
             responses=Ragged.from_lists(tokens, dtype=torch.int64),
             logprobs=Ragged.from_lists(logprobs, dtype=torch.float32),

@@ -30,6 +30,26 @@ EXTENSION_CLS = f"{__name__}.MeshrlWorkerExtension"
 """Fully qualified name vLLM imports in its worker process."""
 
 
+def process_tied_head(model: torch.nn.Module) -> bool:
+    """Runs vLLM's post-load processing of an LM head tied to the input embeddings again;
+    returns whether the model has one.
+
+    A tied head loads no weights of its own (a sync sends the embeddings only, and the
+    models' loaders skip ``lm_head.`` when tied), so vLLM's in-place reload puts back what
+    its processing made of it at start: on the CPU backend, a oneDNN packing of the first
+    embeddings (``ParallelLMHead: Failed to load weights`` in vLLM's log). Processed again,
+    as the loader processes it, it packs the new ones."""
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    weight = getattr(head, "weight", None)
+    if weight is None or embed is None or weight is not getattr(embed, "weight", None):
+        return False
+    quant_method = getattr(head, "quant_method", None)
+    if quant_method is not None:
+        quant_method.process_weights_after_loading(head)
+    return True
+
+
 class MeshrlWorkerExtension:
     """``self`` is vLLM's worker, with ``self.model_runner.model`` and ``self.device``."""
 
@@ -89,6 +109,7 @@ class MeshrlWorkerExtension:
                 self.model_runner.reload_weights(
                     weights_iterator=counted(), is_checkpoint_format=True
                 )
+                process_tied_head(self.model_runner.model)
             else:
                 self.model_runner.model.load_weights(weights=counted())
             if loaded[0] != len(manifest.param_names):
