@@ -259,7 +259,9 @@ class PPOStep:
 
     def remax_baseline(self, records: list, batch: RolloutBatch, step: int) -> None:
         """ReMax: greedy responses of the same prompts, scored, as the baseline."""
-        greedy = dataclasses.replace(self.sampling_params(step), temperature=0.0, n=1)
+        greedy = dataclasses.replace(
+            self.sampling_params(step), temperature=0.0, n=1, logprobs=False
+        )  # only scored: its log-probs are used nowhere
         prompts = Ragged.from_lists([rec.prompt_ids for rec in records])
         out = self.rollout_pool.generate(prompts, greedy)
         n = self.cfg.actor_rollout_ref.rollout.n
