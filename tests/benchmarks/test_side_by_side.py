@@ -3,7 +3,6 @@ timed in turn with their ratios, and ``generate`` under another attention implem
 for one call only; the engines side by side (fast or native, meshrl's vLLM, bare vLLM) in
 their CPU dry run."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -54,7 +53,6 @@ def test_generate_with_eager_attention_puts_the_loaded_one_back(engine):
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.timeout(420)
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed")
 def test_engines_side_by_side_dry_run_on_the_cpu_with_bare_vllm(tmp_path):
     """``engines_side_by_side.py``'s CPU dry run: the native engine, meshrl's vLLM engine and
     bare ``vllm.LLM.generate`` in one call, each timed with and without log-probs and seeds;

@@ -12,7 +12,6 @@ rollout server in ``tests/services/rollout/test_vllm_cpu_server.py``.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 
 import pytest
@@ -32,7 +31,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.vllm,
     pytest.mark.timeout(600),
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed"),
 ]
 
 STEPS = 3

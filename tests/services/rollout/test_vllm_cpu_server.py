@@ -7,7 +7,6 @@ and each log-prob is what a full forward of the weights that sampled it gives
 
 from __future__ import annotations
 
-import importlib.util
 import re
 
 import pytest
@@ -27,7 +26,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.vllm,
     pytest.mark.timeout(300),
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed"),
 ]
 
 PROMPTS = [[1, 4, 5, 6], [1, 7], [1, 8, 9]]
