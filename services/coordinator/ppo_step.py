@@ -38,6 +38,7 @@ from services.coordinator.dynamic_sampling import (
 from services.coordinator.generations import write_generations
 from services.coordinator.multi_turn import multi_turn_rollout
 from services.coordinator.rollout_ahead import RolloutAhead
+from services.coordinator.rollout_asks import seeds_prompts, wants_rollout_logprobs
 from services.coordinator.rollout_batch import RolloutBatch, padded
 from services.coordinator.rollout_memory import RolloutMemory
 from services.coordinator.rollout_pool import RolloutPool
@@ -177,15 +178,18 @@ class PPOStep:
     # --- step 1: generate -------------------------------------------------------------
     def sampling_params(self, step: int, gen_batch: int = 0) -> SamplingParams:
         """gen_batch: the step's generation batch (dynamic sampling takes several), each
-        with a seed of its own."""
+        with a seed of its own (when the run seeds its prompts: rollout_asks.py). The
+        sampled tokens' log-probs are asked for on the steps that use them."""
         r = self.cfg.actor_rollout_ref.rollout
+        seed = self.cfg.trainer.seed * 1_000_003 + step + gen_batch * GEN_BATCH_SEED_STRIDE
         return SamplingParams(
             temperature=r.temperature,
             top_p=r.top_p,
             top_k=r.top_k,
             max_tokens=self.cfg.data.max_response_length,
             n=r.n,
-            seed=self.cfg.trainer.seed * 1_000_003 + step + gen_batch * GEN_BATCH_SEED_STRIDE,
+            seed=seed if seeds_prompts(self.cfg) else None,
+            logprobs=wants_rollout_logprobs(self.cfg, step),
         )
 
     def generate(
@@ -276,7 +280,9 @@ class PPOStep:
     def remax_baseline(self, records: list, batch: RolloutBatch, step: int) -> None:
         """Greedy responses of the same prompts, scored, as the baseline of an estimator that
         needs_greedy_baseline (ReMax)."""
-        greedy = dataclasses.replace(self.sampling_params(step), temperature=0.0, n=1)
+        greedy = dataclasses.replace(
+            self.sampling_params(step), temperature=0.0, n=1, logprobs=False
+        )  # only scored: its log-probs are used nowhere
         prompts = Ragged.from_lists([rec.prompt_ids for rec in records])
         out = self.rollout_pool.generate(prompts, greedy)
         n = self.cfg.actor_rollout_ref.rollout.n
@@ -425,7 +431,10 @@ class PPOStep:
             advantages,
             step,
             ref_logprobs=batch.ref_logprobs if use_kl_loss else None,
-            rollout_logprobs=batch.rollout_logprobs,
+            # None on a step that asked the engine for none (NaN from vLLM then)
+            rollout_logprobs=(
+                batch.rollout_logprobs if wants_rollout_logprobs(self.cfg, step) else None
+            ),
             loss_mask=batch.loss_mask,
         )
 

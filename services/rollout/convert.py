@@ -32,6 +32,7 @@ def sampling_from_proto(msg: rollout_pb2.SamplingParams) -> SamplingParams:
         n=msg.n,
         seed=msg.seed if msg.HasField("seed") else None,
         stop_token_ids=tuple(msg.stop_token_ids),
+        logprobs=not msg.skip_logprobs,
     )
 
 
@@ -43,6 +44,7 @@ def sampling_to_proto(params: SamplingParams) -> rollout_pb2.SamplingParams:
         max_tokens=params.max_tokens,
         n=params.n,
         stop_token_ids=list(params.stop_token_ids),
+        skip_logprobs=not params.logprobs,
     )
     if params.seed is not None:
         msg.seed = params.seed

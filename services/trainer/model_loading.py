@@ -84,8 +84,10 @@ def _prepare(model: PreTrainedModel, gradient_checkpointing: bool) -> None:
     if gradient_checkpointing:
         # Non-reentrant checkpointing composes with FSDP2's hooks (the reentrant one does not).
         kwargs = {"use_reentrant": False}
-        if hasattr(model, "activation_checkpointing_enable"):  # the name since transformers 5.2x
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        # the name since transformers 5.2x (vLLM's CPU build holds transformers below 5.20)
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs=kwargs)
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     model.train()

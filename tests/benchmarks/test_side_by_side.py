@@ -1,6 +1,12 @@
 """The engine-against-``generate`` benchmark's helpers on the CPU with a tiny model: pairs
 timed in turn with their ratios, and ``generate`` under another attention implementation
-for one call only."""
+for one call only; the engines side by side (fast or native, meshrl's vLLM, bare vLLM) in
+their CPU dry run."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -9,6 +15,8 @@ from meshrl.testing.tiny_model import make_tiny_qwen2_dir
 from services.rollout.fast.engine import FastEngine
 
 pytestmark = pytest.mark.timeout(180)
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -40,3 +48,45 @@ def test_generate_with_eager_attention_puts_the_loaded_one_back(engine):
     assert result["attn_implementation"] == "eager"
     assert 0 < result["new_tokens"] <= 2 * 8
     assert model.config._attn_implementation == loaded != "eager"
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(420)
+def test_engines_side_by_side_dry_run_on_the_cpu_with_bare_vllm(tmp_path):
+    """``engines_side_by_side.py``'s CPU dry run: the native engine, meshrl's vLLM engine and
+    bare ``vllm.LLM.generate`` in one call, each timed with and without log-probs and seeds;
+    bare vLLM's raw record names its version, its ``LLM`` arguments and every sampling
+    setting, which are those meshrl's engine sends."""
+    from benchmarks.rollout.engines_side_by_side import BareVllm
+    from services.rollout.types import SamplingParams
+    from services.rollout.vllm.mapping import per_prompt_kwargs
+
+    cmd = [
+        sys.executable, "-m", "benchmarks.rollout.engines_side_by_side",
+        "--engines", "native,vllm,vllm_bare", "--shapes", "tiny", "--device", "cpu",
+        "--batches", "2", "--runs", "1", "--prompt-len", "8", "--new-tokens", "4",
+        "--check-shape", "none", "--samplings", "seeded_logprobs,plain",
+        "--workdir", str(tmp_path / "models"), "--out", str(tmp_path),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "rollout_engines_side_by_side.json").read_text())
+    engines = report["shapes"]["tiny"]
+    for name in ("native", "vllm", "vllm_bare"):
+        assert "error" not in engines[name], engines[name]
+        for kind in ("speed", "speed_plain"):
+            assert engines[name][kind]["2"]["median_tok_s"] > 0
+    bare = engines["vllm_bare"]
+    assert bare["vllm_version"] == engines["vllm"]["vllm_version"]
+    assert bare["llm_kwargs"]["logprobs_mode"] == "processed_logprobs"
+    assert bare["llm_kwargs"]["skip_tokenizer_init"] and bare["llm_kwargs"]["enforce_eager"]
+    seeded = bare["speed"]["2"]["sampling_params"]["first_prompt"]
+    plain = bare["speed_plain"]["2"]["sampling_params"]["first_prompt"]
+    # what meshrl's engine sends for the same request (the model has no EOS)
+    ours = per_prompt_kwargs(SamplingParams(temperature=1.0, max_tokens=4, seed=1), 2)
+    assert seeded == ours[0] and seeded["logprobs"] == 0
+    plain_ours = per_prompt_kwargs(SamplingParams(max_tokens=4, logprobs=False), 2)
+    assert plain == plain_ours[0] and plain["logprobs"] is None and "seed" not in plain
+    assert BareVllm.sampling_kwargs(None, 2, 4, 1, True) == ours  # type: ignore[arg-type]
+    assert "vllm_bare (plain)" in done.stdout  # the table's row

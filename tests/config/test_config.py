@@ -1,6 +1,13 @@
 import pytest
 
-from meshrl.config import ConfigError, build_config, config_from_yaml, config_to_yaml, load_config
+from meshrl.config import (
+    ConfigError,
+    build_config,
+    config_from_yaml,
+    config_to_yaml,
+    load_config,
+    schema,
+)
 
 
 def test_defaults_follow_verl_names():
@@ -231,7 +238,7 @@ def test_compute_dtypes_follow_the_device_unless_set(given, trainer, rollout):
     assert config_from_yaml(config_to_yaml(cfg)) == cfg  # as the role servers get it
 
 
-def test_partial_rollouts_keeping_the_kv_cache_are_refused_with_vllm_on_a_gpu_run():
+def test_partial_rollouts_keeping_the_kv_cache_are_refused_with_vllm_on_a_gpu_run(monkeypatch):
     vllm = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.partial_rollout=true"]
     with pytest.raises(ConfigError) as bad:
         build_config({}, [*vllm, "trainer.device=cuda"])
@@ -247,7 +254,12 @@ def test_partial_rollouts_keeping_the_kv_cache_are_refused_with_vllm_on_a_gpu_ru
         "actor_rollout_ref.rollout.partial_rollout_kv=recompute",
     ]
     assert build_config({}, recompute).actor_rollout_ref.rollout.partial_rollout_kv == "recompute"
-    # On a CPU run rollout.name=vllm generates with the native engine, which keeps it.
+    # On a CPU run with vllm installed, vLLM generates there too: refused as on a GPU ...
+    monkeypatch.setattr(schema, "vllm_installed", lambda: True)
+    with pytest.raises(ConfigError, match="partial_rollout_kv=keep does not go with"):
+        build_config({}, vllm)
+    # ... and without it, the native engine generates, which keeps it.
+    monkeypatch.setattr(schema, "vllm_installed", lambda: False)
     assert build_config({}, vllm).actor_rollout_ref.rollout.partial_rollout
 
 

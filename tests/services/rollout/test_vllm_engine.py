@@ -6,7 +6,7 @@ wake of the weights alone, the sync in the worker, failure)."""
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
@@ -18,6 +18,7 @@ from meshrl.config import build_config
 from meshrl.ragged import Ragged
 from meshrl.testing.tiny_model import make_tiny_model_dir
 from meshrl.weight_sync import GroupSpec, WeightGroup, WeightManifest, plan_buckets, send_weights
+from services.rollout import registry
 from services.rollout import worker as worker_module
 from services.rollout.engine import MemoryReleasedError
 from services.rollout.types import SamplingParams
@@ -29,19 +30,20 @@ from services.rollout.worker import RolloutWorker, WeightSyncError
 
 pytestmark = pytest.mark.timeout(60)
 
-needs_no_vllm = pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is not None, reason="vllm is installed here"
-)
+
+@pytest.fixture
+def no_vllm(monkeypatch):
+    """A machine without vllm, wherever the tests run (CI has its CPU build)."""
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
+    monkeypatch.setattr(registry, "vllm_installed", lambda: False)
 
 
-@needs_no_vllm
-def test_building_without_vllm_says_what_to_do():
+def test_building_without_vllm_says_what_to_do(no_vllm):
     with pytest.raises(VllmNotInstalledError, match=r"rollout.name=vllm needs the vllm package"):
         VllmEngine("/nonexistent")
 
 
-@needs_no_vllm
-def test_rollout_name_vllm_reaches_the_adapter(tmp_path):
+def test_rollout_name_vllm_reaches_the_adapter(tmp_path, no_vllm):
     model = make_tiny_model_dir(tmp_path / "m", hidden=32, intermediate=64)
     vllm = [f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.name=vllm"]
     cfg = build_config({}, [*vllm, "trainer.device=cuda"])
@@ -180,6 +182,74 @@ def test_worker_extension_joins_receives_and_loads_over_gloo():
     sender.close()
 
 
+def test_the_reload_path_hands_vllms_reload_copies_of_the_staging_buffers():
+    """vLLM >= 0.32: the tensors go through ``model_runner.reload_weights``, which keeps a
+    layer's tensors until the layer is complete, so each is a copy, not a view of a staging
+    buffer the next bucket overwrites."""
+    worker = _stand_in_worker()
+    reloaded: list[tuple[str, torch.Tensor]] = []
+
+    def reload_weights(weights_iterator, is_checkpoint_format):
+        assert is_checkpoint_format
+        reloaded.extend(weights_iterator)  # kept, as vLLM's layerwise reload keeps them
+
+    worker.model_runner.reload_weights = reload_weights
+    sender, spec = _gloo_pair(worker)
+    params = {"w": torch.randn(6, 4), "b": torch.randn(4)}
+    named = [(n, tuple(t.shape)) for n, t in params.items()]
+    manifest = WeightManifest(3, plan_buckets(named, torch.float32, 32), spec.group_id)
+    received = {}
+    thread = threading.Thread(
+        target=lambda: received.update(
+            n=worker.meshrl_receive_weights(mapping.manifest_to_json(manifest), "reload_weights")
+        )
+    )
+    thread.start()
+    send_weights(sender, iter(params.items()), manifest)
+    thread.join(20)
+    assert received["n"] == [2, 4 * 28]
+    assert [n for n, _ in reloaded] == ["w", "b"]
+    for name, tensor in reloaded:  # intact after every bucket landed
+        assert torch.equal(tensor, params[name])
+    assert not torch.equal(worker.model_runner.model.w, params["w"])  # not loaded directly
+    worker.meshrl_close_weight_group()
+    sender.close()
+
+
+def test_the_vllm_versions_known_and_an_unknown_one_refused_in_one_line():
+    assert mapping.vllm_support("0.24.0").weight_load == "load_weights"
+    assert mapping.vllm_support("0.32.0").weight_load == "reload_weights"
+    assert mapping.vllm_support("0.32.1+cpu").version == "0.32"
+    with pytest.raises(mapping.UnsupportedVllmError) as refused:
+        mapping.vllm_support("0.33.0")
+    assert str(refused.value) == (
+        "vLLM 0.33.0 is installed, but meshrl's vLLM engine knows only 0.24.x, 0.32.x "
+        "(services/rollout/vllm/mapping.py, SUPPORTED_VLLM): install one of them"
+    )
+
+
+def test_cpu_settings_of_the_engine(tmp_path):
+    from meshrl.testing.tiny_model import make_tiny_qwen2_dir
+
+    small = make_tiny_qwen2_dir(tmp_path / "small")  # hidden 64 over 4 heads: head size 16
+    with pytest.raises(ValueError, match="head size of at least 32, and .* has 16: use rollout"):
+        mapping.check_cpu_head_size(str(small))
+    model = make_tiny_qwen2_dir(tmp_path / "m", hidden=128, intermediate=256)
+    mapping.check_cpu_head_size(str(model))
+    # 2 layers x K and V x 2 KV heads x 32 x float32 = 1 KiB a token
+    assert mapping.cpu_kv_cache_bytes(str(model), 64, 1024) == 64 << 20
+    assert mapping.cpu_kv_cache_bytes(str(model), 1, 100) == 32 << 20  # at least
+    assert mapping.cpu_kv_cache_bytes(str(model), 4096, 4096) == 256 << 20  # at most
+    cpu = mapping.llm_device_kwargs("cpu", str(model), 64, 1024, enforce_eager=False)
+    assert cpu == {"enforce_eager": True, "kv_cache_memory_bytes": 64 << 20}  # no sleep mode
+    gpu = mapping.llm_device_kwargs("cuda", str(model), 64, 1024, enforce_eager=False)
+    assert gpu == {"enforce_eager": False, "enable_sleep_mode": True}
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model)
+    assert mapping.folder_num_parameters(str(model)) == hf.num_parameters()
+
+
 class _StandInLLM:
     """What VllmEngine uses of ``vllm.LLM``: ``collective_rpc`` runs the extension's method on
     a stand-in worker in this process; sleep, wake-up and cache resets are recorded."""
@@ -205,6 +275,8 @@ class _StandInLLM:
 def _engine_on(llm) -> VllmEngine:
     engine = object.__new__(VllmEngine)  # VllmEngine without vllm: its LLM is the stand-in
     engine.llm, engine.weight_version, engine.asleep = llm, 0, set()
+    engine._device = torch.device("cuda")  # as on a GPU: sleep mode, weights woken alone
+    engine.support = mapping.vllm_support("0.24.0")  # the model's own load_weights
     return engine
 
 
