@@ -50,3 +50,18 @@ def updates_share_gpu(cfg: RunConfig) -> bool:
         pools = cfg.launcher.role_pool
         return pools.get("actor", "global") == pools.get("critic", "global")
     return cfg.launcher.kind == "local" and placed.get("actor") == placed.get("critic")
+
+
+def loads_one_at_a_time(cfg: RunConfig) -> bool:
+    """Whether the role servers load their models one after the other: when a role offloads
+    its state on a GPU it shares with rollout. Each loads its whole model on the GPU before
+    it shards and offloads it, so loaded together they would need what offloading saves."""
+    arr = cfg.actor_rollout_ref
+    offloads = (
+        arr.actor.param_offload,
+        arr.actor.optimizer_offload,
+        cfg.critic.param_offload,
+        cfg.critic.optimizer_offload,
+        arr.ref.param_offload,
+    )
+    return any(offloads) and rollout_shares_gpu(cfg)

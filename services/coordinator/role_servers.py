@@ -4,10 +4,11 @@ computes on, and their initialization with the run's config."""
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from meshrl.config import ConfigError, RunConfig, config_to_yaml
+from meshrl.config.placement import loads_one_at_a_time
 from meshrl.gpus import count_gpus
 from meshrl.launcher.endpoints import Endpoints
 from meshrl.rpc.role_client import RoleCallError
@@ -118,12 +119,26 @@ class RoleServers:
         return self.roles.rollouts.pop(index)
 
     def initialize(self, names: list[str] | None = None) -> None:
-        """Initialize the named roles (default: all) concurrently with the resolved config."""
+        """Initialize the named roles (default: all) concurrently with the resolved config;
+        one after the other when the memory plan offloads on a shared GPU (each role loads
+        its whole model on the GPU before it shards and offloads it: together they would
+        need what offloading saves)."""
         text = config_to_yaml(self.cfg)
         clients = {n: c for n, c in self.named().items() if names is None or n in names}
-        futures = {
-            n: self.pool.submit(c.initialize, text, str(self.run_dir)) for n, c in clients.items()
-        }
+        futures: dict[str, Future] = {}
+        if loads_one_at_a_time(self.cfg):
+            for n, c in clients.items():
+                futures[n] = done = Future()
+                try:
+                    done.set_result(c.initialize(text, str(self.run_dir)))
+                except Exception as e:  # noqa: BLE001 - raised below, as a concurrent one's
+                    done.set_exception(e)
+                    break
+        else:
+            futures = {
+                n: self.pool.submit(c.initialize, text, str(self.run_dir))
+                for n, c in clients.items()
+            }
         for name, f in futures.items():
             try:
                 self.gpus[name] = list(f.result().gpus)
