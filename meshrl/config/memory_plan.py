@@ -27,7 +27,10 @@ from meshrl.config.placement import hands_gpu_memory_over
 from meshrl.config.schema import ActorConfig, CriticConfig, RunConfig
 
 GIB = 2**30
-CUDA_CONTEXT = int(0.6 * GIB)  # a process's CUDA context, cuBLAS workspaces, NCCL/gloo buffers
+CUDA_CONTEXT = GIB  # a process's CUDA context, cuBLAS workspaces, compiled kernels
+# What a caching allocator reserves over what it hands out (H100, 0.5B step: the actor's
+# update peaked at 12.6 GB allocated, 16.3 GB reserved; 1.5B: 38.3 and 44.4).
+ALLOCATOR_SLACK = 1.25
 HEAD_CHUNK_ROWS = 2048  # services/trainer/chunked_head.py: positions per LM-head chunk
 VLLM_WORKSPACE = 4 * GIB  # vLLM's profiled activations and CUDA graphs beside weights + cache
 FAST_PREFILL_TOKENS = 16384  # the fast engine's prefill chunk (its activation reserve)
@@ -171,6 +174,8 @@ def _trained_role(
     masters = 4 * params // world_size
     moments = 8 * trained // world_size
     grads = 4 * trained // world_size
+    # one rank, the whole model one FSDP2 unit: its float32 gradient reduction buffer
+    reduced = 4 * trained if world_size == 1 else 4 * trained // (world_size * shape.layers)
     # one rank gathers the whole model in the compute dtype (float32: the masters are it)
     copy = 2 * params if b == 2 and world_size == 1 else 2 * b * params // shape.layers
     tokens = _update_tokens(role, dynamic, seq_len)
@@ -180,7 +185,7 @@ def _trained_role(
     kept = CUDA_CONTEXT + (0 if role.param_offload else masters)
     kept += 0 if role.optimizer_offload else moments
     infer = CUDA_CONTEXT + masters + (0 if role.optimizer_offload else moments) + copy + forward
-    update = CUDA_CONTEXT + masters + moments + grads + copy + activations
+    update = CUDA_CONTEXT + masters + moments + grads + reduced + copy + activations
     # between its log-prob pass and its update, one rank keeps the gathered copy
     waiting = kept + (copy if world_size == 1 and not role.param_offload else 0)
     own = "update_actor" if name == "actor" else "update_critic"
@@ -197,11 +202,16 @@ def _trained_role(
     parts = {
         "float32 weights": masters,
         "optimizer moments": moments,
-        "gradients": grads,
+        "gradients": grads + reduced,
         "compute-dtype copy": copy,
         "activations": activations,
     }
-    return RoleMemory(name, gpu, phases, parts)
+    return RoleMemory(name, gpu, _with_slack(phases), parts)
+
+
+def _with_slack(phases: dict[str, int]) -> dict[str, int]:
+    """The allocator's reserve over its tensors (the CUDA context is not the allocator's)."""
+    return {k: CUDA_CONTEXT + int(ALLOCATOR_SLACK * (v - CUDA_CONTEXT)) for k, v in phases.items()}
 
 
 def _reference(gpu: str, shape: ModelShape, cfg: RunConfig) -> RoleMemory:
@@ -216,7 +226,7 @@ def _reference(gpu: str, shape: ModelShape, cfg: RunConfig) -> RoleMemory:
     kept = CUDA_CONTEXT + (0 if ref.param_offload else masters)
     phases = dict.fromkeys(PHASES, kept)
     phases["infer"] = CUDA_CONTEXT + masters + copy + forward
-    return RoleMemory("ref", gpu, phases, {"float32 weights": masters})
+    return RoleMemory("ref", gpu, _with_slack(phases), {"float32 weights": masters})
 
 
 def rollout_need_bytes(shape: ModelShape, cfg: RunConfig) -> tuple[int, int, int]:
@@ -224,7 +234,8 @@ def rollout_need_bytes(shape: ModelShape, cfg: RunConfig) -> tuple[int, int, int
     sequences of ``max_prompt_length + max_response_length`` positions."""
     rollout = cfg.actor_rollout_ref.rollout
     b = _dtype_bytes(rollout.dtype)
-    weights = b * shape.params
+    # the fast engine keeps fused q/k/v and gate/up copies beside the model's own weights
+    weights = b * shape.params * (1 if rollout.name in ("vllm", "native") else 2)
     positions = rollout.max_num_seqs * (cfg.data.max_prompt_length + cfg.data.max_response_length)
     kv = positions * shape.kv_bytes_per_token(b)
     if rollout.name == "vllm":
@@ -259,7 +270,7 @@ def _rollout(gpu: str, shape: ModelShape, cfg: RunConfig, device_bytes: int) -> 
     overlapped = cfg.trainer.one_step_off_policy or cfg.trainer.async_training.enable
     phases = dict.fromkeys(PHASES, generating if overlapped else idle)
     phases["generate"] = generating
-    return RoleMemory("rollout", gpu, phases, {"weights": weights, "KV cache": kv})
+    return RoleMemory("rollout", gpu, _with_slack(phases), {"weights": weights, "KV cache": kv})
 
 
 def _gpu_of(cfg: RunConfig, role: str) -> str:

@@ -75,10 +75,10 @@ def test_the_trainers_state_by_hand():
     n = shape.params
     assert actor.parts["float32 weights"] == 4 * n
     assert actor.parts["optimizer moments"] == 8 * n  # AdamW's two moments
-    assert actor.parts["gradients"] == 4 * n
+    assert actor.parts["gradients"] == 4 * n + 4 * n  # and one unit's float32 reduction buffer
     assert actor.parts["compute-dtype copy"] == 2 * n  # bf16, one rank: the whole model
-    # between calls: CUDA context + masters + moments
-    assert actor.phases["generate"] == pytest.approx(0.6 * GIB + 12 * n, abs=1)
+    # between calls: CUDA context + masters + moments, with the allocator's slack
+    assert actor.phases["generate"] == pytest.approx(GIB + 1.25 * 12 * n, abs=1)
 
 
 def test_recomputed_activations_are_a_fraction():
@@ -106,7 +106,7 @@ def test_offload_frees_the_trainers_memory_while_rollout_generates():
     (offloaded,) = plan_gpus(build_config({}, [*STEP, *OFFLOAD]), shape, H100)
     saved = resident.total("generate") - offloaded.total("generate")
     # float32 masters (4 bytes) and moments (8) of the actor and of the critic's value model
-    assert saved == 12 * shape.params + 12 * shape.value_params
+    assert saved == pytest.approx(1.25 * (12 * shape.params + 12 * shape.value_params), abs=2)
     # ... while each update still needs its own state on the GPU
     assert offloaded.total("update_actor") > 12 * shape.params
 
