@@ -31,10 +31,20 @@ def phase_of(methods: list[tuple[str, str]]) -> str:
 
 
 def role_of(pid: int) -> str | None:
+    """The role of a server process: from its command line (a forked server's title, set by
+    setproctitle to its command: ``... services.trainer.server --role actor ...``), else
+    from the environment it started with (a spawned server's MESHRL_INSTANCE_ID; a forked
+    one shows its fork server's start-up environment there)."""
     try:
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().split()
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
         return None
+    if "--role" in words[:-1]:
+        return words[words.index("--role") + 1]
+    for word in words:
+        if word.startswith("services.") and word.endswith(".server"):
+            return word.split(".")[1]  # services.rollout.server -> rollout
     for item in environ:
         if item.startswith(INSTANCE_ENV):
             name = item[len(INSTANCE_ENV) :].decode().rsplit("-", 1)[0]
