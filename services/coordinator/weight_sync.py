@@ -61,6 +61,7 @@ class WeightSyncer:
         self.dtype = cfg.actor_rollout_ref.rollout.dtype
         self.delta = sync_cfg.delta and self.transport != "cuda_ipc"
         self._full_requested = False
+        self._last_version: int | None = None  # of the last sync that succeeded
         self.pool = ThreadPoolExecutor(max_workers=1 + len(rollouts), thread_name_prefix="sync")
         self.spec: GroupSpec | None = None
         """The group formed last (rank 0's spec); None: form one before the next sync."""
@@ -109,18 +110,21 @@ class WeightSyncer:
         """Moves the actor's weights to every rollout; re-forms the group and retries on failure.
 
         With ``weight_sync.delta``, only what changed since the group's last sync moves,
-        unless ``full`` (or :meth:`request_full`); a failed delta sync (a receiver that
-        refused it: another base, a checksum that differs) is retried in a new group, which
-        makes it a full one.
+        unless ``full`` (or :meth:`request_full`) or ``version`` does not follow the last
+        synced one (a version gap); a failed delta sync (a receiver that refused it:
+        another base, a checksum that differs) is retried in a new group, which makes it a
+        full one.
 
         Raises:
             RoleCallError: the last attempt failed (the first failing call of it).
         """
-        full = full or self._full_requested
+        gap = self._last_version is not None and version != self._last_version + 1
+        full = full or self._full_requested or gap
         for attempt in range(retries + 1):
             try:
                 metrics = self._sync_once(version, full)
                 self._full_requested = False
+                self._last_version = version
                 return metrics
             except RoleCallError as e:
                 self.spec = None

@@ -182,6 +182,8 @@ def test_delta_syncs_are_asked_for_and_a_full_one_on_request():
     assert syncer.sync(version=4)["weight_sync/delta"] == 1.0  # one full sync, then deltas
     assert syncer.sync(version=5, full=True)["weight_sync/delta"] == 0.0
     assert actor.prepared[-5:] == [(True, False)] * 2 + [(True, True), (True, False), (True, True)]
+    assert syncer.sync(version=7)["weight_sync/delta"] == 0.0  # a version gap: full
+    assert syncer.sync(version=8)["weight_sync/delta"] == 1.0
     syncer.close()
 
 
