@@ -300,8 +300,10 @@ class WeightSyncConfig(Section):
     rollout's dtype) and sends, per bucket, only the elements whose bits changed (int32
     indices and values), or the dense bucket where that is smaller; the rollout applies them
     to its own copy and checks every tensor's checksum. A full sync happens at a group's
-    first sync (the first step, a restart, a replica joining), after any failure and on
-    request; cuda_ipc shares memory and ignores it (docs/weight_sync.md, "Delta syncs")."""
+    first sync (the first step, a restart, a replica joining), after any failure, on a
+    version gap and on request; cuda_ipc shares memory and ignores it. Costs one more copy of
+    the model in the rollout's dtype on each side (GPU memory with NCCL), and CPU passes
+    that a fast link may not repay (docs/weight_sync.md, "Delta syncs")."""
 
 
 class ValKwargs(Section):
