@@ -336,6 +336,15 @@ class WeightSyncConfig(Section):
     each matrix travel as it is (1.28x a raw broadcast against 2.0x with 256; benchmarks.md)."""
     timeout_s: float = Field(120.0, gt=0)
     """Deadline of each collective of a sync."""
+    delta: bool = False
+    """Delta syncs over gloo and NCCL: the actor keeps the weights it last sent (in the
+    rollout's dtype) and sends, per bucket, only the elements whose bits changed (int32
+    indices and values), or the dense bucket where that is smaller; the rollout applies them
+    to its own copy and checks every tensor's checksum. A full sync happens at a group's
+    first sync (the first step, a restart, a replica joining), after any failure, on a
+    version gap and on request; cuda_ipc shares memory and ignores it. Costs one more copy of
+    the model in the rollout's dtype on each side (GPU memory with NCCL), and CPU passes
+    that a fast link may not repay (docs/weight_sync.md, "Delta syncs")."""
 
 
 class ValKwargs(Section):

@@ -4,7 +4,9 @@ actor rank 0 to every rollout replica.
 
 The actor server calls `WeightGroup.open`, `WeightGroup.join`, `plan_buckets` and
 `send_weights`; a rollout server calls `WeightGroup.join` and `receive_weights` (or
-`WeightReceiver`, to wait for the sender before touching its model). See docs/weight_sync.md.
+`WeightReceiver`, to wait for the sender before touching its model). With a manifest of the
+delta protocol (``manifest.delta``), both send only what changed since the group's last sync,
+checked tensor by tensor (``meshrl.weight_sync.delta``). See docs/weight_sync.md.
 """
 
 from meshrl.weight_sync.buckets import plan_buckets

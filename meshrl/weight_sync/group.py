@@ -13,12 +13,16 @@ import logging
 import os
 import socket
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from meshrl.weight_sync.store import connect_store, open_store
 from meshrl.weight_sync.types import TRANSPORTS, GroupSpec
+
+if TYPE_CHECKING:
+    from meshrl.weight_sync.delta import DeltaState
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +44,9 @@ class WeightGroup:
         # Staging buffers per side, so as many buckets in flight: on CPU a third keeps the
         # wire busy while a bucket is packed or unpacked; on a GPU each costs device memory.
         self.pipeline_depth = 3 if device.type == "cpu" else 2
+        self.delta_state: DeltaState | None = None
+        """Delta syncs: what the last sync through this formation left (each side's own
+        copy); a new formation has none, so its first sync is full."""
 
     @property
     def group_id(self) -> str:
@@ -145,6 +152,7 @@ class WeightGroup:
         backend, self._backend = self._backend, None
         self._store = None
         self._staging.clear()
+        self.delta_state = None
         if backend is not None:
             try:
                 backend.shutdown()

@@ -8,22 +8,26 @@ which saves the copy, and the others are copied in by one multi-tensor copy a bu
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Iterator, Mapping
 
 import torch
 
+from meshrl.weight_sync import delta as delta_sync
 from meshrl.weight_sync.group import PendingBroadcast, WeightGroup, WeightGroupError
 from meshrl.weight_sync.types import BucketPlan, WeightManifest
 
+log = logging.getLogger(__name__)
 
-def sync_header(version: int, device: torch.device) -> torch.Tensor:
-    """The first broadcast of every sync, (1,) int64 on the group's device: the version the
-    buckets belong to.
+
+def sync_header(version: int, device: torch.device, base_version: int = -1) -> torch.Tensor:
+    """The first broadcast of every sync, (2,) int64 on the group's device: the version the
+    buckets belong to and the version a delta sync goes from (-1: none).
 
     A receiver waits for it before it touches its model, so a rollout keeps generating
     until its actor really sends, and a sender on another manifest is caught at once."""
-    return torch.tensor([version], dtype=torch.int64, device=device)
+    return torch.tensor([version, base_version], dtype=torch.int64, device=device)
 
 
 class WeightReceiver:
@@ -68,14 +72,19 @@ class WeightReceiver:
         header = sync_header(-1, self.group.device)
         self.group.broadcast(header, src=0)
         self._header_seen = True
-        if int(header[0]) != self.manifest.version:  # (a host sync on CUDA: wanted here)
+        sent = (int(header[0]), int(header[1]))  # (a host sync on CUDA: wanted here)
+        if sent != (self.manifest.version, self.manifest.base_version):
             raise WeightGroupError(
-                f"weight group {self.group.group_id}: the sender sends version "
-                f"{int(header[0])}, the manifest here is for {self.manifest.version}"
+                f"weight group {self.group.group_id}: the sender sends version {sent[0]}, "
+                f"the manifest here is for {self.manifest.version} (base versions: "
+                f"{sent[1]} sent, {self.manifest.base_version} here)"
             )
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         self.wait_for_sender()
+        if self.manifest.delta:
+            yield from self._delta_pairs()
+            return
         buckets, depth = self.manifest.buckets, self.group.pipeline_depth
         try:
             arriving = deque(self._post(k) for k in range(min(depth, len(buckets))))
@@ -87,6 +96,48 @@ class WeightReceiver:
                     arriving.append(self._post(k + depth))
         finally:
             self.group.release_staging()
+
+    def _delta_pairs(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The delta protocol: per bucket its meta, then its payload, applied to this side's
+        copy of the bucket (kept on the group between syncs) and checked against the
+        sender's checksums; the pairs are views of that copy (copied into the targets).
+
+        A receiver that does not hold the sync's base, or whose result differs, receives
+        the rest of the sync without using it (the sender must not be left waiting), yields
+        nothing more, and raises WeightIntegrityError."""
+        group, manifest = self.group, self.manifest
+        state = group.delta_state = group.delta_state or delta_sync.DeltaState()
+        refused: Exception | None = None
+        if manifest.base_version >= 0 and state.base_for(manifest) != manifest.base_version:
+            refused = delta_sync.WeightIntegrityError(
+                f"the sync goes from version {manifest.base_version}; this receiver holds "
+                f"{state.base_for(manifest)}"
+            )
+        else:
+            state.begin(manifest)
+        for k, bucket in enumerate(manifest.buckets):
+            meta = group.broadcast_async(delta_sync.empty_meta(bucket, group.device)).wait()
+            base = None if refused is not None else state.buffer(k, bucket, group.device)
+            payload = delta_sync.payload_buffer(bucket, meta, base, group.device)
+            if payload.numel():
+                group.broadcast_async(payload).wait()
+            if base is None:
+                continue  # drained only
+            try:
+                delta_sync.apply(bucket, meta, payload, base)
+            except delta_sync.WeightIntegrityError as e:
+                refused = e
+                continue
+            yield from self._unpack(bucket, base, in_target=False)
+        if refused is not None:
+            state.version = None
+            state.buffers.clear()
+            log.error(
+                "weight group %s: delta sync v%d (from v%d) refused: %s; a full sync follows",
+                group.group_id, manifest.version, manifest.base_version, refused,
+            )  # fmt: skip
+            raise refused
+        state.version = manifest.version
 
     def _unpack(
         self, bucket: BucketPlan, flat: torch.Tensor, in_target: bool

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import torch
 
+from meshrl.weight_sync import delta as delta_sync
 from meshrl.weight_sync.group import PendingBroadcast, WeightGroup, WeightGroupError
 from meshrl.weight_sync.receiver import sync_header
 from meshrl.weight_sync.types import BucketPlan, ParamSlot, WeightManifest
@@ -28,9 +29,15 @@ def send_weights(
     group: WeightGroup | None,
     named_full_params: Iterator[tuple[str, torch.Tensor]],
     manifest: WeightManifest,
+    stats: dict[str, int] | None = None,
 ) -> tuple[int, float]:
-    """Broadcasts a header (the version), then the manifest's buckets, from group rank 0;
-    returns (bytes sent, seconds).
+    """Broadcasts a header (the version and the base version), then the manifest's buckets,
+    from group rank 0; returns (bytes sent, seconds).
+
+    With ``manifest.delta`` each bucket goes as the delta protocol has it (a meta tensor,
+    then only the changed elements, or the dense bucket where that is not larger; see
+    ``meshrl.weight_sync.delta``), against the copy kept on ``group.delta_state``;
+    ``stats`` (if given) then receives ``changed`` and ``elements``.
 
     ``named_full_params`` must yield the manifest's parameters in manifest order (full,
     un-sharded tensors, any dtype: they are cast to the bucket's). On FSDP ranks other than
@@ -55,10 +62,22 @@ def send_weights(
     delay_s = float(os.environ.get(TEST_DELAY_ENV) or 0)
     depth = member.pipeline_depth if member is not None else 1
     in_flight: deque[PendingBroadcast] = deque()
+    state = None
+    if member is not None and manifest.delta:
+        state = member.delta_state = member.delta_state or delta_sync.DeltaState()
+        if manifest.base_version != state.base_for(manifest) and manifest.base_version >= 0:
+            failure = ValueError(
+                f"manifest goes from version {manifest.base_version}, the copy kept here "
+                f"holds {state.base_for(manifest)}"
+            )
+            member = state = None
+        else:
+            state.begin(manifest)  # version None until every bucket has left
+    sent, changed = 0, 0
     try:
         if member is not None:
             try:  # the receivers wait for this before they touch their models
-                header = sync_header(manifest.version, member.device)
+                header = sync_header(manifest.version, member.device, manifest.base_version)
                 in_flight.append(member.broadcast_async(header, src=0))
             except WeightGroupError as e:
                 failure = e
@@ -71,8 +90,16 @@ def send_weights(
                 continue
             if delay_s and k:
                 time.sleep(delay_s)
+            wire = [flat]
+            if state is not None:  # the kept copy takes the bucket: its slot is free again
+                kept = state.buffer(k, bucket, member.device)
+                enc = delta_sync.encode(bucket, flat, kept, full=manifest.base_version < 0)
+                wire = [enc.meta] + ([enc.payload] if enc.payload.numel() else [])
+                changed += enc.changed
             try:
-                in_flight.append(member.broadcast_async(flat, src=0))
+                for tensor in wire:
+                    in_flight.append(member.broadcast_async(tensor, src=0))
+                    sent += tensor.numel() * tensor.element_size()
             except WeightGroupError as e:
                 failure = e
         while failure is None and in_flight:
@@ -86,7 +113,16 @@ def send_weights(
         pass
     if failure is not None:
         raise failure
-    return (manifest.nbytes if member is not None else 0), time.perf_counter() - start
+    elements = sum(b.numel for b in manifest.buckets)
+    if stats is not None:
+        stats["changed"] = changed if state is not None else elements
+        stats["elements"] = elements
+    if member is None:
+        return 0, time.perf_counter() - start
+    if state is None:
+        return manifest.nbytes, time.perf_counter() - start
+    state.version = manifest.version  # what every kept bucket now holds
+    return sent, time.perf_counter() - start
 
 
 def _settle(pending: PendingBroadcast | None) -> WeightGroupError | None:

@@ -87,6 +87,12 @@ class WeightManifest:
     group_id: str = ""
     ipc_handles: bytes = field(default=b"", repr=False)
     """cuda_ipc only: the serialized handle table (JSON, never pickle)."""
+    delta: bool = False
+    """The delta protocol (meshrl.weight_sync.delta): per bucket a meta tensor (kind,
+    changed elements, checksums of the result) then a dense or sparse payload."""
+    base_version: int = -1
+    """With ``delta``: the version the receivers must hold, which the sync goes from; -1:
+    a full sync (every bucket dense, its checksums checked all the same)."""
 
     @property
     def nbytes(self) -> int:
@@ -109,13 +115,22 @@ class WeightManifest:
             )
             for b in msg.buckets
         ]
-        return WeightManifest(int(msg.version), buckets, msg.group_id, bytes(msg.ipc_handles))
+        return WeightManifest(
+            int(msg.version),
+            buckets,
+            msg.group_id,
+            bytes(msg.ipc_handles),
+            delta=msg.delta,
+            base_version=int(msg.base_version) if msg.delta else -1,
+        )
 
     def to_proto(self) -> common_pb2.WeightManifest:
         return common_pb2.WeightManifest(
             version=self.version,
             group_id=self.group_id,
             ipc_handles=self.ipc_handles,
+            delta=self.delta,
+            base_version=self.base_version,
             buckets=[
                 common_pb2.Bucket(
                     numel=b.numel,

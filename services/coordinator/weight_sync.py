@@ -59,6 +59,9 @@ class WeightSyncer:
         self.timeout_s = sync_cfg.timeout_s
         self.bucket_bytes = bucket_bytes or sync_cfg.bucket_bytes(cfg.trainer.device)
         self.dtype = cfg.actor_rollout_ref.rollout.dtype
+        self.delta = sync_cfg.delta and self.transport != "cuda_ipc"
+        self._full_requested = False
+        self._last_version: int | None = None  # of the last sync that succeeded
         self.pool = ThreadPoolExecutor(max_workers=1 + len(rollouts), thread_name_prefix="sync")
         self.spec: GroupSpec | None = None
         """The group formed last (rank 0's spec); None: form one before the next sync."""
@@ -99,15 +102,30 @@ class WeightSyncer:
         )  # fmt: skip
         return spec
 
-    def sync(self, version: int, retries: int = 1) -> dict[str, float]:
+    def request_full(self) -> None:
+        """Makes the next sync a full one (with ``weight_sync.delta``); after that, deltas."""
+        self._full_requested = True
+
+    def sync(self, version: int, retries: int = 1, full: bool = False) -> dict[str, float]:
         """Moves the actor's weights to every rollout; re-forms the group and retries on failure.
+
+        With ``weight_sync.delta``, only what changed since the group's last sync moves,
+        unless ``full`` (or :meth:`request_full`) or ``version`` does not follow the last
+        synced one (a version gap); a failed delta sync (a receiver that refused it:
+        another base, a checksum that differs) is retried in a new group, which makes it a
+        full one.
 
         Raises:
             RoleCallError: the last attempt failed (the first failing call of it).
         """
+        gap = self._last_version is not None and version != self._last_version + 1
+        full = full or self._full_requested or gap
         for attempt in range(retries + 1):
             try:
-                return self._sync_once(version)
+                metrics = self._sync_once(version, full)
+                self._full_requested = False
+                self._last_version = version
+                return metrics
             except RoleCallError as e:
                 self.spec = None
                 # A dead member would only make the new group wait out its join timeout:
@@ -125,12 +143,12 @@ class WeightSyncer:
             log.warning("weight sync: a member does not answer: %s", e)
         return not dead
 
-    def _sync_once(self, version: int) -> dict[str, float]:
-        manifest = self._prepare(version)
+    def _sync_once(self, version: int, full: bool = False) -> dict[str, float]:
+        manifest = self._prepare(version, full)
         if manifest.group_id != self.group_id:
             # The actor holds no group or another one (it failed a sync, or restarted).
             self.form_group()
-            manifest = self._prepare(version)
+            manifest = self._prepare(version, full)
         # Each bucket's collective has its own timeout; the RPCs' deadline only backs them up.
         deadline = self.timeout_s * max(1, len(manifest.buckets)) + _RPC_SLACK_S
         send = self.pool.submit(self.actor.send_weights, version, deadline)
@@ -142,15 +160,23 @@ class WeightSyncer:
                     f"rollout at {rollout.address} reports weight version {got.version}, "
                     f"expected {version}"
                 )
-        return {
+        metrics = {
             "weight_sync/bytes": float(sent.bytes),
             "weight_sync/gbps": sent.bytes / max(sent.seconds, 1e-9) / 1e9,
             "weight_sync/seconds": float(sent.seconds),
             "weight_sync/version": float(version),
         }
+        if manifest.delta:
+            metrics["weight_sync/delta"] = float(sent.delta)
+            metrics["weight_sync/changed_fraction"] = sent.changed / max(sent.elements, 1)
+        return metrics
 
-    def _prepare(self, version: int) -> WeightManifest:
-        return self.actor.prepare_weights(version, self.dtype, self.bucket_bytes)
+    def _prepare(self, version: int, full: bool = False) -> WeightManifest:
+        if not self.delta:
+            return self.actor.prepare_weights(version, self.dtype, self.bucket_bytes)
+        return self.actor.prepare_weights(
+            version, self.dtype, self.bucket_bytes, delta=True, full=full
+        )
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

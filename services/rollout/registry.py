@@ -94,7 +94,7 @@ def _vllm_memory_share(cfg: RunConfig) -> float:
     from meshrl.config.memory_plan import ModelShape, vllm_memory_fraction
 
     cap = cfg.actor_rollout_ref.rollout.gpu_memory_utilization
-    if cfg.trainer.device != "cuda":
+    if cfg.trainer.device != "cuda" or not torch.cuda.is_available():
         return cap  # the CPU engine sizes its cache from the run itself
     try:
         shape = ModelShape.from_folder(cfg.actor_rollout_ref.model.path)

@@ -92,9 +92,16 @@ class TrainerClient(RoleClient):
         )
         return GroupSpec.from_proto(self._call("OpenWeightGroup", spec))
 
-    def prepare_weights(self, version: int, dtype: str | None, bucket_bytes: int) -> WeightManifest:
+    def prepare_weights(
+        self,
+        version: int,
+        dtype: str | None,
+        bucket_bytes: int,
+        delta: bool = False,
+        full: bool = False,
+    ) -> WeightManifest:
         req = trainer_pb2.PrepareWeightsRequest(
-            version=version, dtype=dtype, bucket_bytes=bucket_bytes
+            version=version, dtype=dtype, bucket_bytes=bucket_bytes, delta=delta, full=full
         )
         return WeightManifest.from_proto(self._call("PrepareWeights", req))
 

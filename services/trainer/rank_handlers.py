@@ -204,13 +204,20 @@ class RankHandlers:
 
     def PrepareWeights(self, req: trainer_pb2.PrepareWeightsRequest) -> common_pb2.WeightManifest:
         assert self.publisher is not None  # the actor's, made by Initialize
-        return self.publisher.prepare(req.version, req.dtype, req.bucket_bytes).to_proto()
+        publisher = self.publisher
+        manifest = publisher.prepare(req.version, req.dtype, req.bucket_bytes, req.delta, req.full)
+        return manifest.to_proto()
 
     def SendWeights(self, req: trainer_pb2.SendWeightsRequest) -> common_pb2.WeightSyncResult:
         assert self.publisher is not None  # the actor's, made by Initialize
         result = self.publisher.send(req.version)
         return common_pb2.WeightSyncResult(
-            version=result.version, seconds=result.seconds, bytes=result.bytes
+            version=result.version,
+            seconds=result.seconds,
+            bytes=result.bytes,
+            delta=result.delta,
+            changed=result.changed,
+            elements=result.elements,
         )
 
     def SaveCheckpoint(self, req: trainer_pb2.CheckpointRequest) -> trainer_pb2.CheckpointResponse:

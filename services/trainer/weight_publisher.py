@@ -35,6 +35,11 @@ class SyncResult:
     version: int
     seconds: float
     bytes: int
+    delta: bool = False
+    """The sync went from a base version: only what changed was sent."""
+    changed: int = 0
+    """Elements that changed (every element in a full sync)."""
+    elements: int = 0
 
 
 class WeightPublisher:
@@ -100,8 +105,15 @@ class WeightPublisher:
                 f"not the joined group {self._group.group_id}: call PrepareWeights again"
             )
 
-    def prepare(self, version: int, dtype: str, bucket_bytes: int) -> WeightManifest:
-        """Every rank: plans the buckets of the next sync from the actor's parameters."""
+    def prepare(
+        self, version: int, dtype: str, bucket_bytes: int, delta: bool = False, full: bool = False
+    ) -> WeightManifest:
+        """Every rank: plans the buckets of the next sync from the actor's parameters.
+
+        ``delta`` (gloo and NCCL groups; rank 0 decides): the delta protocol, going from the
+        version this group's last sync left when there is one with the same buckets, else
+        a full sync of the protocol (the first sync of a group, after any failure, and with
+        ``full``)."""
         buckets = plan_buckets(
             self.actor.named_param_shapes(),
             dtype_from_name(dtype or "float32"),
@@ -109,6 +121,11 @@ class WeightPublisher:
         )
         group_id = self._spec.group_id if self._spec is not None else ""
         self._manifest = WeightManifest(version, buckets, group_id)
+        if delta and isinstance(self._group, WeightGroup):
+            self._manifest.delta = True
+            state = self._group.delta_state
+            if state is not None and not full:
+                self._manifest.base_version = state.base_for(self._manifest)
         if isinstance(self._group, IpcGroup):  # rank 0 of a cuda_ipc group: export the ring
             self._manifest.ipc_handles = self._group.export_ring(self._manifest)
         return self._manifest
@@ -122,6 +139,7 @@ class WeightPublisher:
         if self._manifest is None or self._manifest.version != version:
             raise SyncStateError(f"SendWeights(version={version}) without PrepareWeights")
         with self._lock:
+            stats: dict[str, int] = {}
             try:
                 params = self.actor.iter_full_params()
                 if self._manifest.ipc_handles:
@@ -131,13 +149,22 @@ class WeightPublisher:
                 else:
                     # prepare gives the manifest of an IpcGroup its handles
                     assert not isinstance(self._group, IpcGroup)
-                    sent, seconds = send_weights(self._group, params, self._manifest)
+                    sent, seconds = send_weights(self._group, params, self._manifest, stats)
             except WeightGroupError as e:
                 log.warning("weight sync v%d failed: %s; closing the group", version, e)
                 self._close()
                 raise
-        log.info("sent weights v%d: %.1f MB in %.2fs", version, sent / 1e6, seconds)
-        return SyncResult(version, seconds, sent)
+        manifest = self._manifest
+        delta = manifest.delta and manifest.base_version >= 0
+        elements = stats.get("elements", 0)
+        changed = stats.get("changed", elements)
+        log.info(
+            "sent weights v%d%s: %.1f MB in %.2fs%s",
+            version, f" (delta from v{manifest.base_version})" if delta else "",
+            sent / 1e6, seconds,
+            f", {changed / elements:.2%} of the elements changed" if delta and elements else "",
+        )  # fmt: skip
+        return SyncResult(version, seconds, sent, delta, changed, elements)
 
     def close(self) -> None:
         with self._lock:

@@ -551,7 +551,7 @@ def test_meshrl_run_takes_overrides_alone_as_verls_command_lines_give_them(
 
     ran = []
     monkeypatch.setattr(
-        run_local_module, "run_local", lambda cfg: ran.append(cfg) or RunResult({}, True)
+        run_local_module, "run_local", lambda cfg, *_: ran.append(cfg) or RunResult({}, True)
     )
     monkeypatch.chdir(tmp_path)
     line = ["data.train_files=/d/train.parquet", "actor_rollout_ref.model.path=/m"]

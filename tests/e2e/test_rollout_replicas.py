@@ -42,9 +42,13 @@ def step_rows(run_dir) -> dict[int, dict]:
     return {r["step"]: r for r in read_jsonl(run_dir / "metrics.jsonl") if "critic/score/mean" in r}
 
 
+@pytest.mark.parametrize("delta", [False, True], ids=["full_syncs", "delta_syncs"])
 def test_a_replica_killed_mid_generation_loses_no_prompt_and_rejoins(
-    tiny_model, arithmetic_data, tmp_path, monkeypatch, caplog
+    tiny_model, arithmetic_data, tmp_path, monkeypatch, caplog, delta
 ):
+    """With delta syncs, the step whose pool lost the replica syncs the two others in a new
+    group (a full sync), the restarted replica joins through a full sync of a new group of
+    three, and every later step is a delta again, each tensor's checksum checked."""
     monkeypatch.setenv(TEST_SLOW_ENV, f"rollout.Generate={HOLD_S}@{KILL_CALL}")
     caplog.set_level(logging.INFO, logger="services.coordinator")
     cfg = build_config(
@@ -52,6 +56,7 @@ def test_a_replica_killed_mid_generation_loses_no_prompt_and_rejoins(
         _overrides(
             tiny_model, arithmetic_data, tmp_path,
             "actor_rollout_ref.rollout.replicas=3", "actor_rollout_ref.rollout.prompts_per_request=1",
+            f"actor_rollout_ref.rollout.weight_sync.delta={str(delta).lower()}",
         ),
     )  # fmt: skip
     with LocalLauncher(cfg, tmp_path) as launcher:
@@ -89,6 +94,13 @@ def test_a_replica_killed_mid_generation_loses_no_prompt_and_rejoins(
     for step in rows:  # every prompt of every step generated and scored: 8 prompts x n=2
         lines = (tmp_path / "rollouts" / f"{step}.jsonl").read_text().splitlines()
         assert len(lines) == 16
+    if delta:  # the setup's sync and the rejoin's are full ones, outside the step rows
+        kinds = {j: r["weight_sync/delta"] for j, r in rows.items()}
+        assert kinds == {j: 0.0 if j == k else 1.0 for j in rows}, kinds
+        fractions = {j: r["weight_sync/changed_fraction"] for j, r in rows.items()}
+        assert fractions[k] == 1.0 and all(0 <= f <= 1 for f in fractions.values()), fractions
+    else:
+        assert not any("weight_sync/delta" in r for r in rows.values())
 
 
 def test_a_replica_added_during_a_run_serves_after_proving_its_version(

@@ -59,3 +59,52 @@ def test_generation_goes_on_until_the_first_bucket_arrives(tmp_path, monkeypatch
     assert all(torch.equal(p, new[n]) for n, p in model.named_parameters())
     worker.close()
     actor.close()
+
+
+def test_the_engines_weights_after_delta_syncs_equal_the_actors_bit_for_bit(tmp_path):
+    """The rollout worker and its native engine (bf16 weights) take a full sync, then five
+    delta syncs, each after a real AdamW step of a language-model loss on the actor's fp32
+    copy of the same model: after every sync the engine's weights are the actor's cast to
+    bf16, bit for bit, and only a part of them travelled."""
+    from transformers import AutoModelForCausalLM
+
+    model_dir = str(make_tiny_model_dir(tmp_path / "m", hidden=32, intermediate=64))
+    worker = RolloutWorker()
+    tree = {"actor_rollout_ref": {"model": {"path": model_dir}, "rollout": {"dtype": "bfloat16"}}}
+    worker.initialize(build_config(tree))
+    engine_model = worker.engine.runner.model
+    actor_model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    opt = torch.optim.AdamW(actor_model.parameters(), lr=1e-5)
+    tokens = torch.randint(3, 20, (4, 12), generator=torch.Generator().manual_seed(0))
+    store, spec = WeightGroup.open("127.0.0.1", timeout_s=20, world_size=2)
+    with ThreadPoolExecutor(2) as pool:
+        joined = pool.submit(worker.join_group, GroupSpec(**{**spec.__dict__, "rank": 1}))
+        actor = WeightGroup.join(spec, store)
+        joined.result()
+    named = [(n, tuple(p.shape)) for n, p in actor_model.named_parameters()]
+    fractions = []
+    for version in range(1, 7):
+        if version > 1:
+            opt.zero_grad()
+            actor_model(input_ids=tokens, labels=tokens).loss.backward()
+            opt.step()
+        manifest = WeightManifest(version, plan_buckets(named, torch.bfloat16, 4 * 1024))
+        manifest.group_id, manifest.delta = spec.group_id, True
+        if actor.delta_state is not None:
+            manifest.base_version = actor.delta_state.base_for(manifest)
+        receiving = threading.Thread(target=worker.receive, args=(manifest,))
+        receiving.start()
+        stats: dict[str, int] = {}
+        params = ((n, p.detach()) for n, p in actor_model.named_parameters())
+        send_weights(actor, params, manifest, stats)
+        receiving.join(30)
+        assert worker.engine.weight_version == version
+        assert manifest.base_version == (-1 if version == 1 else version - 1)
+        fractions.append(stats["changed"] / stats["elements"])
+        served = dict(engine_model.named_parameters())
+        for name, p in actor_model.named_parameters():
+            want = p.detach().to(torch.bfloat16).view(torch.int16)
+            assert torch.equal(served[name].detach().view(torch.int16), want), (version, name)
+    assert fractions[0] == 1.0 and all(0 < f < 1 for f in fractions[1:]), fractions
+    worker.close()
+    actor.close()

@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import LlamaForCausalLM
-from weight_sync_peer import join_then_exit, receive_to_file
+from weight_sync_peer import join_then_exit, receive_deltas_to_file, receive_to_file
 
 from meshrl.testing.tiny_model import tiny_llama_config
 from meshrl.weight_sync import (
@@ -134,3 +134,59 @@ def test_send_refuses_a_stale_manifest_after_draining():
     with pytest.raises(ValueError, match="manifest is for group old, not new"):
         send_weights(CurrentGroup(), stream, manifest)
     assert next(stream, None) is None  # the other FSDP ranks' gathers were matched
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_two_processes_after_delta_syncs_of_real_adamw_steps_hold_the_senders_bits(tmp_path):
+    """A full sync, then 5 delta syncs, each after a real AdamW step of a language-model
+    loss: the receiving process's bf16 weights equal the sender's cast, bit for bit."""
+    model = _small_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)  # verl's default
+    tokens = torch.randint(0, 22, (4, 12), generator=torch.Generator().manual_seed(1))
+    named = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    store, spec = WeightGroup.open("127.0.0.1", timeout_s=30.0, world_size=2)
+    manifests = []
+    for version in range(1, 7):  # what the actor's publisher plans: v from v - 1
+        m = WeightManifest(version, plan_buckets(named, torch.bfloat16, 4 * 1024), spec.group_id)
+        m.delta, m.base_version = True, version - 1 if version > 1 else -1
+        manifests.append(m)
+    out = tmp_path / "held.safetensors"
+    peer_spec = GroupSpec(**{**spec.__dict__, "rank": 1})
+    peer = mp.get_context("spawn").Process(
+        target=receive_deltas_to_file,
+        args=(
+            peer_spec.to_proto().SerializeToString(),
+            [m.to_proto().SerializeToString() for m in manifests],
+            str(out),
+        ),
+    )
+    peer.start()
+    sent = []
+    try:
+        group = WeightGroup.join(spec, store)
+        for manifest in manifests:
+            if manifest.version > 1:
+                opt.zero_grad()
+                model(input_ids=tokens, labels=tokens).loss.backward()
+                opt.step()
+            stats: dict[str, int] = {}
+            nbytes, _ = send_weights(
+                group, ((n, p.detach()) for n, p in model.named_parameters()), manifest, stats
+            )
+            sent.append((nbytes, stats["changed"] / stats["elements"]))
+            assert group.delta_state is not None and group.delta_state.version == manifest.version
+        group.close()
+        peer.join(60)
+        assert peer.exitcode == 0
+    finally:
+        if peer.is_alive():
+            peer.kill()
+            peer.join()
+    held = load_file(str(out))
+    for name, param in model.named_parameters():
+        want = param.detach().to(torch.bfloat16)
+        assert torch.equal(held[name].view(torch.int16), want.view(torch.int16)), name
+    assert sent[0][1] == 1.0  # the full sync
+    assert all(0 < fraction < 1 for _, fraction in sent[1:]), sent  # AdamW at 1e-6 in bf16: some
+    assert all(nbytes < sent[0][0] for nbytes, _ in sent[1:]), sent

@@ -42,6 +42,8 @@ class FakeActor:
         self.group_id = ""
         self.opened: list[GroupSpec] = []
         self.fail_next_send = False
+        self.prepared: list[tuple[bool, bool]] = []  # (delta, full) of each PrepareWeights
+        self.synced_in = ""  # the group of the last sync: a delta needs the same one
 
     def info(self):
         return common_pb2.ServerInfo(ready=True)
@@ -56,16 +58,24 @@ class FakeActor:
         self.group_id = spec.group_id
         return spec.group_id
 
-    def prepare_weights(self, version, dtype, bucket_bytes):
+    def prepare_weights(self, version, dtype, bucket_bytes, delta=False, full=False):
+        self.prepared.append((delta, full))
         buckets = plan_buckets([("w", (4,))], torch.float32, bucket_bytes)
-        return WeightManifest(version, buckets, self.group_id)
+        manifest = WeightManifest(version, buckets, self.group_id, delta=delta)
+        if delta and not full and self.synced_in == self.group_id:
+            manifest.base_version = version - 1
+        return manifest
 
     def send_weights(self, version, timeout_s):
         if self.fail_next_send:
             self.fail_next_send = False
-            self.group_id = ""  # the publisher closes its group on a failed send
+            self.group_id = self.synced_in = ""  # the publisher closes its group
             raise _error("actor", "SendWeights")
-        return common_pb2.WeightSyncResult(version=version, seconds=0.5, bytes=16)
+        delta = self.synced_in == self.group_id and not self.prepared[-1][1]
+        self.synced_in = self.group_id
+        return common_pb2.WeightSyncResult(
+            version=version, seconds=0.5, bytes=16, delta=delta, changed=1, elements=4
+        )
 
 
 class FakeRollout:
@@ -157,4 +167,33 @@ def test_no_retry_while_a_member_is_dead(cfg):
     with pytest.raises(RoleCallError, match="SendWeights"):
         syncer.sync(version=2, retries=1)
     assert len(actor.opened) == 1, "no group was formed with a dead member"
+    syncer.close()
+
+
+def test_delta_syncs_are_asked_for_and_a_full_one_on_request():
+    cfg = build_config({}, ["actor_rollout_ref.rollout.weight_sync.delta=true"])
+    actor, rollout = FakeActor(), FakeRollout()
+    syncer = WeightSyncer(cfg, actor, [rollout])
+    first = syncer.sync(version=1)
+    assert first["weight_sync/delta"] == 0.0 and first["weight_sync/changed_fraction"] == 0.25
+    assert syncer.sync(version=2)["weight_sync/delta"] == 1.0
+    syncer.request_full()
+    assert syncer.sync(version=3)["weight_sync/delta"] == 0.0
+    assert syncer.sync(version=4)["weight_sync/delta"] == 1.0  # one full sync, then deltas
+    assert syncer.sync(version=5, full=True)["weight_sync/delta"] == 0.0
+    assert actor.prepared[-5:] == [(True, False)] * 2 + [(True, True), (True, False), (True, True)]
+    assert syncer.sync(version=7)["weight_sync/delta"] == 0.0  # a version gap: full
+    assert syncer.sync(version=8)["weight_sync/delta"] == 1.0
+    syncer.close()
+
+
+def test_cuda_ipc_never_asks_for_deltas():
+    cfg = build_config({}, [
+        "actor_rollout_ref.rollout.weight_sync.delta=true",
+        "actor_rollout_ref.rollout.weight_sync.transport=cuda_ipc",
+    ])  # fmt: skip
+    actor = FakeActor()
+    syncer = WeightSyncer(cfg, actor, [FakeRollout()])
+    metrics = syncer.sync(version=1)
+    assert "weight_sync/delta" not in metrics and actor.prepared[-1] == (False, False)
     syncer.close()

@@ -32,3 +32,32 @@ def join_then_exit(spec_bytes: bytes) -> None:
 
     spec = GroupSpec.from_proto(common_pb2.WeightGroupSpec.FromString(spec_bytes))
     WeightGroup.join(spec)
+
+
+def receive_deltas_to_file(spec_bytes: bytes, manifests: list[bytes], out_path: str) -> None:
+    """Joins the group, receives one sync per manifest (a full one, then deltas) into
+    bf16 tensors of its own, as a rollout engine holds them, and saves those."""
+    import torch
+    from safetensors.torch import save_file
+
+    from meshrl.weight_sync import GroupSpec, WeightGroup, WeightManifest
+    from meshrl.weight_sync.receiver import WeightReceiver
+
+    torch.set_num_threads(1)
+    spec = GroupSpec.from_proto(common_pb2.WeightGroupSpec.FromString(spec_bytes))
+    group = WeightGroup.join(spec)
+    held: dict[str, torch.Tensor] = {}
+    try:
+        for raw in manifests:
+            manifest = WeightManifest.from_proto(common_pb2.WeightManifest.FromString(raw))
+            if not held:
+                held = {
+                    s.name: torch.zeros(s.shape, dtype=b.dtype)
+                    for b in manifest.buckets
+                    for s in b.params
+                }
+            for name, tensor in WeightReceiver(group, manifest, held):
+                held[name].copy_(tensor)  # the pair is the target itself: copies nothing
+    finally:
+        group.close()
+    save_file(held, out_path)

@@ -151,23 +151,33 @@ class Bucket(_message.Message):
     def __init__(self, params: _Optional[_Iterable[_Union[ParamSlot, _Mapping]]] = ..., numel: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class WeightManifest(_message.Message):
-    __slots__ = ("version", "buckets", "group_id", "ipc_handles")
+    __slots__ = ("version", "buckets", "group_id", "ipc_handles", "delta", "base_version")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     IPC_HANDLES_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     version: int
     buckets: _containers.RepeatedCompositeFieldContainer[Bucket]
     group_id: str
     ipc_handles: bytes
-    def __init__(self, version: _Optional[int] = ..., buckets: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., group_id: _Optional[str] = ..., ipc_handles: _Optional[bytes] = ...) -> None: ...
+    delta: bool
+    base_version: int
+    def __init__(self, version: _Optional[int] = ..., buckets: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., group_id: _Optional[str] = ..., ipc_handles: _Optional[bytes] = ..., delta: _Optional[bool] = ..., base_version: _Optional[int] = ...) -> None: ...
 
 class WeightSyncResult(_message.Message):
-    __slots__ = ("version", "seconds", "bytes")
+    __slots__ = ("version", "seconds", "bytes", "delta", "changed", "elements")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    ELEMENTS_FIELD_NUMBER: _ClassVar[int]
     version: int
     seconds: float
     bytes: int
-    def __init__(self, version: _Optional[int] = ..., seconds: _Optional[float] = ..., bytes: _Optional[int] = ...) -> None: ...
+    delta: bool
+    changed: int
+    elements: int
+    def __init__(self, version: _Optional[int] = ..., seconds: _Optional[float] = ..., bytes: _Optional[int] = ..., delta: _Optional[bool] = ..., changed: _Optional[int] = ..., elements: _Optional[int] = ...) -> None: ...

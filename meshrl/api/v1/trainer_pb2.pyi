@@ -55,14 +55,18 @@ class UpdateResponse(_message.Message):
     def __init__(self, metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class PrepareWeightsRequest(_message.Message):
-    __slots__ = ("version", "dtype", "bucket_bytes")
+    __slots__ = ("version", "dtype", "bucket_bytes", "delta", "full")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     BUCKET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    FULL_FIELD_NUMBER: _ClassVar[int]
     version: int
     dtype: str
     bucket_bytes: int
-    def __init__(self, version: _Optional[int] = ..., dtype: _Optional[str] = ..., bucket_bytes: _Optional[int] = ...) -> None: ...
+    delta: bool
+    full: bool
+    def __init__(self, version: _Optional[int] = ..., dtype: _Optional[str] = ..., bucket_bytes: _Optional[int] = ..., delta: _Optional[bool] = ..., full: _Optional[bool] = ...) -> None: ...
 
 class SendWeightsRequest(_message.Message):
     __slots__ = ("version",)

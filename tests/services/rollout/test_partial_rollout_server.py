@@ -22,6 +22,7 @@ from meshrl.api.v1 import common_pb2, rollout_pb2
 from meshrl.config import build_config, config_to_yaml
 from meshrl.ragged import Ragged
 from meshrl.testing.tiny_model import make_tiny_model_dir
+from meshrl.weight_sync import GroupSpec, WeightGroup, WeightManifest, plan_buckets, send_weights
 from meshrl.wire import ragged_to_proto
 from services.rollout.convert import generation_from_proto
 from services.rollout.native.engine import NativeEngine
@@ -120,3 +121,67 @@ def test_without_partial_rollouts_the_sync_waits_for_the_generation(server, engi
     greedy = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
     want = old.generate(Ragged.from_lists(PROMPTS), greedy)
     assert result.responses.tolist() == want.responses.tolist()
+
+
+class _DeltaActor:
+    """Plays the actor of one group kept across syncs, with delta syncs (as the publisher)."""
+
+    def __init__(self, server):
+        self.server = server
+        store, spec = WeightGroup.open("127.0.0.1", timeout_s=30, world_size=2)
+        peer = GroupSpec(**{**spec.__dict__, "rank": 1})
+        joined = server.stub.JoinWeightGroup.future(
+            common_pb2.JoinWeightGroupRequest(spec=peer.to_proto()), timeout=60
+        )
+        self.group = WeightGroup.join(spec, store)
+        assert joined.result().group_id == spec.group_id
+
+    def sync(self, model, version: int) -> tuple[common_pb2.WeightSyncResult, WeightManifest]:
+        named = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+        buckets = plan_buckets(named, torch.float32, 32 * 1024)
+        manifest = WeightManifest(version, buckets, self.group.group_id, delta=True)
+        if self.group.delta_state is not None:
+            manifest.base_version = self.group.delta_state.base_for(manifest)
+        result = self.server.stub.ReceiveWeights.future(manifest.to_proto(), timeout=60)
+        send_weights(self.group, ((n, p.detach()) for n, p in model.named_parameters()), manifest)
+        return result.result(), manifest
+
+
+def test_a_delta_sync_lands_mid_generation_at_a_token_boundary(server, engines):
+    """Partial rollouts with delta syncs: a full sync of the served weights (version 1),
+    then a delta to the other model's (version 2) sent while a Generate runs; the tokens
+    after the switch have the log-probs of the new weights."""
+    old, new = engines
+    _initialize(server, old.model_path, partial_rollout=True, partial_rollout_kv="recompute")
+    actor = _DeltaActor(server)
+    try:
+        first, manifest = actor.sync(old.runner.model, version=1)
+        assert first.version == 1 and manifest.base_version == -1
+        started = len(re.findall(r"rpc Generate #\d+ started", server.log_path.read_text()))
+        request = rollout_pb2.GenerateRequest(
+            prompts=ragged_to_proto(Ragged.from_lists(PROMPTS)),
+            sampling=rollout_pb2.SamplingParams(temperature=0, max_tokens=MAX_TOKENS, n=1),
+        )
+        call = server.stub.Generate.future(request, timeout=180)
+        wait_for_log(server, f"rpc Generate #{started + 1} started")
+        second, manifest = actor.sync(new.runner.model, version=2)
+        assert second.version == 2 and manifest.base_version == 1
+        result = generation_from_proto(call.result())
+    finally:
+        actor.group.close()
+    assert result.token_versions is not None
+    spans = 0
+    for i, (response, versions, lps) in enumerate(
+        zip(
+            result.responses.tolist(),
+            result.token_versions.tolist(),
+            result.logprobs.tolist(),
+            strict=True,
+        )
+    ):
+        k = split_point(versions, 1, 2)
+        if 0 < k < len(response):
+            spans += 1
+            want = full_forward_logprobs(new, PROMPTS[i], response, 1.0)[k:]
+            torch.testing.assert_close(torch.tensor(lps[k:]), want, atol=1e-5, rtol=0)
+    assert spans, "no response spans the sync: it landed before or after the generation"

@@ -250,6 +250,54 @@ def test_cpu_settings_of_the_engine(tmp_path):
     assert mapping.folder_num_parameters(str(model)) == hf.num_parameters()
 
 
+def test_worker_extension_takes_delta_syncs_as_full_tensors():
+    """Delta syncs into vLLM's worker: the receiver applies the changes to its own copy and
+    hands full tensors to the model's load_weights; a refused delta closes the group."""
+    worker = _stand_in_worker()
+    sender, spec = _gloo_pair(worker)
+    torch.manual_seed(0)
+    params = {"w": torch.randn(6, 4), "b": torch.randn(4)}
+    named = [(n, tuple(t.shape)) for n, t in params.items()]
+
+    def sync(version: int):
+        manifest = WeightManifest(version, plan_buckets(named, torch.bfloat16, 32), spec.group_id)
+        manifest.delta = True
+        if sender.delta_state is not None:
+            manifest.base_version = sender.delta_state.base_for(manifest)
+        out: dict = {}
+
+        def receive():
+            try:
+                out["n"] = worker.meshrl_receive_weights(mapping.manifest_to_json(manifest))
+            except Exception as e:  # noqa: BLE001 - handed to the test
+                out["error"] = e
+
+        thread = threading.Thread(target=receive)
+        thread.start()
+        stats: dict[str, int] = {}
+        send_weights(sender, iter(params.items()), manifest, stats)
+        thread.join(20)
+        return manifest, stats, out
+
+    model = worker.model_runner.model
+    for version in (1, 2, 3):
+        if version > 1:
+            params["w"][version, :2] += 1.0  # two elements change
+        manifest, stats, out = sync(version)
+        assert out["n"][0] == 2, out  # every tensor, whole, through load_weights
+        assert manifest.base_version == (-1 if version == 1 else version - 1)
+        assert stats["changed"] == (28 if version == 1 else 2)
+        for name, want in params.items():
+            assert torch.equal(getattr(model, name).data, want.to(torch.bfloat16).float()), name
+
+    worker._meshrl_group.delta_state.buffers[0][0] += 1  # its copy goes bad
+    params["b"] += 1.0
+    _, _, out = sync(4)
+    assert "checksum" in str(out.get("error")), out
+    assert worker._meshrl_group is None  # closed: the next sync forms a new group, in full
+    sender.close()
+
+
 class _StandInLLM:
     """What VllmEngine uses of ``vllm.LLM``: ``collective_rpc`` runs the extension's method on
     a stand-in worker in this process; sleep, wake-up and cache resets are recorded."""
