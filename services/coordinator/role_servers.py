@@ -128,7 +128,8 @@ class RoleServers:
         futures: dict[str, Future] = {}
         if loads_one_at_a_time(self.cfg):
             for n, c in clients.items():
-                futures[n] = done = Future()
+                done: Future = Future()
+                futures[n] = done
                 try:
                     done.set_result(c.initialize(text, str(self.run_dir)))
                 except Exception as e:  # noqa: BLE001 - raised below, as a concurrent one's
