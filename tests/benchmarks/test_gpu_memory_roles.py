@@ -4,8 +4,18 @@ calls in flight."""
 
 import subprocess
 import sys
+import time
 
 from benchmarks.ppo.gpu_memory import phase_of, role_of
+
+
+def _role(pid: int) -> str | None:
+    """role_of once the child's command line is there (it may still be exec'ing)."""
+    for _ in range(100):
+        if (role := role_of(pid)) is not None:
+            return role
+        time.sleep(0.05)
+    return None
 
 
 def test_a_server_title_names_its_role():
@@ -20,14 +30,14 @@ def test_a_server_title_names_its_role():
         ]
     )
     try:
-        assert role_of(proc.pid) == "critic"
+        assert _role(proc.pid) == "critic"
     finally:
         proc.kill()
     rollout = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(30)", "-m", "services.rollout.server"]
     )
     try:
-        assert role_of(rollout.pid) == "rollout"
+        assert _role(rollout.pid) == "rollout"
     finally:
         rollout.kill()
 

@@ -127,7 +127,7 @@ def _step(overrides):
 
 
 def _records(first: int, count: int = 4):
-    return [SimpleNamespace(prompt_ids=[p], data_source="x", ground_truth="", extra_info={}, chat="")
+    return [SimpleNamespace(prompt_ids=[p], data_source="x", ground_truth="0", extra_info={}, chat="")
             for p in range(first, first + count)]  # fmt: skip
 
 

@@ -120,7 +120,7 @@ class Tokenizer:
 
 class Record:
     def __init__(self, i: int):
-        self.prompt_ids, self.data_source, self.ground_truth = [i], "x", ""
+        self.prompt_ids, self.data_source, self.ground_truth = [i], "x", "0"
         self.extra_info, self.chat = {}, None
 
 

@@ -10,6 +10,9 @@ import os
 import re
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 from meshrl.launcher.local import LocalLauncher
 from meshrl.rpc.call_markers import TEST_SLOW_ENV
@@ -48,9 +51,25 @@ class KillInsideCall(threading.Thread):
             self.stop.wait(0.02)
 
 
-def run_killing(cfg, run_dir, name: str, method: str, k: int):
+@dataclass
+class KilledRun:
+    """A finished run whose server was killed inside a call; its servers still up."""
+
+    launcher: LocalLauncher
+    killer: KillInsideCall
+    last: dict
+
+    def pid(self, name: str) -> int:
+        return self.launcher.processes[name].popen.pid
+
+    def log(self, name: str) -> str:
+        return self.launcher.processes[name].log_path.read_text(errors="replace")
+
+
+@contextmanager
+def killed_run(cfg, run_dir, name: str, method: str, k: int) -> Iterator[KilledRun]:
     """A whole run with a restarter, the server `name` kill -9ed inside its k-th `method`
-    call. Returns the last metrics, the killer, the server's new pid and the actor's log."""
+    call; yields it once trained, its servers up until the block ends."""
     with LocalLauncher(cfg, run_dir) as launcher:
         endpoints = launcher.start()
         killer = KillInsideCall(launcher, name, method, k)
@@ -62,6 +81,11 @@ def run_killing(cfg, run_dir, name: str, method: str, k: int):
         finally:
             run.close()
             killer.stop.set()
-        new_pid = launcher.processes[name].popen.pid
-        actor_log = launcher.processes["actor"].log_path.read_text(errors="replace")
-    return last, killer, new_pid, actor_log
+        yield KilledRun(launcher, killer, last)
+
+
+def run_killing(cfg, run_dir, name: str, method: str, k: int):
+    """:func:`killed_run` to its end: the last metrics, the killer, the server's new pid and
+    the actor's log."""
+    with killed_run(cfg, run_dir, name, method, k) as done:
+        return done.last, done.killer, done.pid(name), done.log("actor")

@@ -11,11 +11,9 @@ import logging
 import pytest
 
 from meshrl.config import build_config
-from meshrl.launcher.local import LocalLauncher
 from meshrl.rpc.call_markers import TEST_SLOW_ENV
 from meshrl_app.run_local import run_local
-from services.coordinator.run import PPORun
-from tests.e2e.kill_inside import KillInsideCall
+from tests.e2e.kill_inside import run_killing
 from tests.e2e.test_one_step_off_policy import _overrides, prompts_of, step_rows
 from tests.e2e.test_rollout_replicas import HOLD_S, KILL_CALL, STEPS
 from tests.e2e.test_rollout_replicas import _overrides as replica_overrides
@@ -109,17 +107,7 @@ def test_a_replica_killed_mid_generation_loses_no_prompt_in_async_mode(
         "actor_rollout_ref.rollout.prompts_per_request=1",
     )
     cfg = build_config({}, overrides)
-    with LocalLauncher(cfg, tmp_path) as launcher:
-        endpoints = launcher.start()
-        killer = KillInsideCall(launcher, "rollout1", "Generate", KILL_CALL)
-        killer.start()
-        run = PPORun(cfg, endpoints, tmp_path, restarter=launcher)
-        try:
-            run.setup()
-            last = run.train()
-        finally:
-            run.close()
-            killer.stop.set()
+    last, killer, _, _ = run_killing(cfg, tmp_path, "rollout1", "Generate", KILL_CALL)
     assert killer.killed.is_set(), "rollout1 never started Generate #4"
     messages = "\n".join(r.getMessage() for r in caplog.records)
     assert "rollout replica rollout1 left the pool" in messages

@@ -16,7 +16,7 @@ from meshrl.launcher.local import LocalLauncher
 from meshrl.rpc.call_markers import TEST_SLOW_ENV
 from services.coordinator.metrics_sinks import read_jsonl
 from services.coordinator.run import PPORun
-from tests.e2e.kill_inside import KillInsideCall, ended_line
+from tests.e2e.kill_inside import ended_line, run_killing
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -59,18 +59,7 @@ def test_a_replica_killed_mid_generation_loses_no_prompt_and_rejoins(
             f"actor_rollout_ref.rollout.weight_sync.delta={str(delta).lower()}",
         ),
     )  # fmt: skip
-    with LocalLauncher(cfg, tmp_path) as launcher:
-        endpoints = launcher.start()
-        killer = KillInsideCall(launcher, "rollout1", "Generate", KILL_CALL)
-        killer.start()
-        run = PPORun(cfg, endpoints, tmp_path, restarter=launcher)
-        try:
-            run.setup()
-            last = run.train()
-        finally:
-            run.close()
-            killer.stop.set()
-        new_pid = launcher.processes["rollout1"].popen.pid
+    last, killer, new_pid, _ = run_killing(cfg, tmp_path, "rollout1", "Generate", KILL_CALL)
     assert killer.killed.is_set(), "rollout1 never started Generate #4"
     log_text = killer.log_path.read_text(errors="replace")
     assert not ended_line("Generate", KILL_CALL, killer.pid).search(log_text), "killed mid-call"

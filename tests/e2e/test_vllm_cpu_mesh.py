@@ -17,15 +17,14 @@ import logging
 import pytest
 
 from meshrl.config import build_config
-from meshrl.launcher.local import LocalLauncher
 from meshrl.ragged import Ragged
 from meshrl.rpc.call_markers import TEST_SLOW_ENV
 from meshrl.testing.tiny_model import make_tiny_qwen2_dir
 from services.coordinator.metrics_sinks import read_jsonl
-from services.coordinator.run import PPORun
 from services.rollout.client import RolloutClient
 from services.rollout.types import SamplingParams
-from tests.e2e.test_faults import KillInsideCall, _ended
+from tests.e2e.kill_inside import ended_line as _ended
+from tests.e2e.kill_inside import killed_run
 
 pytestmark = [
     pytest.mark.slow,
@@ -71,26 +70,16 @@ def test_ppo_steps_on_vllm_through_the_mesh_with_a_replica_killed_mid_generate(
         ],
     )  # fmt: skip
     assert cfg.trainer.device == "cpu"
-    with LocalLauncher(cfg, tmp_path) as launcher:
-        endpoints = launcher.start()
-        killer = KillInsideCall(launcher, "rollout1", "Generate", KILL_CALL)
-        killer.start()
-        run = PPORun(cfg, endpoints, tmp_path, restarter=launcher)
-        try:
-            run.setup()
-            last = run.train()
-        finally:
-            run.close()
-            killer.stop.set()
+    with killed_run(cfg, tmp_path, "rollout1", "Generate", KILL_CALL) as done:
         # every replica now serves the last step's weights, and says so in its answer
         after = [
             RolloutClient(address, timeout_s=60).generate(
                 Ragged.from_lists([[1, 5, 6]]), SamplingParams(max_tokens=4, seed=1)
             )
-            for address in launcher.endpoints().rollout
+            for address in done.launcher.endpoints().rollout
         ]
-        new_pid = launcher.processes["rollout1"].popen.pid
-        rollout_log = launcher.processes["rollout0"].log_path.read_text(errors="replace")
+        new_pid, rollout_log = done.pid("rollout1"), done.log("rollout0")
+    last, killer = done.last, done.killer
     assert "vLLM 0.32" in rollout_log and "engine:" in rollout_log  # vLLM, not the native one
     assert [r.weight_version for r in after] == [STEPS, STEPS]
 

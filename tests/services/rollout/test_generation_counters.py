@@ -1,10 +1,16 @@
 """The rollout server's counters of one Generate call, partial rollouts' included."""
 
 import torch
-from prometheus_client import REGISTRY
+from prometheus_client import CollectorRegistry
 
 from meshrl.ragged import Ragged
-from services.rollout.metrics import count_generation
+from services.rollout.metrics import ALL, count_generation
+
+# The rollout's metrics are exported by a rollout server alone (metrics.register); read
+# here through a registry of the test's own.
+REGISTRY = CollectorRegistry()
+for metric in ALL:
+    REGISTRY.register(metric)
 
 
 def _read(name: str) -> float:
