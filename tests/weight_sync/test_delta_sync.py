@@ -6,30 +6,15 @@ bit after every sync, and a receiver on another base or with a wrong result refu
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
-from meshrl.weight_sync import GroupSpec, WeightGroup, WeightManifest, plan_buckets, send_weights
+from meshrl.weight_sync import WeightGroup, WeightManifest, plan_buckets, send_weights
 from meshrl.weight_sync import delta as delta_sync
 from meshrl.weight_sync.receiver import WeightReceiver
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def pair():
-    """(sender group, receiver group), both joined; closed afterwards."""
-    store, spec = WeightGroup.open("127.0.0.1", timeout_s=10, world_size=2)
-    peer = GroupSpec(**{**spec.__dict__, "rank": 1})
-    with ThreadPoolExecutor(2) as pool:
-        sender = pool.submit(WeightGroup.join, spec, store)
-        receiver = pool.submit(WeightGroup.join, peer)
-        groups = sender.result(), receiver.result()
-    yield groups
-    for g in groups:
-        g.close()
 
 
 def _params() -> dict[str, torch.Tensor]:

@@ -13,8 +13,6 @@ import pytest
 import torch
 
 from meshrl.weight_sync import (
-    GroupSpec,
-    WeightGroup,
     WeightGroupError,
     WeightManifest,
     plan_buckets,
@@ -25,20 +23,6 @@ from meshrl.weight_sync.receiver import WeightReceiver
 from meshrl.weight_sync.sender import TEST_DELAY_ENV
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def pair():
-    """(sender group, receiver group), both joined; closed afterwards."""
-    store, spec = WeightGroup.open("127.0.0.1", timeout_s=10, world_size=2)
-    peer = GroupSpec(**{**spec.__dict__, "rank": 1})
-    with ThreadPoolExecutor(2) as pool:
-        sender = pool.submit(WeightGroup.join, spec, store)
-        receiver = pool.submit(WeightGroup.join, peer)
-        groups = sender.result(), receiver.result()
-    yield groups
-    for g in groups:
-        g.close()
 
 
 def _params() -> dict[str, torch.Tensor]:
