@@ -13,7 +13,7 @@ rollout engine's weights and KV cache. What a role holds depends on the phase:
     sync           the actor streams its weights to rollout
 
 A GPU's need is the largest phase. The figures are estimates, from the formulas below,
-within about 10% of what the H100 showed for the Qwen2.5-0.5B shape (docs/memory.md);
+within a few percent of what an H100 showed for the 0.5B and 1.5B shapes (docs/memory.md);
 ``launcher.check_gpu_memory=false`` skips the check.
 """
 
@@ -51,6 +51,7 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     tied: bool
+    max_positions: int = 2048
 
     @staticmethod
     def from_config(config: dict) -> ModelShape:
@@ -64,6 +65,7 @@ class ModelShape:
             kv_heads=config.get("num_key_value_heads") or heads,
             head_dim=config.get("head_dim") or hidden // heads,
             tied=bool(config.get("tie_word_embeddings", False)),
+            max_positions=int(config.get("max_position_embeddings") or 2048),
         )
 
     @staticmethod

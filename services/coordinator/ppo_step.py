@@ -447,15 +447,17 @@ class PPOStep:
 
         jobs: list[tuple] = []
         if self.roles.critic is not None:
-            jobs.append((timed, "update_critic", self.update_critic, batch, returns, step))
+            jobs.append(("update_critic", self.update_critic, batch, returns, step))
         if step > self.cfg.critic.critic_warmup:
-            jobs.append((timed, "update_actor", self.update_actor, batch, advantages, step))
+            jobs.append(("update_actor", self.update_actor, batch, advantages, step))
+        one_at_a_time = updates_share_gpu(self.cfg)  # on one GPU their peaks would add up
+        futures = []
+        for job in jobs:
+            futures.append(self.pool.submit(timed, *job))
+            if one_at_a_time:
+                futures[-1].exception()  # waits for it (an error is raised below)
         metrics: dict[str, float] = {}
-        if updates_share_gpu(self.cfg):  # one after the other: their peaks would add up
-            for job in jobs:
-                metrics.update(job[0](*job[1:]))
-            return metrics
-        for f in [self.pool.submit(*job) for job in jobs]:
+        for f in futures:
             metrics.update(f.result())
         return metrics
 

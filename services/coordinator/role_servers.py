@@ -125,21 +125,12 @@ class RoleServers:
         need what offloading saves)."""
         text = config_to_yaml(self.cfg)
         clients = {n: c for n, c in self.named().items() if names is None or n in names}
+        one_at_a_time = loads_one_at_a_time(self.cfg)
         futures: dict[str, Future] = {}
-        if loads_one_at_a_time(self.cfg):
-            for n, c in clients.items():
-                done: Future = Future()
-                futures[n] = done
-                try:
-                    done.set_result(c.initialize(text, str(self.run_dir)))
-                except Exception as e:  # noqa: BLE001 - raised below, as a concurrent one's
-                    done.set_exception(e)
-                    break
-        else:
-            futures = {
-                n: self.pool.submit(c.initialize, text, str(self.run_dir))
-                for n, c in clients.items()
-            }
+        for n, c in clients.items():
+            futures[n] = self.pool.submit(c.initialize, text, str(self.run_dir))
+            if one_at_a_time:
+                futures[n].exception()  # waits for it (an error is raised below)
         for name, f in futures.items():
             try:
                 self.gpus[name] = list(f.result().gpus)

@@ -74,3 +74,14 @@ def test_actor_and_critic_update_one_after_the_other_on_one_gpu():
     assert not updates_share_gpu(build_config({}, []))  # the CPU: in parallel, as before
     split = "launcher.role_gpus={actor: '0', critic: '1'}"
     assert not updates_share_gpu(build_config({}, ["trainer.device=cuda", split]))
+
+
+def test_servers_load_one_after_the_other_only_when_offloading_on_a_shared_gpu():
+    from meshrl.config.placement import loads_one_at_a_time
+
+    offload = "critic.param_offload=true"
+    assert loads_one_at_a_time(build_config({}, ["trainer.device=cuda", offload]))
+    assert not loads_one_at_a_time(build_config({}, ["trainer.device=cuda"]))
+    assert not loads_one_at_a_time(build_config({}, [offload]))  # the CPU: nothing shared
+    split = "launcher.role_gpus={rollout: '1', actor: '0', critic: '0', ref: '0'}"
+    assert not loads_one_at_a_time(build_config({}, ["trainer.device=cuda", offload, split]))

@@ -3,7 +3,6 @@ on any machine with stand-ins shaped like vLLM's outputs)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -12,6 +11,7 @@ import torch
 from google.protobuf import json_format
 
 from meshrl.api.v1 import common_pb2
+from meshrl.config.memory_plan import ModelShape
 from meshrl.ragged import Ragged
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
 from services.rollout.types import FinishReason, SamplingParams
@@ -69,17 +69,9 @@ CPU_MIN_HEAD_SIZE = 32
 """vLLM's CPU attention refuses smaller heads (at the first generate)."""
 
 
-def _model_config(model_path: str) -> dict[str, Any]:
-    return json.loads((Path(model_path) / "config.json").read_text())
-
-
-def head_size(config: dict[str, Any]) -> int:
-    return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
-
-
 def check_cpu_head_size(model_path: str) -> None:
     """Refuses, in one line at start, a model vLLM's CPU backend would fail on later."""
-    size = head_size(_model_config(model_path))
+    size = ModelShape.from_folder(model_path).head_dim
     if size < CPU_MIN_HEAD_SIZE:
         raise ValueError(
             f"vLLM's CPU backend needs a head size of at least {CPU_MIN_HEAD_SIZE}, and "
@@ -90,15 +82,9 @@ def check_cpu_head_size(model_path: str) -> None:
 def cpu_kv_cache_bytes(model_path: str, max_num_seqs: int, max_model_len: int | None) -> int:
     """Keys and values of ``max_num_seqs`` full-length sequences in float32, within
     :data:`CPU_KV_CACHE_BYTES` (a shorter cache only makes vLLM run fewer at once)."""
-    config = _model_config(model_path)
-    per_token = (
-        2
-        * config["num_hidden_layers"]
-        * config.get("num_key_value_heads", config["num_attention_heads"])
-        * head_size(config)
-        * 4
-    )
-    length = max_model_len or int(config.get("max_position_embeddings", 2048))
+    shape = ModelShape.from_folder(model_path)
+    per_token = shape.kv_bytes_per_token(4)
+    length = max_model_len or shape.max_positions
     low, high = CPU_KV_CACHE_BYTES
     return max(low, min(high, per_token * length * max_num_seqs))
 

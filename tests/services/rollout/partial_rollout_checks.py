@@ -20,6 +20,19 @@ import torch
 from services.rollout.native.engine import NativeEngine
 
 
+def response_rows(result) -> list[tuple[list[int], list[int], list[float]]]:
+    """Each response of a GenerationResult with token versions: (ids, versions, log-probs)."""
+    assert result.token_versions is not None
+    return list(
+        zip(
+            result.responses.tolist(),
+            result.token_versions.tolist(),
+            result.logprobs.tolist(),
+            strict=True,
+        )
+    )
+
+
 def split_point(versions: list[int], old: int, new: int) -> int:
     """The index of the first token of ``new``; asserts the versions switch at most once,
     from ``old`` to ``new``, at a token boundary (no token of any other version)."""

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from partial_rollout_checks import full_forward_logprobs, keep_logprobs, split_point
+from partial_rollout_checks import (
+    full_forward_logprobs,
+    keep_logprobs,
+    response_rows,
+    split_point,
+)
 
 from meshrl.ragged import Ragged
 from meshrl.testing.tiny_model import make_tiny_model_dir
@@ -71,14 +76,7 @@ def check_spanning_responses(result, references, kv: str, params: SamplingParams
     old, new = references
     assert result.weight_version == 1 and result.token_versions is not None
     splits = []
-    for i, (response, versions, lps) in enumerate(
-        zip(
-            result.responses.tolist(),
-            result.token_versions.tolist(),
-            result.logprobs.tolist(),
-            strict=True,
-        )
-    ):
+    for i, (response, versions, lps) in enumerate(response_rows(result)):
         prompt = PROMPTS[i // params.n]
         k = split_point(versions, 0, 1)
         splits.append(k)

@@ -15,7 +15,12 @@ import time
 
 import pytest
 import torch
-from partial_rollout_checks import full_forward_logprobs, keep_logprobs, split_point
+from partial_rollout_checks import (
+    full_forward_logprobs,
+    keep_logprobs,
+    response_rows,
+    split_point,
+)
 from rollout_server_process import Server, sync_weights, wait_for_log
 
 from meshrl.api.v1 import common_pb2, rollout_pb2
@@ -88,14 +93,7 @@ def test_a_response_spanning_a_sync_has_each_tokens_version_and_logprob(server, 
     assert synced_at < replied_at  # the sync did not wait for the generation
     assert result.weight_version == 1 and result.token_versions is not None
     spans = 0
-    for i, (response, versions, lps) in enumerate(
-        zip(
-            result.responses.tolist(),
-            result.token_versions.tolist(),
-            result.logprobs.tolist(),
-            strict=True,
-        )
-    ):
+    for i, (response, versions, lps) in enumerate(response_rows(result)):
         k = split_point(versions, 0, 1)  # one switch, 0 -> 1, at a token boundary
         lps = torch.tensor(lps)
         if k:  # greedy: log-probs at temperature 1
@@ -171,14 +169,7 @@ def test_a_delta_sync_lands_mid_generation_at_a_token_boundary(server, engines):
         actor.group.close()
     assert result.token_versions is not None
     spans = 0
-    for i, (response, versions, lps) in enumerate(
-        zip(
-            result.responses.tolist(),
-            result.token_versions.tolist(),
-            result.logprobs.tolist(),
-            strict=True,
-        )
-    ):
+    for i, (response, versions, lps) in enumerate(response_rows(result)):
         k = split_point(versions, 1, 2)
         if 0 < k < len(response):
             spans += 1

@@ -11,7 +11,7 @@ import re
 
 import pytest
 import torch
-from partial_rollout_checks import full_forward_logprobs, split_point
+from partial_rollout_checks import full_forward_logprobs, response_rows, split_point
 from rollout_server_process import Server, sync_weights, wait_for_log
 
 from meshrl.api.v1 import common_pb2, rollout_pb2
@@ -73,14 +73,7 @@ def test_a_sync_mid_generate_aborts_and_continues_each_response_on_vllm(tmp_path
     assert "vLLM 0.32" in log_text  # served by vLLM, not the native engine
     assert result.weight_version == 1 and result.token_versions is not None
     spans = 0
-    for i, (response, versions, lps) in enumerate(
-        zip(
-            result.responses.tolist(),
-            result.token_versions.tolist(),
-            result.logprobs.tolist(),
-            strict=True,
-        )
-    ):
+    for i, (response, versions, lps) in enumerate(response_rows(result)):
         k = split_point(versions, 0, 1)
         lps = torch.tensor(lps)
         if k:  # greedy: log-probs at temperature 1, the old weights' full forward
