@@ -33,8 +33,8 @@ MUTANTS = [
     "services.trainer.critic.xǁValueLossSettingsǁfrom_config__mutmut_*",
     "services.trainer.critic.xǁCriticRoleǁupdate_value__mutmut_*",
     # the coordinator's advantage and reward plumbing
-    "services.coordinator.advantage.*",
-    "services.coordinator.ppo_step.xǁPPOStepǁadvantages__mutmut_*",
+    "services.coordinator.step.advantage.*",
+    "services.coordinator.step.ppo_step.xǁPPOStepǁadvantages__mutmut_*",
     # the weight-sync receiver
     "meshrl.weight_sync.receiver.*",
 ]

@@ -400,12 +400,12 @@ BAD_REQUEST_ERRORS = (
 )
 """The request itself is wrong (exit 2): its message names what to change."""
 FAILURE_ERRORS = (
-    "services.coordinator.checkpointing:CheckpointError",
+    "services.coordinator.recovery.checkpointing:CheckpointError",
     "meshrl.rpc.client:ServiceUnavailable",
     "meshrl.rpc.role_client:RoleCallError",
     "services.coordinator.client:CoordinatorError",
-    "services.coordinator.dynamic_sampling:FilterGroupsExhausted",
-    "services.coordinator.ppo_step:RewardFailedEverySample",
+    "services.coordinator.step.dynamic_sampling:FilterGroupsExhausted",
+    "services.coordinator.step.ppo_step:RewardFailedEverySample",
 )
 """The work could not go on (exit 1): a role failing past its restarts, a lost service, a
 checkpoint that cannot be read or written, a batch with no sample scored. The message says

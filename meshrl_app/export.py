@@ -23,7 +23,13 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
 from meshrl.model_files import copy_side_files
-from services.coordinator.checkpointing import MANIFEST, PREFIX, CheckpointError, step_of, verify
+from services.coordinator.recovery.checkpointing import (
+    MANIFEST,
+    PREFIX,
+    CheckpointError,
+    step_of,
+    verify,
+)
 from services.trainer.checkpoint import META_FILE
 from services.trainer.lora import ADAPTER, BASE, hf_name, merged_weight
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from services.coordinator.types import StoppedBeforeStart
 
 if TYPE_CHECKING:
-    from services.coordinator.run import PPORun
+    from services.coordinator.run.run import PPORun
 
 log = logging.getLogger(__name__)
 

@@ -19,15 +19,15 @@ from meshrl.config import RunConfig
 from meshrl.launcher.factory import make_launcher
 from meshrl.rpc.security import SecuritySettings
 from meshrl_app.graceful_stop import GracefulStop
-from services.coordinator.lifecycle import run_lifecycle, start_line
-from services.coordinator.preflight import (
+from services.coordinator.run.lifecycle import run_lifecycle, start_line
+from services.coordinator.run.preflight import (
     check_cuda_here,
     check_required_keys_given,
     check_run_config,
     unused_gpu_warning,
 )
-from services.coordinator.run import PPORun, run_sinks
-from services.coordinator.run_data import load_run_data
+from services.coordinator.run.run import PPORun, run_sinks
+from services.coordinator.run.run_data import load_run_data
 
 log = logging.getLogger(__name__)
 

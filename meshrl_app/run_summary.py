@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from meshrl_app.run_local import RunResult
-from services.coordinator.checkpointing import CheckpointManager
+from services.coordinator.recovery.checkpointing import CheckpointManager
 
 
 def ended_line(result: RunResult, run_dir: Path) -> str:

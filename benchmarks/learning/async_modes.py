@@ -59,7 +59,7 @@ def run_mode(
     """``test_freq``: validate every this many steps (0: at step 0 and the last only)."""
     from meshrl_app.demo.run import demo_config, held_out_accuracy
     from meshrl_app.run_local import run_local
-    from services.coordinator.metrics_sinks import read_jsonl
+    from services.coordinator.metrics.sinks import read_jsonl
 
     run_dir = out / f"run_{mode}_{round_}"
     shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run: no earlier metrics.jsonl lines

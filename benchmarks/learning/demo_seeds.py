@@ -32,7 +32,7 @@ RESULTS = Path(__file__).parents[1] / "results" / "learning_cpu_demo_seeds.json"
 
 def run_seed(seed: int, out: Path) -> dict:
     from meshrl_app.demo.run import held_out_accuracy
-    from services.coordinator.metrics_sinks import read_jsonl
+    from services.coordinator.metrics.sinks import read_jsonl
 
     cmd = [sys.executable, "-m", "meshrl_app.cli", "demo", "--out", str(out)]
     cmd += [f"trainer.seed={seed}", f"data.seed={seed}"]

@@ -149,7 +149,7 @@ def run_one(cfg, mesh: dict) -> dict:
     """One run against the shared role servers; its figures from its metrics.jsonl."""
     from meshrl_app.demo.run import held_out_accuracy
     from meshrl_app.run_local import run_local
-    from services.coordinator.metrics_sinks import read_jsonl
+    from services.coordinator.metrics.sinks import read_jsonl
 
     cfg.launcher.kind = "external"
     cfg.launcher.addresses = mesh

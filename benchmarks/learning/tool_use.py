@@ -108,7 +108,7 @@ def warm_start(model_dir: Path, arm: str, train: list, iterations: int, seed: in
 
 def run_arm(arm: str, seed: int, out: Path, data: dict, train: list, args) -> dict:
     from meshrl_app.run_local import run_local
-    from services.coordinator.metrics_sinks import read_jsonl
+    from services.coordinator.metrics.sinks import read_jsonl
 
     root = out / f"{arm}_seed{seed}"
     model_dir = make_tiny_model_dir(root / "model", seed=seed, chars=PRINTABLE_CHARS)

@@ -53,7 +53,7 @@ def overrides(model: Path, data: dict, run_dir: Path, steps: int, off_policy: bo
 def one_run(model: Path, data: dict, run_dir: Path, steps: int, off_policy: bool) -> dict:
     from meshrl.config import build_config
     from meshrl_app.run_local import run_local
-    from services.coordinator.metrics_sinks import read_jsonl
+    from services.coordinator.metrics.sinks import read_jsonl
 
     start = time.perf_counter()
     run_local(build_config({}, overrides(model, data, run_dir, steps, off_policy)))

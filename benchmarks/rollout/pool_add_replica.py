@@ -4,7 +4,7 @@
 
 Starts two rollout servers (`python -m services.rollout.server`, one thread each) on a
 random-init tiny Llama (hidden 128, 2 layers), initializes both, and drives them through a
-:class:`~services.coordinator.rollout_pool.RolloutPool` as a run does: ``--rounds``
+:class:`~services.coordinator.generation.rollout_pool.RolloutPool` as a run does: ``--rounds``
 generations of ``--batch`` prompts with only the first replica in the pool, then as many
 after the second is added (``pool.add``, as a replica joins at a step boundary), the
 requests ``--per-request`` prompts each, up to ``--max-tokens`` tokens a response. Each
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
     from meshrl.ragged import Ragged
     from meshrl.rpc.client import wait_for_health
     from meshrl.testing.tiny_model import make_tiny_model_dir
-    from services.coordinator.rollout_pool import RolloutPool
+    from services.coordinator.generation.rollout_pool import RolloutPool
     from services.rollout.client import RolloutClient
     from services.rollout.types import SamplingParams
 

@@ -45,7 +45,7 @@ def measure(method: str) -> dict:
     from meshrl.launcher.local import LocalLauncher
     from meshrl.testing.tiny_model import make_tiny_model_dir
     from meshrl_app.demo.arithmetic import write_arithmetic_parquet
-    from services.coordinator.run import PPORun
+    from services.coordinator.run.run import PPORun
 
     root = Path(tempfile.mkdtemp(prefix="startup-"))
     model = make_tiny_model_dir(root / "tiny", seed=0, hidden=32, intermediate=64)

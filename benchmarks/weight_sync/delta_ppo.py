@@ -70,7 +70,7 @@ def _advantages(responses, step: int):
 def _run(model_dir: Path, work: Path, lr: float, delta: bool, steps: int) -> dict:
     from meshrl.config import build_config, config_to_yaml
     from meshrl.launcher.local import LocalLauncher
-    from services.coordinator.weight_sync import WeightSyncer
+    from services.coordinator.generation.weight_sync import WeightSyncer
     from services.rollout.client import RolloutClient
     from services.rollout.types import SamplingParams
     from services.trainer.client import TrainerClient

@@ -189,7 +189,7 @@ class ExternalLauncher:
         named.update({k: a for k, a in (("critic", e.critic), ("ref", e.ref)) if a})
         return named
 
-    # --- recovery (services/coordinator/recovery.py's Restarter) ---------------------------
+    # --- recovery (services/coordinator/recovery/recovery.py's Restarter) ---------------------------
     # A server that died is brought back by whoever runs it (docker compose's restart
     # policy, systemd); recovering here means waiting for it on the same address.
     def dead_roles(self) -> list[str]:

@@ -309,7 +309,7 @@ class RayLauncher:
     def endpoints(self) -> Endpoints:
         return Endpoints.from_addresses({name: pl.address for name, pl in self.placements.items()})
 
-    # --- recovery (services/coordinator/recovery.py's Restarter) ---------------------------
+    # --- recovery (services/coordinator/recovery/recovery.py's Restarter) ---------------------------
     def dead_roles(self) -> list[str]:
         """Role servers whose process (or whose actor) is gone."""
         dead = []

@@ -15,8 +15,8 @@ from meshrl.config import ConfigError, load_config
 from meshrl.testing.tiny_model import make_tiny_model_dir
 from meshrl_app.demo.arithmetic import read_problems, write_arithmetic_parquet
 from meshrl_app.demo.warm_start import warm_start
-from services.coordinator.checkpointing import step_of
-from services.coordinator.metrics_sinks import read_jsonl
+from services.coordinator.metrics.sinks import read_jsonl
+from services.coordinator.recovery.checkpointing import step_of
 
 DIGITS = 2
 """Operand size of the demo's addition problems."""

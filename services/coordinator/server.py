@@ -30,7 +30,7 @@ from meshrl.rpc.server import (
 )
 from meshrl.version import package_version
 from services.coordinator.convert import event_to_proto, status_to_proto
-from services.coordinator.run_manager import RunConflict, RunManager, UnknownRun
+from services.coordinator.run.run_manager import RunConflict, RunManager, UnknownRun
 
 log = logging.getLogger(__name__)
 

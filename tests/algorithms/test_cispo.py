@@ -14,7 +14,7 @@ from meshrl.algorithms.loss_modes import PolicyLossInputs, PolicyLossSettings
 from meshrl.algorithms.policy_loss import ppo_policy_loss
 from meshrl.algorithms.registry import policy_loss
 from meshrl.config import build_config
-from services.coordinator.preflight import check_run_config
+from services.coordinator.run.preflight import check_run_config
 
 # One response of 3 tokens, pi_old = e^-1 on each:
 #   t0: log r =  0    r = 1                  A = +1
@@ -126,7 +126,7 @@ def test_the_config_names_it_and_its_clip_keys_reach_it():
 
 def test_the_start_warns_when_its_bounds_are_left_to_clip_ratio(caplog):
     key = "actor_rollout_ref.actor.policy_loss.loss_mode=cispo"
-    with caplog.at_level(logging.WARNING, logger="services.coordinator.preflight"):
+    with caplog.at_level(logging.WARNING, logger="services.coordinator.run.preflight"):
         check_run_config(build_config({}, [key]))
     assert "loss_mode=cispo clips each token's importance weight" in caplog.text
     assert "here 0.2 / 0.2" in caplog.text and "MiniMax-M1 sets no lower bound" in caplog.text

@@ -280,7 +280,7 @@ def test_val_max_samples_caps_the_validation_rows_alone(tmp_path):
     import pyarrow.parquet as pq
 
     from meshrl.testing.char_tokenizer import save_char_tokenizer
-    from services.coordinator.run_data import load_run_data
+    from services.coordinator.run.run_data import load_run_data
 
     rows = [
         {

@@ -8,7 +8,7 @@ import pytest
 from meshrl.config import ConfigError, load_config
 from meshrl.config.loader import config_tree
 from meshrl_app.remote import submit
-from services.coordinator.run_manager import parse_run_config
+from services.coordinator.run.run_manager import parse_run_config
 
 
 def test_a_mapping_is_read_and_empty_text_is_an_empty_config():

@@ -16,7 +16,7 @@ from meshrl.config.memory_plan import (
     role_memory,
     vllm_memory_fraction,
 )
-from services.coordinator.preflight import check_gpu_memory
+from services.coordinator.run.preflight import check_gpu_memory
 
 # Qwen2.5-0.5B's and Qwen2.5-7B's config.json (the fields the plan reads)
 QWEN05 = {

@@ -8,9 +8,9 @@ import torch
 
 from meshrl.config.schema import AlgorithmConfig
 from meshrl.ragged import Ragged
-from services.coordinator.advantage import AdvantageInputs, compute_advantages
-from services.coordinator.ppo_step import PPOStep
-from services.coordinator.rollout_batch import RolloutBatch
+from services.coordinator.step.advantage import AdvantageInputs, compute_advantages
+from services.coordinator.step.ppo_step import PPOStep
+from services.coordinator.step.rollout_batch import RolloutBatch
 
 
 def _two_responses_one_prompt(scores=(1.0, 1.0)) -> AdvantageInputs:

@@ -15,8 +15,9 @@ import torch
 from meshrl.data.loader import PromptLoader
 from meshrl.ragged import Ragged
 from meshrl.rpc.role_client import RoleCallError
-from services.coordinator.ppo_step import PPOStep, Roles
-from services.coordinator.rollout_memory import RolloutMemory
+from services.coordinator.generation.rollout_memory import RolloutMemory
+from services.coordinator.roles.roles import Roles
+from services.coordinator.step.ppo_step import PPOStep
 from services.rollout.types import GenerationResult
 from tests.coordinator.test_one_step_off_step import (
     Actor,

@@ -15,7 +15,7 @@ from meshrl.api.v1 import coordinator_pb2_grpc
 from meshrl.rpc.server import GrpcServer
 from meshrl_app.remote import submit
 from services.coordinator.client import CoordinatorClient, CoordinatorError
-from services.coordinator.run_manager import RunManager
+from services.coordinator.run.run_manager import RunManager
 from services.coordinator.server import SERVICE_NAME, CoordinatorServicer, shut_down
 
 RUN_YAML = (
@@ -122,8 +122,8 @@ class ResumingPPO(FakePPO):
         self.cfg, self.run_dir = cfg, run_dir
 
     def setup(self, data=None):
-        from services.coordinator.checkpointing import CheckpointManager
-        from services.coordinator.run_checkpoints import resume_folder
+        from services.coordinator.recovery.checkpointing import CheckpointManager
+        from services.coordinator.recovery.run_checkpoints import resume_folder
 
         resume_folder(self.cfg, CheckpointManager(self.run_dir))
 

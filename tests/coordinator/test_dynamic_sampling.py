@@ -11,15 +11,16 @@ import torch
 from meshrl.config import ConfigError, build_config
 from meshrl.data.loader import PromptLoader
 from meshrl.ragged import Ragged
-from services.coordinator.dynamic_sampling import (
+from services.coordinator.roles.roles import Roles
+from services.coordinator.run.preflight import check_run_config
+from services.coordinator.step.dynamic_sampling import (
     FilterGroupsExhausted,
     filter_values,
     varied_groups,
 )
-from services.coordinator.ppo_step import GEN_BATCH_SEED_STRIDE, PPOStep, Roles
-from services.coordinator.preflight import check_run_config
-from services.coordinator.rollout_batch import RolloutBatch
-from services.coordinator.timing import PhaseTimer
+from services.coordinator.step.ppo_step import GEN_BATCH_SEED_STRIDE, PPOStep
+from services.coordinator.step.rollout_batch import RolloutBatch
+from services.coordinator.step.timing import PhaseTimer
 from services.reward.types import ScoreOutcome
 
 
@@ -174,7 +175,7 @@ def test_generation_batches_of_gen_batch_size_fill_a_train_batch():
 
 def test_the_loader_serves_generation_batches_and_names_their_key(tmp_path):
     from meshrl.data.errors import DataError
-    from services.coordinator.run_data import make_loader
+    from services.coordinator.run.run_data import make_loader
 
     cfg = build_config({}, ["data.train_batch_size=4", "data.gen_batch_size=6",
                             "actor_rollout_ref.actor.ppo_mini_batch_size=4",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from services.coordinator.run_manager import EventLog
+from services.coordinator.run.run_manager import EventLog
 from services.coordinator.types import RunEvent, RunState, RunStatus
 
 

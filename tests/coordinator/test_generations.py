@@ -10,16 +10,17 @@ import torch
 
 from meshrl.config import build_config
 from meshrl.ragged import Ragged
-from services.coordinator.generations import (
+from services.coordinator.generation.rollout_pool import RolloutPool
+from services.coordinator.metrics.generations import (
     GenerationRow,
     generations_dir,
     pick_shown,
     write_generations,
 )
-from services.coordinator.ppo_step import PPOStep, Roles
-from services.coordinator.rollout_batch import RolloutBatch
-from services.coordinator.rollout_pool import RolloutPool
-from services.coordinator.validation import validate
+from services.coordinator.roles.roles import Roles
+from services.coordinator.run.validation import validate
+from services.coordinator.step.ppo_step import PPOStep
+from services.coordinator.step.rollout_batch import RolloutBatch
 from services.reward.types import ScoreItem, ScoreOutcome
 
 

@@ -12,7 +12,7 @@ from meshrl import progress_ticker
 from meshrl.config import build_config
 from meshrl.launcher.endpoints import Endpoints
 from meshrl.rpc.calls_in_flight import CALLS_IN_FLIGHT
-from services.coordinator.lifecycle import long_calls_said, start_line
+from services.coordinator.run.lifecycle import long_calls_said, start_line
 
 
 def _ppo(step: int, total: int, resumed_from: str | None = None):

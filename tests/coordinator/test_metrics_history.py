@@ -1,6 +1,6 @@
 """A run's latest history from a metrics.jsonl that went back (a recovery, a resume)."""
 
-from services.coordinator.metrics_history import latest_history
+from services.coordinator.metrics.history import latest_history
 
 
 def test_later_lines_of_a_step_replace_earlier_ones_and_end_the_history_after_it():

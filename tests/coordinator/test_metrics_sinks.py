@@ -18,14 +18,14 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from meshrl.config import ConfigError, build_config  # noqa: E402
 from meshrl.data.errors import DataError  # noqa: E402
-from services.coordinator.metrics_sinks import (  # noqa: E402
+from services.coordinator.metrics.sinks import (  # noqa: E402
     ConsoleSink,
     JsonlSink,
     TensorBoardSink,
     close_sinks,
     file_sinks,
 )
-from services.coordinator.preflight import check_run_config  # noqa: E402
+from services.coordinator.run.preflight import check_run_config  # noqa: E402
 from services.coordinator.types import RunEvent, ended_exit_code  # noqa: E402
 
 
@@ -154,7 +154,7 @@ def _exit_code_in(folder) -> int | None:
 
 
 def test_wandb_sink_makes_an_offline_run_of_the_experiment(tmp_path, offline_wandb):
-    from services.coordinator.metrics_sinks import WandbSink
+    from services.coordinator.metrics.sinks import WandbSink
 
     sink = WandbSink("proj", "exp", {"data": {"train_batch_size": 4}}, tmp_path)
     sink.log(1, {"critic/score/mean": 0.25, "actor/pg_loss": float("nan")})
@@ -190,7 +190,7 @@ def test_file_sinks_start_a_wandb_run_under_wandb_dir(tmp_path, offline_wandb, m
 
 
 def test_sinks_made_before_one_that_fails_are_closed(tmp_path, monkeypatch):
-    from services.coordinator import metrics_sinks
+    from services.coordinator.metrics import sinks as metrics_sinks
 
     closed = []
     real_close = JsonlSink.close
@@ -226,7 +226,7 @@ def _no_data(cfg, run_dir=None):
 
 def test_a_run_that_cannot_be_made_closes_its_sinks(tmp_path, monkeypatch):
     # e.g. a wandb run started for it would otherwise stay open in the coordinator service
-    from services.coordinator.run_manager import ManagedRun
+    from services.coordinator.run.run_manager import ManagedRun
 
     closed = []
     real_close = JsonlSink.close
@@ -242,8 +242,8 @@ def test_a_run_that_cannot_be_made_closes_its_sinks(tmp_path, monkeypatch):
 def test_a_logger_that_cannot_start_rejects_the_run_before_its_servers_start(tmp_path, monkeypatch):
     # through a coordinator service: before, the role servers started (and loaded their
     # models) first; now the run is refused (REJECTED, exit 2) and no server starts
-    from services.coordinator import metrics_sinks
-    from services.coordinator.run_manager import ManagedRun
+    from services.coordinator.metrics import sinks as metrics_sinks
+    from services.coordinator.run.run_manager import ManagedRun
 
     class Launcher(_IdleLauncher):
         started = False
@@ -265,7 +265,7 @@ def test_a_logger_that_cannot_start_rejects_the_run_before_its_servers_start(tmp
 
 def test_a_finished_run_started_again_succeeds_without_starting_a_server(tmp_path):
     """Through a coordinator service: the run ends SUCCEEDED, its message saying why."""
-    from services.coordinator.run_manager import ManagedRun
+    from services.coordinator.run.run_manager import ManagedRun
     from services.coordinator.types import AlreadyTrained, RunState
 
     class Launcher(_IdleLauncher):
@@ -305,7 +305,7 @@ def test_each_end_of_a_run_has_the_exit_code_meshrl_run_exits_with(error, finish
 def test_a_stopped_run_is_not_recorded_as_finished_and_other_sinks_close_as_before(
     tmp_path, offline_wandb
 ):
-    from services.coordinator.metrics_sinks import WandbSink
+    from services.coordinator.metrics.sinks import WandbSink
 
     jsonl = JsonlSink(tmp_path / "metrics.jsonl")
     wandb_sink = WandbSink("proj", "exp", {}, tmp_path)
@@ -316,7 +316,7 @@ def test_a_stopped_run_is_not_recorded_as_finished_and_other_sinks_close_as_befo
 
 
 def test_a_run_whose_setup_fails_marks_its_wandb_run_failed(tmp_path, offline_wandb):
-    from services.coordinator.run import Endpoints, PPORun
+    from services.coordinator.run.run import Endpoints, PPORun
 
     nowhere = Endpoints(rollout=["127.0.0.1:9"], actor="127.0.0.1:9", reward="127.0.0.1:9")
     cfg = build_config(
@@ -335,7 +335,7 @@ def test_a_run_whose_setup_fails_marks_its_wandb_run_failed(tmp_path, offline_wa
 
 
 def test_a_run_that_cannot_be_made_marks_its_wandb_run_failed(tmp_path, offline_wandb):
-    from services.coordinator.run_manager import ManagedRun
+    from services.coordinator.run.run_manager import ManagedRun
 
     overrides = [f"trainer.default_local_dir={tmp_path}", "trainer.logger=[wandb]"]
     run = ManagedRun(
@@ -347,7 +347,7 @@ def test_a_run_that_cannot_be_made_marks_its_wandb_run_failed(tmp_path, offline_
 
 
 def test_a_managed_run_whose_training_fails_closes_its_run_with_the_error(tmp_path):
-    from services.coordinator.run_manager import ManagedRun
+    from services.coordinator.run.run_manager import ManagedRun
 
     closed = []
 
@@ -394,7 +394,7 @@ def test_mlflow_run_holds_the_config_each_finite_metric_and_how_the_run_ended(
     pytest.importorskip("mlflow")  # the dev extra installs mlflow-skinny and SQLAlchemy
     from mlflow import MlflowClient
 
-    from services.coordinator.metrics_sinks import MlflowSink, mlflow_tracking_uri
+    from services.coordinator.metrics.sinks import MlflowSink, mlflow_tracking_uri
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cfg = mlflow_config(tmp_path)
@@ -433,7 +433,7 @@ def test_mlflow_run_holds_the_config_each_finite_metric_and_how_the_run_ended(
 
 
 def test_mlflow_tracking_uri_comes_from_the_environment_as_verl_reads_it(tmp_path, monkeypatch):
-    from services.coordinator.metrics_sinks import mlflow_metric_name, mlflow_tracking_uri
+    from services.coordinator.metrics.sinks import mlflow_metric_name, mlflow_tracking_uri
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking:5000")
     assert mlflow_tracking_uri(tmp_path) == "http://tracking:5000"
@@ -461,8 +461,8 @@ def test_a_database_store_without_sqlalchemy_is_refused_at_start(tmp_path, monke
 
 
 def test_wandb_shows_validation_samples_as_verls_table(tmp_path, offline_wandb):
-    from services.coordinator.generations import GenerationRow
-    from services.coordinator.metrics_sinks import WandbSink, log_generations
+    from services.coordinator.metrics.generations import GenerationRow
+    from services.coordinator.metrics.sinks import WandbSink, log_generations
 
     sink = WandbSink("proj", "exp", {}, tmp_path)
     rows = [GenerationRow("1+2=", "3", 1.0), GenerationRow("2+2=", "5", 0.0)]
@@ -480,8 +480,8 @@ def test_wandb_shows_validation_samples_as_verls_table(tmp_path, offline_wandb):
 
 
 def test_a_logger_that_cannot_show_samples_does_not_end_the_run(tmp_path, caplog):
-    from services.coordinator.generations import GenerationRow
-    from services.coordinator.metrics_sinks import log_generations
+    from services.coordinator.metrics.generations import GenerationRow
+    from services.coordinator.metrics.sinks import log_generations
 
     class Broken:
         def log_generations(self, step, rows):
@@ -500,7 +500,7 @@ def test_a_logger_that_cannot_show_samples_does_not_end_the_run(tmp_path, caplog
 
 
 def test_mlflow_names_never_read_as_paths():
-    from services.coordinator.metrics_sinks import mlflow_metric_name
+    from services.coordinator.metrics.sinks import mlflow_metric_name
 
     # a data_source may be "" (a custom reward function scores every source)
     assert mlflow_metric_name("val-core//acc/mean@1") == "val-core/_/acc/mean_at_1"
@@ -513,7 +513,7 @@ def test_an_mlflow_outage_mid_run_costs_its_points_not_the_run(tmp_path, monkeyp
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from services.coordinator.metrics_sinks import MlflowSink
+    from services.coordinator.metrics.sinks import MlflowSink
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     sink = MlflowSink("p", "e", {}, tmp_path)
@@ -541,7 +541,7 @@ def test_an_mlflow_run_whose_start_fails_is_not_left_running(tmp_path, monkeypat
     pytest.importorskip("mlflow")
     from mlflow import MlflowClient
 
-    from services.coordinator.metrics_sinks import MlflowSink, mlflow_tracking_uri
+    from services.coordinator.metrics.sinks import MlflowSink, mlflow_tracking_uri
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
@@ -561,7 +561,7 @@ def test_each_finished_run_frees_its_own_stores_database_engine(tmp_path, monkey
     pytest.importorskip("mlflow")
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    from services.coordinator.metrics_sinks import MlflowSink
+    from services.coordinator.metrics.sinks import MlflowSink
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     sinks = [MlflowSink("p", "e", {}, tmp_path / f"run{i}") for i in range(3)]
@@ -576,7 +576,7 @@ def test_only_a_refusal_of_the_settings_is_a_wrong_request():
     from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, TEMPORARILY_UNAVAILABLE
     from wandb.errors import CommError, UsageError
 
-    from services.coordinator.metrics_sinks import _is_refusal
+    from services.coordinator.metrics.sinks import _is_refusal
 
     assert _is_refusal(UsageError("No API key configured. Use `wandb login` to log in."))
     assert _is_refusal(ImportError("No module named 'tensorboard'"))
@@ -592,7 +592,7 @@ def test_only_a_refusal_of_the_settings_is_a_wrong_request():
     ("external", "connecting to the role servers (external launcher)"),  # it starts none
 ])  # fmt: skip
 def test_a_runs_status_line_says_what_its_launcher_does(tmp_path, kind, line):
-    from services.coordinator.run_manager import ManagedRun
+    from services.coordinator.run.run_manager import ManagedRun
 
     cfg = build_config({}, [f"trainer.default_local_dir={tmp_path}", f"launcher.kind={kind}"])
     run = ManagedRun("r1", cfg, tmp_path, _IdleLauncher(), _no_ppo_run, _no_data)

@@ -10,7 +10,7 @@ from meshrl.config import ConfigError
 from meshrl.config.schema import MultiTurnConfig
 from meshrl.data.dataset import PromptRecord
 from meshrl.ragged import Ragged
-from services.coordinator.multi_turn import MultiTurnRollout, multi_turn_rollout
+from services.coordinator.generation.multi_turn import MultiTurnRollout, multi_turn_rollout
 from services.env.episodes import EpisodeTable
 from services.env.types import EnvReply
 from services.rollout.types import GenerationResult, SamplingParams

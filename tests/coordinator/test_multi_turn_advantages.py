@@ -7,8 +7,8 @@ import torch
 
 from meshrl.config.schema import AlgorithmConfig
 from meshrl.ragged import Ragged
-from services.coordinator.advantage import AdvantageInputs, compute_advantages
-from services.coordinator.rollout_batch import RolloutBatch
+from services.coordinator.step.advantage import AdvantageInputs, compute_advantages
+from services.coordinator.step.rollout_batch import RolloutBatch
 
 # Two samples of one prompt, 5 response tokens each. Sample 0: turn 1 (tokens 0-1), an
 # observation (tokens 2-3, mask 0), turn 2 (token 4); its tool step earned 0.5 (on token 1)

@@ -16,8 +16,9 @@ from meshrl.api.v1 import common_pb2
 from meshrl.data.loader import PromptLoader
 from meshrl.ragged import Ragged
 from meshrl.rpc.role_client import RoleCallError
-from services.coordinator.ppo_step import PPOStep, Roles
-from services.coordinator.rollout_memory import RolloutMemory
+from services.coordinator.generation.rollout_memory import RolloutMemory
+from services.coordinator.roles.roles import Roles
+from services.coordinator.step.ppo_step import PPOStep
 from services.reward.types import ScoreOutcome
 from tests.coordinator.test_run_bookkeeping import Unavailable, make_run
 

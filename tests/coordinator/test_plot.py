@@ -2,7 +2,7 @@
 
 import json
 
-from services.coordinator.plot import plot_metrics
+from services.coordinator.metrics.plot import plot_metrics
 
 
 def _write(path, rows):

@@ -12,9 +12,9 @@ import pytest
 
 from meshrl.config import build_config
 from meshrl.launcher.endpoints import Endpoints
-from services.coordinator import role_servers
-from services.coordinator.pool_membership import PoolMembership
-from services.coordinator.role_servers import RoleServers
+from services.coordinator.recovery.pool_membership import PoolMembership
+from services.coordinator.roles import role_servers
+from services.coordinator.roles.role_servers import RoleServers
 
 VERSION = 3
 SERVED: dict[str, int] = {}  # address -> the weight version its stand-in reports

@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from meshrl.ragged import Ragged
-from services.coordinator.dispatch_gate import DispatchGate
-from services.coordinator.ppo_step import PPOStep, Roles
-from services.coordinator.rollout_pool import RolloutPool
-from services.coordinator.staleness import sample_lags
+from services.coordinator.generation.dispatch_gate import DispatchGate
+from services.coordinator.generation.rollout_pool import RolloutPool
+from services.coordinator.generation.staleness import sample_lags
+from services.coordinator.roles.roles import Roles
+from services.coordinator.step.ppo_step import PPOStep
 from services.rollout.types import GenerationResult, SamplingParams
 from tests.coordinator.test_rollout_pool import StandIn, batch, pool_of
 from tests.coordinator.test_run_bookkeeping import make_run

@@ -6,9 +6,9 @@ import pytest
 
 from meshrl.config import ConfigError, build_config
 from meshrl.testing.tiny_model import make_tiny_model_dir
-from services.coordinator.checkpointing import CheckpointManager, CoordinatorState
-from services.coordinator.preflight import check_gpus_here, check_run_config
-from services.coordinator.run_manager import parse_run_config
+from services.coordinator.recovery.checkpointing import CheckpointManager, CoordinatorState
+from services.coordinator.run.preflight import check_gpus_here, check_run_config
+from services.coordinator.run.run_manager import parse_run_config
 
 
 def test_gae_without_a_critic_fails_at_start():
@@ -43,7 +43,7 @@ def test_sequence_ratio_losses_warn_when_their_clip_ranges_are_left_to_clip_rati
     mode, paper, caplog
 ):
     key = f"actor_rollout_ref.actor.policy_loss.loss_mode={mode}"
-    with caplog.at_level(logging.WARNING, logger="services.coordinator.preflight"):
+    with caplog.at_level(logging.WARNING, logger="services.coordinator.run.preflight"):
         check_run_config(build_config({}, [key]))
     assert f"loss_mode={mode}" in caplog.text and paper in caplog.text
     assert "here 0.2 / 0.2" in caplog.text  # what clip_ratio gives them
@@ -52,7 +52,7 @@ def test_sequence_ratio_losses_warn_when_their_clip_ranges_are_left_to_clip_rati
         "actor_rollout_ref.actor.clip_ratio_low=0.4",
         "actor_rollout_ref.actor.clip_ratio_high=0.4",
     ]
-    with caplog.at_level(logging.WARNING, logger="services.coordinator.preflight"):
+    with caplog.at_level(logging.WARNING, logger="services.coordinator.run.preflight"):
         check_run_config(build_config({}, [key, *ranges]))
     assert f"loss_mode={mode}" not in caplog.text
 
@@ -75,7 +75,7 @@ def test_a_critic_free_run_is_offered_the_estimators_that_need_no_critic():
 def test_a_group_baseline_with_one_response_a_prompt_is_warned(estimator, n, warned, caplog):
     # needs_groups: with rollout.n=1 each group is its response alone, no baseline (as verl).
     keys = [f"algorithm.adv_estimator={estimator}", f"actor_rollout_ref.rollout.n={n}"]
-    with caplog.at_level(logging.WARNING, logger="services.coordinator.preflight"):
+    with caplog.at_level(logging.WARNING, logger="services.coordinator.run.preflight"):
         check_run_config(build_config({}, keys))
     said = f"algorithm.adv_estimator={estimator} baselines each response by the other"
     assert (said in caplog.text) == warned
@@ -109,7 +109,7 @@ def test_pruning_keeps_the_newest(tmp_path):
 def test_too_few_prompts_for_one_batch_is_a_data_error_naming_the_keys():
     # A plain ValueError printed a traceback from `meshrl run`; DataError prints one line.
     from meshrl.data.errors import DataError
-    from services.coordinator.run_data import make_loader
+    from services.coordinator.run.run_data import make_loader
 
     cfg = build_config(
         {},
@@ -148,7 +148,7 @@ def test_a_role_server_that_refuses_the_config_at_initialize_is_a_wrong_request(
     import grpc
 
     from meshrl.rpc.role_client import RoleCallError
-    from services.coordinator.run import Endpoints, PPORun
+    from services.coordinator.run.run import Endpoints, PPORun
     from services.coordinator.types import ended_exit_code
 
     class Refused(grpc.RpcError):
@@ -180,7 +180,7 @@ def test_a_role_server_that_refuses_the_config_at_initialize_is_a_wrong_request(
 
 
 def test_a_service_run_whose_data_cannot_be_read_is_rejected_before_its_servers_start(tmp_path):
-    from services.coordinator.run_manager import ManagedRun
+    from services.coordinator.run.run_manager import ManagedRun
     from services.coordinator.types import RunState
 
     class Launcher:
@@ -247,8 +247,8 @@ def test_vllm_on_a_cpu_run_generates_with_the_native_engine_and_says_so(caplog, 
     default): on a CPU run without vllm installed the native engine generates, and the run's
     start says so. Before, refused (exit 2), so verl's quick start could not run on a CPU at
     all. With vllm installed (its CPU build), vLLM generates there, without a warning."""
-    from services.coordinator import preflight
-    from services.coordinator.preflight import vllm_on_cpu_warning
+    from services.coordinator.run.preflight import vllm_on_cpu_warning
+    from services.coordinator.run.run import preflight
     from services.rollout import registry
 
     for module in (preflight, registry):
@@ -286,7 +286,7 @@ def test_a_critic_tokenizer_other_than_the_actors_is_refused_as_unread():
 
 def test_dynamic_sampling_by_acc_over_reward_model_rows_is_refused_naming_score():
     """Before, every step generated its 10 batches and failed, blaming the data."""
-    from services.coordinator.preflight import check_filter_metric
+    from services.coordinator.run.preflight import check_filter_metric
 
     rm = ["reward.reward_model.enable=true", "reward.reward_model.path=/rm"]
     on = ["algorithm.filter_groups.enable=true", "actor_rollout_ref.rollout.n=4", *rm]
@@ -319,7 +319,7 @@ def test_a_reward_model_that_is_not_there_is_refused_before_any_server_starts(ov
 def test_a_run_config_that_cannot_be_written_names_the_file(tmp_path):
     """config.yaml is written once the run is known to train, after the folder's own check:
     a folder of that name (or a full disk) is a ConfigError too, not an OSError traceback."""
-    from services.coordinator.preflight import write_run_config
+    from services.coordinator.run.preflight import write_run_config
 
     (tmp_path / "config.yaml").mkdir()
     with pytest.raises(ConfigError, match=r"trainer.default_local_dir: cannot write .*config.yaml"):

@@ -12,8 +12,8 @@ import pytest
 import meshrl_app.run_local as run_local_module
 from meshrl.config import ConfigError, build_config, config_to_yaml
 from meshrl_app import cli
-from services.coordinator.checkpointing import CheckpointManager, CoordinatorState
-from services.coordinator.resume_check import check_resume_config
+from services.coordinator.recovery.checkpointing import CheckpointManager, CoordinatorState
+from services.coordinator.recovery.resume_check import check_resume_config
 
 BASE = ["actor_rollout_ref.model.path=/m/base", "algorithm.adv_estimator=gae"]
 

@@ -6,7 +6,7 @@ import torch
 
 from meshrl.ragged import Ragged
 from meshrl.testing.char_tokenizer import build_char_tokenizer
-from services.coordinator.rollout_batch import RolloutBatch
+from services.coordinator.step.rollout_batch import RolloutBatch
 from services.reward.reward_model import prompt_messages
 
 MESSAGES = [

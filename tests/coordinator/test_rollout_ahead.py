@@ -11,10 +11,10 @@ import pytest
 from meshrl.config import ConfigError, build_config
 from meshrl.data.loader import PromptLoader
 from meshrl.rpc.role_client import RoleCallError
-from services.coordinator.checkpointing import CheckpointManager
-from services.coordinator.rollout_ahead import RolloutAhead
-from services.coordinator.rollout_pool import RolloutPool
-from services.coordinator.run_data import plan_warnings
+from services.coordinator.generation.rollout_ahead import RolloutAhead
+from services.coordinator.generation.rollout_pool import RolloutPool
+from services.coordinator.recovery.checkpointing import CheckpointManager
+from services.coordinator.run.run_data import plan_warnings
 from tests.coordinator.test_run_bookkeeping import Unavailable, make_run
 
 

@@ -11,7 +11,7 @@ import torch
 
 from meshrl.config import ConfigError, build_config
 from meshrl.ragged import Ragged
-from services.coordinator.ppo_step import PPOStep
+from services.coordinator.step.ppo_step import PPOStep
 from services.rollout.convert import sampling_from_proto, sampling_to_proto
 from services.rollout.vllm.mapping import per_prompt_kwargs
 

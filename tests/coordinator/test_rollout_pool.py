@@ -12,7 +12,7 @@ import torch
 
 from meshrl.ragged import Ragged
 from meshrl.rpc.role_client import RoleCallError
-from services.coordinator.rollout_pool import (
+from services.coordinator.generation.rollout_pool import (
     REQUEST_SEED_STRIDE,
     RolloutPool,
     prompts_per_request,

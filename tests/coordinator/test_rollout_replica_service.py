@@ -13,8 +13,8 @@ from test_coordinator_shutdown import RUN_YAML, FakePPO, serve
 from meshrl_app import cli
 from meshrl_app.remote import rollout
 from services.coordinator.client import CoordinatorClient
-from services.coordinator.pool_membership import PoolMembership
-from services.coordinator.ppo_step import Roles
+from services.coordinator.recovery.pool_membership import PoolMembership
+from services.coordinator.roles.roles import Roles
 
 REPLICA = "127.0.0.1:7001"
 LIVE = {REPLICA, "127.0.0.1:7002", "127.0.0.1:7003"}  # where a stand-in server answers

@@ -14,9 +14,9 @@ from meshrl.config import build_config
 from meshrl.data.loader import PromptLoader
 from meshrl.gpus import count_gpus
 from meshrl.rpc.role_client import RoleCallError
-from services.coordinator.checkpointing import CheckpointManager, CoordinatorState
-from services.coordinator.rollout_pool import RolloutPool
-from services.coordinator.run import Endpoints, PPORun
+from services.coordinator.generation.rollout_pool import RolloutPool
+from services.coordinator.recovery.checkpointing import CheckpointManager, CoordinatorState
+from services.coordinator.run.run import Endpoints, PPORun
 
 ENDPOINTS = Endpoints(rollout=["127.0.0.1:1"], actor="127.0.0.1:2", reward="127.0.0.1:3")
 GRPO = ["algorithm.adv_estimator=grpo", "trainer.logger=[]", "trainer.plot=false"]
@@ -270,7 +270,7 @@ def test_a_resume_path_that_is_no_checkpoint_says_what_it_is(tmp_path, name, say
 @pytest.mark.parametrize("mode", ["auto", "path"])
 def test_a_run_resumed_at_its_last_step_has_nothing_to_train_and_says_so(tmp_path, mode):
     """Before, it started every role server, loaded the models, warned, and ended."""
-    from services.coordinator.run_data import AlreadyTrained, resumed_step
+    from services.coordinator.run.run_data import AlreadyTrained, resumed_step
 
     last = write_checkpoint(tmp_path, 4)
     resume = "auto" if mode == "auto" else str(last)
@@ -289,7 +289,7 @@ def test_a_run_resumed_at_its_last_step_has_nothing_to_train_and_says_so(tmp_pat
 def test_a_corrupt_last_checkpoint_is_skipped_not_taken_for_a_finished_run(tmp_path, caplog):
     """Its checksums are read when it would end the run: the run resumes from the one
     before and trains the last step again, as a resume in the servers' time skips it."""
-    from services.coordinator.run_data import resumed_step
+    from services.coordinator.run.run_data import resumed_step
 
     write_checkpoint(tmp_path, 2)
     last = write_checkpoint(tmp_path, 4)
@@ -303,7 +303,7 @@ def test_a_corrupt_last_checkpoint_is_skipped_not_taken_for_a_finished_run(tmp_p
 
 def _load(cfg, run_dir, total_steps):
     """load_run_data's checks after the prompts are read, without a tokenizer or files."""
-    from services.coordinator import run_data
+    from services.coordinator.run.run import run_data
 
     class Loader:
         steps_per_epoch = total_steps
@@ -316,7 +316,7 @@ def _load(cfg, run_dir, total_steps):
 
 
 def test_a_run_that_keeps_no_checkpoint_says_so_at_its_start(tmp_path):
-    from services.coordinator.run_data import plan_warnings
+    from services.coordinator.run.run_data import plan_warnings
 
     keeps_none = build_config({}, [*GRPO])  # save_freq -1, as verl's default
     (warning,) = plan_warnings(keeps_none)
@@ -325,7 +325,7 @@ def test_a_run_that_keeps_no_checkpoint_says_so_at_its_start(tmp_path):
 
 
 def test_a_run_asked_to_validate_without_validation_files_says_so():
-    from services.coordinator.run_data import plan_warnings
+    from services.coordinator.run.run_data import plan_warnings
 
     cfg = build_config({}, [*GRPO, "trainer.save_freq=5", "trainer.test_freq=2"])
     assert plan_warnings(cfg) == [
@@ -334,7 +334,7 @@ def test_a_run_asked_to_validate_without_validation_files_says_so():
 
 
 def test_a_kl_ctrl_that_applies_to_nothing_says_so():
-    from services.coordinator.run_data import plan_warnings
+    from services.coordinator.run.run_data import plan_warnings
 
     base = [*GRPO, "trainer.save_freq=5", "algorithm.kl_ctrl.kl_coef=0.05"]
     (warning,) = plan_warnings(
@@ -353,7 +353,7 @@ def test_a_kl_ctrl_that_applies_to_nothing_says_so():
 def test_a_reward_model_path_without_enable_says_it_is_not_loaded(tmp_path):
     """verl's reward_model.model.path without reward_model.enable=true loads no model too;
     before, nothing said so and the run trained on the rules' scores alone."""
-    from services.coordinator.run_data import plan_warnings
+    from services.coordinator.run.run_data import plan_warnings
 
     base = [*GRPO, "trainer.save_freq=5", f"reward.reward_model.path={tmp_path}"]
     (warning,) = plan_warnings(build_config({}, base))
@@ -422,7 +422,7 @@ def test_val_only_validates_once_logs_it_and_trains_nothing(tmp_path):
 
 def test_val_only_without_validation_files_is_refused_at_start():
     from meshrl.config import ConfigError
-    from services.coordinator.preflight import check_run_config
+    from services.coordinator.run.preflight import check_run_config
 
     with pytest.raises(ConfigError, match="trainer.val_only=true .* data.val_files is empty"):
         check_run_config(build_config({}, [*GRPO, "trainer.val_only=true"]))
@@ -430,7 +430,7 @@ def test_val_only_without_validation_files_is_refused_at_start():
 
 def test_only_an_evaluation_may_leave_out_the_training_files():
     from meshrl.config import ConfigError
-    from services.coordinator.preflight import check_required_keys_given
+    from services.coordinator.run.preflight import check_required_keys_given
 
     model = "actor_rollout_ref.model.path=m"
     with pytest.raises(ConfigError, match="^data.train_files is empty"):

@@ -12,13 +12,13 @@ import textwrap
 
 import pytest
 
-from services.coordinator.run_folder_lock import (
+from services.coordinator.run.run_folder_lock import (
     LOCK_FILE,
     RunFolderInUse,
     RunFolderLock,
     check_run_folder_free,
 )
-from services.coordinator.run_manager import RunConflict, RunManager
+from services.coordinator.run.run_manager import RunConflict, RunManager
 
 
 def test_a_held_folder_is_refused_naming_the_holder_and_freed_after(tmp_path):
@@ -59,7 +59,7 @@ def test_the_lock_of_a_process_killed_by_sigkill_is_free_at_once(tmp_path):
             "-c",
             textwrap.dedent(f"""
                 import sys, time
-                from services.coordinator.run_folder_lock import RunFolderLock
+                from services.coordinator.run.run_folder_lock import RunFolderLock
                 with RunFolderLock({str(tmp_path)!r}):
                     print("held", flush=True)
                     time.sleep(60)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.coordinator.staleness import sample_lags, staleness_metrics
+from services.coordinator.generation.staleness import sample_lags, staleness_metrics
 
 
 def test_lags_and_histogram_by_hand():

@@ -1,7 +1,7 @@
 """Hermes tool calls in the model's text: read, refused with a reason, and the turn cut
 after the first complete call at a token boundary."""
 
-from services.coordinator.tool_calls import parse_tool_calls, tokens_through_first_call
+from services.coordinator.generation.tool_calls import parse_tool_calls, tokens_through_first_call
 from services.env.types import ToolCall
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from meshrl.config import build_config
-from services.coordinator.validation_metrics import (
+from services.coordinator.metrics.validation_metrics import (
     SampleResult,
     bootstrap_majority,
     subset_sizes,
@@ -141,7 +141,7 @@ def test_a_sample_the_scorer_failed_counts_as_inaccurate():
 def test_gsm8ks_reward_is_core_as_verl_files_it_and_its_accuracy_stays():
     """verl's GSM8k scorer returns a bare float, so verl's dashboards read
     val-core/openai/gsm8k/reward/mean@1; meshrl's acc (the demo's held-out accuracy) stays."""
-    from services.coordinator.validation import reward_core
+    from services.coordinator.run.validation import reward_core
 
     m = validation_metrics(
         samples("openai/gsm8k", [[1.0], [0.0], [1.0], [1.0]]), reward_is_core={"openai/gsm8k"}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from meshrl_app.demo.run import held_out_accuracy, run_demo
-from services.coordinator.metrics_sinks import read_jsonl
+from services.coordinator.metrics.sinks import read_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

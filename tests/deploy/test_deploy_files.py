@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from meshrl.rpc.security import ENV_VARS
-from services.coordinator.run_manager import RunManager
+from services.coordinator.run.run_manager import RunManager
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"

@@ -28,8 +28,8 @@ from meshrl.launcher.ray_launcher import RayLauncher, actor_shares, assign_bundl
 from meshrl.launcher.server_processes import pids_with_env  # noqa: E402
 from meshrl.testing.tiny_model import make_tiny_model_dir  # noqa: E402
 from meshrl_app.demo.arithmetic import write_arithmetic_parquet  # noqa: E402
-from services.coordinator.metrics_sinks import read_jsonl  # noqa: E402
-from services.coordinator.run import PPORun  # noqa: E402
+from services.coordinator.metrics.sinks import read_jsonl  # noqa: E402
+from services.coordinator.run.run import PPORun  # noqa: E402
 
 pytestmark = [pytest.mark.ray]
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from meshrl.launcher.local import LocalLauncher
 from meshrl.rpc.call_markers import TEST_SLOW_ENV
-from services.coordinator.run import PPORun
+from services.coordinator.run.run import PPORun
 
 
 def started_line(method: str, k: int, pid: int) -> str:

@@ -15,8 +15,8 @@ from meshrl.config import build_config, config_to_yaml
 from meshrl.launcher.local import LocalLauncher
 from meshrl.ragged import Ragged
 from meshrl_app.run_local import run_local
-from services.coordinator.checkpointing import CheckpointManager
-from services.coordinator.metrics_sinks import read_jsonl
+from services.coordinator.metrics.sinks import read_jsonl
+from services.coordinator.recovery.checkpointing import CheckpointManager
 from services.trainer.client import TrainerClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -31,8 +31,8 @@ import yaml
 
 from meshrl.config import build_config
 from meshrl.rpc.call_markers import TEST_SLOW_ENV
-from services.coordinator.checkpointing import CheckpointManager, verify
-from services.coordinator.metrics_sinks import read_jsonl
+from services.coordinator.metrics.sinks import read_jsonl
+from services.coordinator.recovery.checkpointing import CheckpointManager, verify
 from tests.e2e.kill_inside import ended_line, run_killing
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -12,8 +12,8 @@ import psutil
 import pytest
 import yaml
 
-from services.coordinator.checkpointing import CheckpointManager, verify
-from services.coordinator.metrics_sinks import read_jsonl
+from services.coordinator.metrics.sinks import read_jsonl
+from services.coordinator.recovery.checkpointing import CheckpointManager, verify
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

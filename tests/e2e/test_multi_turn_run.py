@@ -15,8 +15,8 @@ from meshrl.testing.char_tokenizer import PRINTABLE_CHARS, build_char_tokenizer
 from meshrl.testing.tiny_model import make_tiny_model_dir
 from meshrl_app.demo.arithmetic_chain import write_arithmetic_chain_parquet
 from meshrl_app.run_local import run_local
-from services.coordinator.metrics_sinks import read_jsonl
-from services.coordinator.rollout_pool import RolloutPool
+from services.coordinator.generation.rollout_pool import RolloutPool
+from services.coordinator.metrics.sinks import read_jsonl
 from services.trainer.client import TrainerClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

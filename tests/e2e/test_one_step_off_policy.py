@@ -10,7 +10,7 @@ import pytest
 
 from meshrl.config import build_config
 from meshrl_app.run_local import run_local
-from services.coordinator.metrics_sinks import read_jsonl
+from services.coordinator.metrics.sinks import read_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -13,7 +13,7 @@ import pytest
 from meshrl.config import build_config
 from meshrl.testing.processes import role_server_pids
 from meshrl_app.run_local import run_local
-from services.coordinator.metrics_sinks import _cell, read_jsonl
+from services.coordinator.metrics.sinks import _cell, read_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -7,8 +7,8 @@ import pytest
 
 from meshrl.config import build_config
 from meshrl_app.run_local import run_local
-from services.coordinator.checkpointing import CheckpointManager
-from services.coordinator.metrics_sinks import read_jsonl
+from services.coordinator.metrics.sinks import read_jsonl
+from services.coordinator.recovery.checkpointing import CheckpointManager
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

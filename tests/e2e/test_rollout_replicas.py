@@ -14,8 +14,8 @@ import pytest
 from meshrl.config import build_config
 from meshrl.launcher.local import LocalLauncher
 from meshrl.rpc.call_markers import TEST_SLOW_ENV
-from services.coordinator.metrics_sinks import read_jsonl
-from services.coordinator.run import PPORun
+from services.coordinator.metrics.sinks import read_jsonl
+from services.coordinator.run.run import PPORun
 from tests.e2e.kill_inside import ended_line, run_killing
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -20,7 +20,7 @@ from meshrl.config import build_config
 from meshrl.ragged import Ragged
 from meshrl.rpc.call_markers import TEST_SLOW_ENV
 from meshrl.testing.tiny_model import make_tiny_qwen2_dir
-from services.coordinator.metrics_sinks import read_jsonl
+from services.coordinator.metrics.sinks import read_jsonl
 from services.rollout.client import RolloutClient
 from services.rollout.types import SamplingParams
 from tests.e2e.kill_inside import ended_line as _ended

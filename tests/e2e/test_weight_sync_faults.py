@@ -24,7 +24,7 @@ from meshrl.launcher.local import LocalLauncher
 from meshrl.ragged import Ragged
 from meshrl.rpc.role_client import RoleCallError
 from meshrl.weight_sync.sender import TEST_DELAY_ENV
-from services.coordinator.weight_sync import WeightSyncer
+from services.coordinator.generation.weight_sync import WeightSyncer
 from services.rollout.client import RolloutClient
 from services.rollout.types import SamplingParams
 from services.trainer.client import TrainerClient

@@ -9,7 +9,7 @@ import torch
 from meshrl.config import build_config, config_to_yaml
 from meshrl.launcher.local import LocalLauncher
 from meshrl.ragged import Ragged
-from services.coordinator.weight_sync import WeightSyncer
+from services.coordinator.generation.weight_sync import WeightSyncer
 from services.rollout.client import RolloutClient
 from services.trainer.client import TrainerClient
 

@@ -13,8 +13,8 @@ import meshrl_app.run_local as run_local_module
 from meshrl.rpc.role_client import RoleCallError
 from meshrl_app import cli
 from meshrl_app.run_local import RunResult
-from services.coordinator.checkpointing import CheckpointError
-from services.coordinator.ppo_step import RewardFailedEverySample
+from services.coordinator.recovery.checkpointing import CheckpointError
+from services.coordinator.step.scoring import RewardFailedEverySample
 from services.coordinator.types import ended_exit_code
 
 
@@ -315,7 +315,7 @@ def test_a_finished_run_run_again_ends_at_once_with_nothing_to_train(
     monkeypatch, tmp_path, config, model_dir, capsys, caplog
 ):
     """Before: every role server started and loaded its model, a warning came, exit 0."""
-    from services.coordinator.checkpointing import CheckpointManager, CoordinatorState
+    from services.coordinator.recovery.checkpointing import CheckpointManager, CoordinatorState
 
     started = []
     monkeypatch.setattr(run_local_module, "make_launcher", _launcher_recording_into(started))

@@ -25,7 +25,7 @@ from meshrl.testing.tiny_model import make_tiny_model_dir, make_tiny_qwen2_dir
 from meshrl_app.cli import main
 from meshrl_app.export import ExportError, export_checkpoint
 from meshrl_app.export_adapter import export_adapter
-from services.coordinator.checkpointing import write_manifest
+from services.coordinator.recovery.checkpointing import write_manifest
 from services.trainer.lora import add_lora, iter_merged_params, lora_settings
 from services.trainer.model_loading import load_policy_model, load_value_model
 

@@ -112,7 +112,7 @@ def test_the_actor_address_is_checked_for_the_actors_service_and_role(
 def test_recovery_says_the_external_launcher_waits_rather_than_restarts():
     """Before, the log said `role servers down: actor; restarting them`, then was silent
     for the whole start-up timeout, though nothing here restarts an external server."""
-    from services.coordinator.recovery import RESTARTING, recovery_plan
+    from services.coordinator.recovery.recovery import RESTARTING, recovery_plan
 
     external = _launcher("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
     assert recovery_plan(external).startswith("waiting up to 120 s for them to answer again")

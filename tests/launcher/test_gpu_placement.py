@@ -12,7 +12,7 @@ import pytest
 
 from meshrl.config import ConfigError, build_config
 from meshrl.launcher.local import LocalLauncher
-from services.coordinator.weight_sync import resolve_transport
+from services.coordinator.generation.weight_sync import resolve_transport
 
 SPLIT = [
     "trainer.device=cuda",
@@ -82,7 +82,7 @@ def test_bad_placement_is_named(override, named):
 )
 def test_rollout_frees_its_cache_only_on_a_shared_gpu(overrides, shares):
     from meshrl.config.placement import rollout_shares_gpu
-    from services.coordinator.rollout_memory import RolloutMemory
+    from services.coordinator.generation.rollout_memory import RolloutMemory
 
     cfg = build_config({}, overrides)
     assert rollout_shares_gpu(cfg) is shares

@@ -18,7 +18,7 @@ import pytest
 
 from meshrl.testing.tiny_model import make_tiny_model_dir
 from meshrl_app.demo.arithmetic import write_arithmetic_parquet
-from services.coordinator.run_folder_lock import LOCK_FILE
+from services.coordinator.run.run_folder_lock import LOCK_FILE
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.coordinator.checkpointing import (
+from services.coordinator.recovery.checkpointing import (
     MANIFEST,
     CheckpointError,
     CheckpointManager,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from services.coordinator.checkpointing import (
+from services.coordinator.recovery.checkpointing import (
     CheckpointError,
     CheckpointManager,
     CoordinatorState,
@@ -88,7 +88,7 @@ def test_enospc_anywhere_in_the_save_is_reported(tmp_path, monkeypatch):
     def full(folder: Path) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", str(folder / "MANIFEST.json"))
 
-    monkeypatch.setattr("services.coordinator.checkpointing.write_manifest", full)
+    monkeypatch.setattr("services.coordinator.recovery.checkpointing.write_manifest", full)
     with pytest.raises(CheckpointError) as e:
         mgr.save(2, _state(2), "config: 2\n", _roles(65536))
     _check_previous_kept(mgr, first, e.value)

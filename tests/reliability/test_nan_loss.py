@@ -11,7 +11,7 @@ import torch
 from nan_ranks import run_rank
 from torch import nn
 
-from services.coordinator.ppo_step import skipped_update_warnings
+from services.coordinator.step.ppo_step import skipped_update_warnings
 from services.trainer.optim import LrSchedule
 from services.trainer.update_loop import UpdateSettings, run_update
 
@@ -111,7 +111,7 @@ def test_each_role_is_named(role):
 
 def test_metrics_sink_writes_nan_as_null(tmp_path):
     """A NaN metric (e.g. the loss of a skipped step) does not break the JSONL file."""
-    from services.coordinator.metrics_sinks import JsonlSink, read_jsonl
+    from services.coordinator.metrics.sinks import JsonlSink, read_jsonl
 
     sink = JsonlSink(tmp_path / "m.jsonl")
     sink.log(1, {"actor/pg_loss": float("nan"), "actor/nonfinite_grad_steps": 1.0})

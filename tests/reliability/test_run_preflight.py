@@ -16,15 +16,12 @@ from meshrl.data.dataset import PromptDataset
 from meshrl.data.errors import DataError
 from meshrl.ragged import Ragged
 from meshrl.testing.char_tokenizer import build_char_tokenizer, save_char_tokenizer
-from services.coordinator.ppo_step import (
-    PPOStep,
-    RewardFailedEverySample,
-    Roles,
-    reward_failure_summary,
-)
-from services.coordinator.preflight import check_data_sources, load_tokenizer
-from services.coordinator.rollout_batch import RolloutBatch
-from services.coordinator.run import Endpoints, PPORun
+from services.coordinator.roles.roles import Roles
+from services.coordinator.run.preflight import check_data_sources, load_tokenizer
+from services.coordinator.run.run import Endpoints, PPORun
+from services.coordinator.step.ppo_step import PPOStep
+from services.coordinator.step.rollout_batch import RolloutBatch
+from services.coordinator.step.scoring import RewardFailedEverySample, reward_failure_summary
 from services.reward.scorers.registry import known_data_sources
 from services.reward.types import ScoreOutcome
 
@@ -168,7 +165,7 @@ def test_a_batch_with_no_sample_scored_stops_the_run():
 
 def test_lengths_past_the_models_context_are_warned_about(tmp_path):
     """Before, a run with 306-token prompts on a 256-position model ran without a word."""
-    from services.coordinator.preflight import context_length_warning
+    from services.coordinator.run.preflight import context_length_warning
 
     (tmp_path / "config.json").write_text('{"max_position_embeddings": 256}')
     model = [f"actor_rollout_ref.model.path={tmp_path}"]
@@ -189,7 +186,7 @@ def test_lengths_past_the_models_context_are_warned_about(tmp_path):
 def test_a_machine_with_gpus_left_unused_by_the_default_device_is_warned_about():
     """trainer.device defaults to cpu here (verl's default is cuda): before, a run on a GPU
     machine trained on the CPU without a word."""
-    from services.coordinator.preflight import unused_gpu_warning
+    from services.coordinator.run.preflight import unused_gpu_warning
 
     default = build_config({})
     assert unused_gpu_warning(default, 2) == (
@@ -253,7 +250,7 @@ def test_an_unknown_data_source_is_refused_by_meshrl_run_before_any_server_start
 
 
 def test_a_coordinator_service_rejects_an_unknown_data_source_before_its_servers_start(tmp_path):
-    from services.coordinator.run_manager import ManagedRun
+    from services.coordinator.run.run_manager import ManagedRun
     from services.coordinator.types import RunState
 
     class Launcher:
@@ -285,7 +282,7 @@ def test_a_coordinator_service_rejects_an_unknown_data_source_before_its_servers
 def test_the_scorers_a_run_will_have_are_known_before_its_servers_start_unless_a_model(
     overrides, known
 ):
-    from services.coordinator.preflight import scorers_known_here
+    from services.coordinator.run.preflight import scorers_known_here
 
     assert scorers_known_here(build_config({}, overrides)) == known
 
@@ -308,7 +305,7 @@ def _gsm8k_without_truths(tmp_path, truthless: dict[int, dict | None], n: int = 
 def test_rows_the_rule_scorer_cannot_score_are_refused_before_any_server(tmp_path):
     """Before, GSM8k rows whose reward_model was null trained to the end at reward 0, exit 0,
     without a word: every ground truth was ""."""
-    from services.coordinator.run_data import load_run_data
+    from services.coordinator.run.run_data import load_run_data
 
     path, overrides = _gsm8k_without_truths(tmp_path, {1: None, 3: None})
     with pytest.raises(DataError) as e:
@@ -330,7 +327,7 @@ def test_rows_the_rule_scorer_cannot_score_are_refused_before_any_server(tmp_pat
 
 
 def test_unscorable_rows_can_be_skipped_and_are_counted(tmp_path, caplog):
-    from services.coordinator.run_data import load_run_data
+    from services.coordinator.run.run_data import load_run_data
 
     path, overrides = _gsm8k_without_truths(tmp_path, {1: None, 2: None}, n=6)
     with caplog.at_level(logging.WARNING):
@@ -348,7 +345,7 @@ def test_unscorable_rows_can_be_skipped_and_are_counted(tmp_path, caplog):
 
 def test_a_step_whose_every_ground_truth_is_empty_stops_the_run():
     """The step's own check, behind the start's: a zero of every sample is no reward."""
-    from services.coordinator.ppo_step import NoGroundTruth
+    from services.coordinator.step.scoring import NoGroundTruth
 
     batch = _three_sample_batch()
     batch.ground_truths = ["", " ", ""]
@@ -360,7 +357,7 @@ def test_a_custom_function_that_cannot_load_is_refused_before_any_server(tmp_pat
     """Read, not run, by the run's checks before any role server starts (meshrl run and a
     coordinator service call check_run_config first); before, a missing file or a syntax
     error was found at the reward server's Initialize, after every server had started."""
-    from services.coordinator.preflight import check_run_config
+    from services.coordinator.run.preflight import check_run_config
 
     def refused(spec: str) -> str:
         with pytest.raises(ConfigError) as e:
@@ -393,7 +390,7 @@ def test_a_custom_function_that_cannot_load_is_refused_before_any_server(tmp_pat
 
 def test_a_launcher_host_not_of_this_machine_is_refused_before_any_server():
     """Before: an OSError traceback (Cannot assign requested address) from the port search."""
-    from services.coordinator.preflight import check_run_config
+    from services.coordinator.run.preflight import check_run_config
 
     with pytest.raises(ConfigError) as e:
         check_run_config(build_config({}, ["launcher.host=192.0.2.1"]))
@@ -409,7 +406,7 @@ def test_a_weights_file_that_does_not_parse_is_named(tmp_path):
     deserializing header: header too large`, naming no file; now the run is refused before
     any server starts, naming the key and the file, and a server loading it names it too."""
     from meshrl.testing.tiny_model import make_tiny_model_dir
-    from services.coordinator.run_data import load_run_data
+    from services.coordinator.run.run_data import load_run_data
     from services.trainer.model_loading import load_policy_model
 
     model = make_tiny_model_dir(tmp_path / "m", seed=0, hidden=32, intermediate=64)

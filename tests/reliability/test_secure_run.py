@@ -14,7 +14,7 @@ from meshrl.rpc.security import ENV_VARS
 from meshrl.testing.tiny_model import make_tiny_model_dir
 from meshrl_app.demo.arithmetic import write_arithmetic_parquet
 from meshrl_app.run_local import run_local
-from services.coordinator.metrics_sinks import read_jsonl
+from services.coordinator.metrics.sinks import read_jsonl
 
 pytest.importorskip("cryptography")
 from meshrl.testing.certs import make_certs  # noqa: E402

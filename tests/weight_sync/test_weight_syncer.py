@@ -15,7 +15,7 @@ from meshrl.api.v1 import common_pb2
 from meshrl.config import build_config
 from meshrl.rpc.role_client import RoleCallError
 from meshrl.weight_sync import GroupSpec, WeightManifest, plan_buckets
-from services.coordinator.weight_sync import WeightSyncer
+from services.coordinator.generation.weight_sync import WeightSyncer
 
 pytestmark = pytest.mark.timeout(30)
 

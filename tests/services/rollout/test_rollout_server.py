@@ -200,7 +200,7 @@ def test_coordinator_releases_and_takes_back_the_cache(server):
     server refuses to generate; a RolloutMemory made afresh (as after a recovery) still
     wakes it."""
     from meshrl.rpc.role_client import RoleCallError
-    from services.coordinator.rollout_memory import RolloutMemory
+    from services.coordinator.generation.rollout_memory import RolloutMemory
     from services.rollout.client import RolloutClient
 
     client = RolloutClient(server.address, timeout_s=30)

@@ -14,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display on servers
 import matplotlib.pyplot as plt  # noqa: E402
 
-from services.coordinator.metrics_history import read_history  # noqa: E402
+from services.coordinator.metrics.history import read_history  # noqa: E402
 
 PANELS = [
     ("critic/score/mean", "score (mean)"),

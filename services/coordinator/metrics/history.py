@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.coordinator.metrics_sinks import read_jsonl
+from services.coordinator.metrics.sinks import read_jsonl
 
 
 def latest_history(rows: list[dict]) -> list[dict]:

@@ -15,7 +15,6 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -28,33 +27,37 @@ from meshrl.config.schema import RunConfig
 from meshrl.gpus import per_gpu_throughput
 from meshrl.ragged import Ragged
 from meshrl.rpc.role_client import RoleCallError
-from services.coordinator.advantage import AdvantageInputs, compute_advantages
-from services.coordinator.async_rollout import AsyncRollout
-from services.coordinator.dynamic_sampling import (
+from services.coordinator.generation.async_rollout import AsyncRollout
+from services.coordinator.generation.multi_turn import multi_turn_rollout
+from services.coordinator.generation.rollout_ahead import RolloutAhead
+from services.coordinator.generation.rollout_asks import seeds_prompts, wants_rollout_logprobs
+from services.coordinator.generation.rollout_memory import RolloutMemory
+from services.coordinator.generation.rollout_pool import RolloutPool
+from services.coordinator.generation.weight_sync import WeightSyncer
+from services.coordinator.metrics.generations import write_generations
+from services.coordinator.roles.roles import Roles
+from services.coordinator.step.advantage import AdvantageInputs, compute_advantages
+from services.coordinator.step.dynamic_sampling import (
     FilterGroupsExhausted,
     filter_values,
     varied_groups,
 )
-from services.coordinator.generations import write_generations
-from services.coordinator.multi_turn import multi_turn_rollout
-from services.coordinator.rollout_ahead import RolloutAhead
-from services.coordinator.rollout_asks import seeds_prompts, wants_rollout_logprobs
-from services.coordinator.rollout_batch import RolloutBatch, padded
-from services.coordinator.rollout_memory import RolloutMemory
-from services.coordinator.rollout_pool import RolloutPool
-from services.coordinator.timing import PhaseTimer
-from services.coordinator.weight_sync import WeightSyncer
-from services.env.client import EnvClient
-from services.reward.client import RewardClient
-from services.rollout.client import RolloutClient
+from services.coordinator.step.rollout_batch import RolloutBatch, padded
+from services.coordinator.step.scoring import (
+    NoGroundTruth,
+    RewardFailedEverySample,
+    reward_failure_summary,
+    reward_model_metrics,
+    rule_scorers_only,
+)
+from services.coordinator.step.timing import PhaseTimer
 from services.rollout.types import SamplingParams
-from services.trainer.client import TrainerClient
 
 log = logging.getLogger(__name__)
 
 GEN_BATCH_SEED_STRIDE = 100_000_007
 """Seed distance between a step's generation batches: past every step number and a
-hundred requests' strides (:func:`~services.coordinator.rollout_pool.request_sampling`), so
+hundred requests' strides (:func:`~services.coordinator.generation.rollout_pool.request_sampling`), so
 no two batches of a run share a sampling stream."""
 
 
@@ -70,62 +73,6 @@ class WeightSyncFailed(Exception):
         super().__init__(str(error))
         self.error = error
         self.metrics = metrics
-
-
-@dataclass
-class Roles:
-    """Clients of every role server a run talks to."""
-
-    rollouts: list[RolloutClient]
-    """Every rollout replica of the run, in the order of ``rollout_names``."""
-    actor: TrainerClient
-    reward: RewardClient
-    critic: TrainerClient | None = None
-    ref: TrainerClient | None = None
-    rollout_names: list[str] = field(default_factory=list)
-    """Each replica's name (``rollout0``, ...); empty: ``rollout<i>`` by position."""
-    env: EnvClient | None = None
-    """The environment server of a multi-turn run."""
-
-    def named_rollouts(self) -> dict[str, RolloutClient]:
-        names = self.rollout_names or [f"rollout{i}" for i in range(len(self.rollouts))]
-        return dict(zip(names, self.rollouts, strict=True))
-
-
-class RewardFailedEverySample(RuntimeError):
-    """No sample of a training batch could be scored: the run stops rather than train on
-    rewards that are all 0 (almost always a reward function that fails on every input)."""
-
-
-class NoGroundTruth(RewardFailedEverySample):
-    """Every sample of a training batch has an empty ground truth while the rule scorers
-    alone score it: each would score 0, a step of zeros rather than of rewards."""
-
-
-def rule_scorers_only(cfg: RunConfig) -> bool:
-    """Whether the rule scorers alone score the run's samples (they need a ground truth)."""
-    return not cfg.reward.custom_function and not cfg.reward.reward_model.enable
-
-
-def reward_failure_summary(results: list, data_sources: list[str]) -> str | None:
-    """One line on the samples the reward service could not score (a scorer that raised, hung,
-    returned a non-number, or killed its worker), or None when every sample was scored."""
-    failed = [(ds, r.reason) for ds, r in zip(data_sources, results, strict=True) if not r.ok]
-    if not failed:
-        return None
-    ds, reason = failed[0]
-    return (
-        f"{len(failed)} of {len(results)} samples could not be scored and count as 0 "
-        f"(first: a {ds!r} sample: {reason})"
-    )
-
-
-def reward_model_metrics(extras: list[dict[str, float]]) -> dict[str, float]:
-    """``reward/rm_clip_ratio``: the fraction of the samples the reward model scored whose
-    (prompt, response) pair it cut to ``reward.reward_model.max_length`` (the reward
-    service's ``rm_cut`` extra); nothing without a reward model."""
-    cut = [extra["rm_cut"] for extra in extras if "rm_cut" in extra]
-    return {"reward/rm_clip_ratio": sum(cut) / len(cut)} if cut else {}
 
 
 def skipped_update_warnings(metrics: dict[str, float]) -> list[str]:

@@ -24,7 +24,7 @@ def new_kl_controller(cfg: RunConfig) -> KLController:
 @dataclass
 class RunProgress:
     """The coordinator's side of a run's progress; a checkpoint keeps ``step``, the loader's
-    position and the KL controller (:class:`~services.coordinator.checkpointing.CoordinatorState`)."""
+    position and the KL controller (:class:`~services.coordinator.recovery.checkpointing.CoordinatorState`)."""
 
     kl_ctrl: KLController
     loader: PromptLoader | None = None  # None in an evaluation (trainer.val_only)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from services.coordinator.rollout_batch import RolloutBatch
+from services.coordinator.step.rollout_batch import RolloutBatch
 from services.reward.types import sample_acc
 
 

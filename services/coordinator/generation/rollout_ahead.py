@@ -25,7 +25,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Protocol
 
-from services.coordinator.rollout_batch import RolloutBatch
+from services.coordinator.step.rollout_batch import RolloutBatch
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from typing import Protocol
 from meshrl.config import RunConfig
 from meshrl.rpc.client import unreachable
 from meshrl.rpc.role_client import RoleCallError
-from services.coordinator.role_servers import RoleServers
-from services.coordinator.rollout_ahead import PromptsDrawnAhead
-from services.coordinator.run_checkpoints import RunCheckpoints
+from services.coordinator.generation.rollout_ahead import PromptsDrawnAhead
+from services.coordinator.recovery.run_checkpoints import RunCheckpoints
+from services.coordinator.roles.role_servers import RoleServers
 
 log = logging.getLogger(__name__)
 

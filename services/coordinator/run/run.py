@@ -1,14 +1,14 @@
 """A PPO run: the loop of PPO steps with validation, checkpoints and metrics over the role
 servers a launcher (local, docker, Ray) started. Its parts, one concern each:
 
-- :class:`~services.coordinator.role_servers.RoleServers`: connecting to and initializing
+- :class:`~services.coordinator.roles.role_servers.RoleServers`: connecting to and initializing
   the role servers (set-up);
-- :class:`~services.coordinator.run_progress.RunProgress`: step, data position, KL
+- :class:`~services.coordinator.recovery.run_progress.RunProgress`: step, data position, KL
   coefficient, shared by the parts;
-- :class:`~services.coordinator.run_checkpoints.RunCheckpoints`: resume, save, rewind target;
-- :class:`~services.coordinator.recovery.Recovery`: bounded restarts of dead role servers;
-- :class:`~services.coordinator.validation.RunValidation`: validation at a step;
-- :class:`~services.coordinator.ppo_step.PPOStep`: one step (generate, score, update, sync).
+- :class:`~services.coordinator.recovery.run_checkpoints.RunCheckpoints`: resume, save, rewind target;
+- :class:`~services.coordinator.recovery.recovery.Recovery`: bounded restarts of dead role servers;
+- :class:`~services.coordinator.run.validation.RunValidation`: validation at a step;
+- :class:`~services.coordinator.step.ppo_step.PPOStep`: one step (generate, score, update, sync).
 """
 
 from __future__ import annotations
@@ -27,24 +27,24 @@ from meshrl.config import RunConfig
 from meshrl.data.dataset import PromptDataset
 from meshrl.launcher.endpoints import Endpoints
 from meshrl.rpc.role_client import RoleCallError
-from services.coordinator.async_rollout import AsyncRollout
-from services.coordinator.checkpointing import CheckpointError
-from services.coordinator.generations import generations_dir
-from services.coordinator.metrics_sinks import ConsoleSink, MetricsSink, close_sinks, file_sinks
-from services.coordinator.plot import plot_metrics
-from services.coordinator.pool_membership import PoolMembership
-from services.coordinator.ppo_step import PPOStep, WeightSyncFailed
-from services.coordinator.preflight import check_data_sources, check_filter_metric
-from services.coordinator.recovery import Recovery, Restarter
-from services.coordinator.role_servers import RoleServers
-from services.coordinator.rollout_ahead import RolloutAhead
-from services.coordinator.rollout_batch import RolloutBatch
-from services.coordinator.run_checkpoints import RunCheckpoints
-from services.coordinator.run_data import RunData, load_run_data
-from services.coordinator.run_progress import RunProgress, new_kl_controller
+from services.coordinator.generation.async_rollout import AsyncRollout
+from services.coordinator.generation.rollout_ahead import RolloutAhead
+from services.coordinator.generation.weight_sync import WeightSyncer
+from services.coordinator.metrics.generations import generations_dir
+from services.coordinator.metrics.plot import plot_metrics
+from services.coordinator.metrics.sinks import ConsoleSink, MetricsSink, close_sinks, file_sinks
+from services.coordinator.recovery.checkpointing import CheckpointError
+from services.coordinator.recovery.pool_membership import PoolMembership
+from services.coordinator.recovery.recovery import Recovery, Restarter
+from services.coordinator.recovery.run_checkpoints import RunCheckpoints
+from services.coordinator.recovery.run_progress import RunProgress, new_kl_controller
+from services.coordinator.roles.role_servers import RoleServers
+from services.coordinator.run.preflight import check_data_sources, check_filter_metric
+from services.coordinator.run.run_data import RunData, load_run_data
+from services.coordinator.run.validation import RunValidation
+from services.coordinator.step.ppo_step import PPOStep, WeightSyncFailed
+from services.coordinator.step.rollout_batch import RolloutBatch
 from services.coordinator.types import ended_exit_code
-from services.coordinator.validation import RunValidation
-from services.coordinator.weight_sync import WeightSyncer
 
 log = logging.getLogger(__name__)
 
@@ -399,7 +399,7 @@ class PPORun:
     def change_pool(self) -> None:
         """At a step boundary: rollout replicas that went down in the step before are
         restarted and rejoin, those asked for join or leave, each joiner proving it holds
-        the current weights (:mod:`services.coordinator.pool_membership`)."""
+        the current weights (:mod:`services.coordinator.recovery.pool_membership`)."""
         runner = self.step_runner
         departed = runner.rollout_pool.take_departed() if runner is not None else []
         if not (departed or self.membership.has_changes()):

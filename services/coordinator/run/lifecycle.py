@@ -22,9 +22,9 @@ from meshrl.config import RunConfig
 from meshrl.hub_models import with_local_models
 from meshrl.progress_ticker import ProgressTicker
 from meshrl.rpc.calls_in_flight import CALLS_IN_FLIGHT
-from services.coordinator.metrics_sinks import MetricsSink, close_sinks
-from services.coordinator.preflight import check_gpu_memory, start_run_folder, write_run_config
-from services.coordinator.run_folder_lock import RunFolderLock
+from services.coordinator.metrics.sinks import MetricsSink, close_sinks
+from services.coordinator.run.preflight import check_gpu_memory, start_run_folder, write_run_config
+from services.coordinator.run.run_folder_lock import RunFolderLock
 from services.coordinator.types import AlreadyTrained, ended_exit_code
 
 

@@ -31,7 +31,7 @@ from meshrl.data.errors import DataError
 from meshrl.launcher.external import external_endpoints
 from meshrl.model_files import unreadable_weights
 from meshrl.rpc.server import bind_problem
-from services.coordinator.generations import generations_dir
+from services.coordinator.metrics.generations import generations_dir
 from services.reward.scorers.custom import parse_spec
 from services.reward.scorers.registry import known_data_sources
 

@@ -23,14 +23,14 @@ from meshrl.config import ConfigError, RunConfig, build_config
 from meshrl.config.loader import config_tree
 from meshrl.data.errors import DataError
 from meshrl.rpc.security import SecuritySettings
-from services.coordinator.lifecycle import run_lifecycle, start_line
-from services.coordinator.metrics_sinks import ConsoleSink, MetricsSink, file_sinks
-from services.coordinator.preflight import (
+from services.coordinator.metrics.sinks import ConsoleSink, MetricsSink, file_sinks
+from services.coordinator.run.lifecycle import run_lifecycle, start_line
+from services.coordinator.run.preflight import (
     check_cuda_here,
     check_required_keys_given,
     check_run_config,
 )
-from services.coordinator.run_folder_lock import RunFolderInUse, check_run_folder_free
+from services.coordinator.run.run_folder_lock import RunFolderInUse, check_run_folder_free
 from services.coordinator.types import (
     RunEvent,
     RunState,
@@ -253,13 +253,13 @@ class ManagedRun:
 
 
 def _default_make_ppo(cfg, endpoints, run_dir, sinks, restarter):
-    from services.coordinator.run import PPORun
+    from services.coordinator.run.run import PPORun
 
     return PPORun(cfg, endpoints, run_dir, sinks=sinks, restarter=restarter)
 
 
 def _default_load_data(cfg: RunConfig, run_dir: Path):
-    from services.coordinator.run_data import load_run_data  # pyarrow, transformers
+    from services.coordinator.run.run_data import load_run_data  # pyarrow, transformers
 
     return load_run_data(cfg, run_dir)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from meshrl.config.schema import RunConfig
-from services.coordinator.generations import GenerationRow
+from services.coordinator.metrics.generations import GenerationRow
 from services.coordinator.types import INTERRUPTED_EXIT_CODE, RunState, ended_exit_code
 
 log = logging.getLogger(__name__)

@@ -12,26 +12,24 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshrl.config import ConfigError, RunConfig
+from meshrl.config import RunConfig
 from meshrl.config.placement import rollout_may_share_trainer_gpus
 from meshrl.config.schema import KLCtrlConfig
 from meshrl.data.dataset import PromptDataset
 from meshrl.data.errors import DataError
 from meshrl.data.loader import PromptLoader
-from services.coordinator.checkpointing import (
-    CheckpointError,
+from services.coordinator.recovery.checkpointing import (
     CheckpointManager,
     step_of,
-    verify,
 )
-from services.coordinator.preflight import (
+from services.coordinator.recovery.resume_check import check_resume_config, named_resume_folder
+from services.coordinator.run.preflight import (
     check_data_sources_here,
     check_ground_truths,
     check_model_weights,
     context_length_warning,
     load_tokenizer,
 )
-from services.coordinator.resume_check import check_resume_config
 from services.coordinator.types import AlreadyTrained
 
 log = logging.getLogger(__name__)
@@ -240,26 +238,3 @@ def make_loader(cfg: RunConfig, train_set: PromptDataset) -> PromptLoader:
         return PromptLoader(train_set, size, shuffle=d.shuffle, seed=d.seed, batch_size_key=key)
     except ValueError as e:
         raise DataError(f"data.train_files: {e}") from None
-
-
-def named_resume_folder(cfg: RunConfig, checksums: bool = True) -> Path | None:
-    """The checkpoint folder ``trainer.resume_mode`` names, verified whole (its files'
-    checksums too unless ``checksums=False``); None for ``disable`` and ``auto``. An explicit
-    path must be whole: ConfigError naming the key, never a silent fall-back."""
-    mode = cfg.trainer.resume_mode
-    if mode in ("disable", "auto"):
-        return None
-    folder = Path(mode).absolute()  # a relative path's error says where it was looked for
-    try:
-        verify(folder, checksums=checksums)
-    except CheckpointError as e:  # the config names it: a wrong request (exit 2)
-        what = str(e)
-        if (folder / "checkpoints").is_dir() or folder.name == "checkpoints":
-            kind = "a run folder" if folder.name != "checkpoints" else "a run's checkpoints"
-            what = (
-                f"{folder}: {kind}, not one checkpoint; name one of its "
-                "checkpoints/global_step_<k> folders, or resume the run in that folder "
-                "with trainer.default_local_dir=<it> trainer.resume_mode=auto"
-            )
-        raise ConfigError(f"trainer.resume_mode: {what}") from None
-    return folder

@@ -7,7 +7,7 @@ after batch into a bounded buffer while the steps train on what is in it.
               rollout.partial_rollout) -> tell the producer
 
 Each sample carries the weight version of each of its tokens (``RolloutBatch.versions``);
-its staleness is counted from its oldest token (:mod:`services.coordinator.staleness`).
+its staleness is counted from its oldest token (:mod:`services.coordinator.generation.staleness`).
 ``stale: wait``: the producer starts the batch meant for step j only once rollout serves
 version j - 1 - max_staleness or newer, so no sample ever exceeds the bound. ``stale:
 drop``: it never waits for the trainers; groups past the bound when a step takes its batch
@@ -15,7 +15,7 @@ are dropped and counted. Either way the buffer holds at most ``buffer_batches`` 
 one being generated included.
 
 Checkpoints save the loader state from before the oldest batch drawn whose prompts are not
-all taken (as :class:`~services.coordinator.rollout_ahead.RolloutAhead` does for one batch):
+all taken (as :class:`~services.coordinator.generation.rollout_ahead.RolloutAhead` does for one batch):
 a resumed run draws and generates them again. A rewind (recovery) empties the buffer.
 """
 
@@ -30,9 +30,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from meshrl.config.schema import AsyncTrainingConfig
-from services.coordinator.rollout_ahead import DrawnPrompts
-from services.coordinator.rollout_batch import RolloutBatch
-from services.coordinator.staleness import sample_lags, staleness_metrics
+from services.coordinator.generation.rollout_ahead import DrawnPrompts
+from services.coordinator.generation.staleness import sample_lags, staleness_metrics
+from services.coordinator.step.rollout_batch import RolloutBatch
 
 log = logging.getLogger(__name__)
 

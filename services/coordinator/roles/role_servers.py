@@ -12,7 +12,7 @@ from meshrl.config.placement import loads_one_at_a_time
 from meshrl.gpus import count_gpus
 from meshrl.launcher.endpoints import Endpoints
 from meshrl.rpc.role_client import RoleCallError
-from services.coordinator.ppo_step import Roles
+from services.coordinator.roles.roles import Roles
 from services.env.client import EnvClient
 from services.reward.client import RewardClient
 from services.rollout.client import RolloutClient

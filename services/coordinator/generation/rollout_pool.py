@@ -14,7 +14,7 @@ pool; its requests in flight are sent again to the others (``rollout/resent_requ
 generation fails (that RoleCallError, so the run's recovery takes over) only when no replica
 is left. A failed request is never turned into an empty response, so a failed rollout never
 becomes a zero reward. The run brings the replicas that left back at its next step boundary
-(:mod:`services.coordinator.pool_membership`).
+(:mod:`services.coordinator.recovery.pool_membership`).
 
 The seed of a request comes from its place in the batch, not from the replica that serves it:
 the same batch samples the same responses however its requests were spread.
@@ -38,7 +38,7 @@ import torch
 
 from meshrl.ragged import Ragged
 from meshrl.rpc.role_client import RoleCallError
-from services.coordinator.dispatch_gate import DispatchGate
+from services.coordinator.generation.dispatch_gate import DispatchGate
 from services.rollout.client import RolloutClient
 from services.rollout.types import GenerationResult, SamplingParams
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshrl.config import ConfigError, RunConfig, config_from_yaml
+from services.coordinator.recovery.checkpointing import CheckpointError, verify
 
 ALLOW_KEY = "trainer.resume_allow_config_changes"
 
@@ -246,3 +247,26 @@ def check_resume_config(cfg: RunConfig, checkpoint: Path) -> str | None:
     if not changes:
         return None
     return f"resuming from {checkpoint} with a changed config: {', '.join(map(str, changes))}"
+
+
+def named_resume_folder(cfg: RunConfig, checksums: bool = True) -> Path | None:
+    """The checkpoint folder ``trainer.resume_mode`` names, verified whole (its files'
+    checksums too unless ``checksums=False``); None for ``disable`` and ``auto``. An explicit
+    path must be whole: ConfigError naming the key, never a silent fall-back."""
+    mode = cfg.trainer.resume_mode
+    if mode in ("disable", "auto"):
+        return None
+    folder = Path(mode).absolute()  # a relative path's error says where it was looked for
+    try:
+        verify(folder, checksums=checksums)
+    except CheckpointError as e:  # the config names it: a wrong request (exit 2)
+        what = str(e)
+        if (folder / "checkpoints").is_dir() or folder.name == "checkpoints":
+            kind = "a run folder" if folder.name != "checkpoints" else "a run's checkpoints"
+            what = (
+                f"{folder}: {kind}, not one checkpoint; name one of its "
+                "checkpoints/global_step_<k> folders, or resume the run in that folder "
+                "with trainer.default_local_dir=<it> trainer.resume_mode=auto"
+            )
+        raise ConfigError(f"trainer.resume_mode: {what}") from None
+    return folder

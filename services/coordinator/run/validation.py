@@ -6,7 +6,7 @@ reward is the core variable (`val-core/<data_source>/reward/mean@n`), as is the 
 GSM8k and MATH, which verl's own scorers score without an accuracy
 (`val-core/openai/gsm8k/reward/mean@1`). With
 `val_kwargs.n` > 1 also best@k, worst@k and maj@k
-(:mod:`services.coordinator.validation_metrics`)."""
+(:mod:`services.coordinator.metrics.validation_metrics`)."""
 
 from __future__ import annotations
 
@@ -20,19 +20,19 @@ import torch
 from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
 from meshrl.rpc.calls_in_flight import calls_for
-from services.coordinator.generations import (
+from services.coordinator.generation.multi_turn import MultiTurnRollout
+from services.coordinator.generation.rollout_memory import RolloutMemory
+from services.coordinator.generation.rollout_pool import RolloutPool
+from services.coordinator.metrics.generations import (
     GenerationRow,
     generations_dir,
     pick_shown,
     write_generations,
 )
-from services.coordinator.metrics_sinks import MetricsSink, log_generations
-from services.coordinator.multi_turn import MultiTurnRollout
-from services.coordinator.ppo_step import reward_failure_summary
-from services.coordinator.rollout_batch import RolloutBatch
-from services.coordinator.rollout_memory import RolloutMemory
-from services.coordinator.rollout_pool import RolloutPool
-from services.coordinator.validation_metrics import SampleResult, validation_metrics
+from services.coordinator.metrics.sinks import MetricsSink, log_generations
+from services.coordinator.metrics.validation_metrics import SampleResult, validation_metrics
+from services.coordinator.step.rollout_batch import RolloutBatch
+from services.coordinator.step.scoring import reward_failure_summary
 from services.reward.client import RewardClient
 from services.reward.scorers.registry import VERL_SCORES_WITHOUT_ACC
 from services.reward.types import ScoreItem, ScoreOutcome

@@ -26,8 +26,8 @@ import torch
 from meshrl.config import ConfigError
 from meshrl.config.schema import MultiTurnConfig
 from meshrl.ragged import Ragged
-from services.coordinator.rollout_batch import RolloutBatch
-from services.coordinator.tool_calls import parse_tool_calls, tokens_through_first_call
+from services.coordinator.generation.tool_calls import parse_tool_calls, tokens_through_first_call
+from services.coordinator.step.rollout_batch import RolloutBatch
 from services.env.client import EnvClient
 from services.env.types import EpisodeAction, EpisodeTask
 from services.rollout.types import FinishReason, GenerationResult, SamplingParams

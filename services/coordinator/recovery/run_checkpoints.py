@@ -1,6 +1,6 @@
 """A run's checkpoints: the one it resumes from, the ones it saves, and the one it goes back
 to after a crash lost training state. The files themselves are
-:class:`~services.coordinator.checkpointing.CheckpointManager`'s."""
+:class:`~services.coordinator.recovery.checkpointing.CheckpointManager`'s."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from pathlib import Path
 from meshrl.config import ConfigError, RunConfig, config_to_yaml
 from meshrl.model_files import copy_model_files
 from meshrl.rpc.role_client import RoleCallError
-from services.coordinator.checkpointing import (
+from services.coordinator.generation.rollout_ahead import PromptsDrawnAhead
+from services.coordinator.recovery.checkpointing import (
     CheckpointError,
     CheckpointManager,
     CoordinatorState,
 )
-from services.coordinator.role_servers import RoleServers
-from services.coordinator.rollout_ahead import PromptsDrawnAhead
-from services.coordinator.run_data import named_resume_folder
-from services.coordinator.run_progress import RunProgress
+from services.coordinator.recovery.resume_check import named_resume_folder
+from services.coordinator.recovery.run_progress import RunProgress
+from services.coordinator.roles.role_servers import RoleServers
 
 log = logging.getLogger(__name__)
 

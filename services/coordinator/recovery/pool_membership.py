@@ -26,8 +26,8 @@ from collections.abc import Callable
 from meshrl.config import ConfigError, RunConfig
 from meshrl.rpc.client import unreachable
 from meshrl.rpc.role_client import RoleCallError
-from services.coordinator.recovery import Restarter
-from services.coordinator.role_servers import RoleServers
+from services.coordinator.recovery.recovery import Restarter
+from services.coordinator.roles.role_servers import RoleServers
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,2 @@
+"""The role servers of a run, as the coordinator reaches them: their clients (``Roles``) and
+their connection and initialization (``RoleServers``)."""
