@@ -238,7 +238,7 @@ def test_the_reward_servers_default_port_is_the_one_the_docs_and_the_mesh_use():
 
     root = Path(__file__).resolve().parents[2]
     assert "MESHRL_REWARD_PORT:-50055" in (root / "deploy/compose.yaml").read_text()
-    for doc in ("README.md", "docs/reward.md"):
+    for doc in ("docs/running.md", "docs/reward.md"):
         text = (root / doc).read_text()
         ports = set(re.findall(r"reward (?:serve|\.server) --port (\d+)", text))
         ports |= set(re.findall(r'RewardClient\("127\.0\.0\.1:(\d+)"', text))
