@@ -8,9 +8,11 @@ import torch
 
 from meshrl.config.schema import AlgorithmConfig
 from meshrl.ragged import Ragged
+from services.coordinator.generation.generated import GeneratedBatch
 from services.coordinator.step.advantage import AdvantageInputs, compute_advantages
 from services.coordinator.step.ppo_step import PPOStep
-from services.coordinator.step.rollout_batch import RolloutBatch
+from services.coordinator.step.stages import Inferred, ScoredBatch, Scores
+from services.coordinator.step.timing import PhaseTimer
 
 
 def _two_responses_one_prompt(scores=(1.0, 1.0)) -> AdvantageInputs:
@@ -174,20 +176,26 @@ def _floats(*rows):
     return Ragged.from_lists(list(rows), dtype=torch.float32)
 
 
-def _rollout_batch(n_rows=1, **filled) -> RolloutBatch:
-    """``n_rows`` responses of 3 tokens, one group; ``filled``: the phases' fields."""
-    return RolloutBatch(
+def _generated(n_rows=1, group_ids=None) -> GeneratedBatch:
+    """``n_rows`` responses of 3 tokens, one group unless ``group_ids`` says otherwise."""
+    return GeneratedBatch(
         prompts=Ragged.from_lists([[5, 6]] * n_rows),
         responses=Ragged.from_lists([[7, 8, 9]] * n_rows),
         rollout_logprobs=_floats(*[[-9.0] * 3] * n_rows),  # not an input of the advantages
         finish_reasons=["stop"] * n_rows,
-        group_ids=torch.zeros(n_rows, dtype=torch.long),
+        group_ids=torch.zeros(n_rows, dtype=torch.long) if group_ids is None else group_ids,
         data_sources=["d"] * n_rows,
         ground_truths=["g"] * n_rows,
         extra_infos=[{}] * n_rows,
         weight_version=0,
-        **filled,
     )
+
+
+def _advantages(step, generated, scores, baseline=None, **inferred):
+    """PPOStep.advantages over ``generated`` scored ``scores``, the ``inferred`` numbers."""
+    scored = ScoredBatch(generated, Scores(scores=scores, reward_scores=scores))
+    out = PPOStep.advantages(step, scored, Inferred(**inferred), baseline, PhaseTimer())
+    return out.advantages, out.returns, out.metrics
 
 
 def _ppo_step(algorithm: AlgorithmConfig, kl_ctrl) -> SimpleNamespace:
@@ -203,12 +211,6 @@ def test_ppo_step_passes_values_log_probs_and_the_controllers_coefficient():
     #   t1: d = -0.1 + 0.5*0.6 - 0.4 = -0.2        A1 = -0.2 + 0.4*0.3   = -0.08
     #   t0: d = -0.1 + 0.5*0.4 - 0.2 = -0.1        A0 = -0.1 + 0.4*-0.08 = -0.132
     #   returns = A + V = (0.068, 0.32, 0.9)
-    batch = _rollout_batch(
-        scores=torch.tensor([1.0]),
-        old_logprobs=_floats([-1.0, -1.0, -1.0]),
-        ref_logprobs=_floats([-1.5, -1.5, -1.5]),
-        values=_floats([0.2, 0.4, 0.6]),
-    )
     algorithm = AlgorithmConfig(
         adv_estimator="gae",
         gamma=GAMMA,
@@ -218,7 +220,14 @@ def test_ppo_step_passes_values_log_probs_and_the_controllers_coefficient():
         kl_penalty="kl",
     )
     kl_ctrl = _RecordingKLController(BETA)
-    advantages, returns, metrics = PPOStep.advantages(_ppo_step(algorithm, kl_ctrl), batch)
+    advantages, returns, metrics = _advantages(
+        _ppo_step(algorithm, kl_ctrl),
+        _generated(),
+        torch.tensor([1.0]),
+        old_logprobs=_floats([-1.0, -1.0, -1.0]),
+        ref_logprobs=_floats([-1.5, -1.5, -1.5]),
+        values=_floats([0.2, 0.4, 0.6]),
+    )
     adv, ret = [-0.132, -0.08, 0.3], [0.068, 0.32, 0.9]
     torch.testing.assert_close(advantages.values, torch.tensor(adv))
     torch.testing.assert_close(returns.values, torch.tensor(ret))
@@ -243,12 +252,14 @@ def test_ppo_step_passes_values_log_probs_and_the_controllers_coefficient():
 def test_ppo_step_groups_outcome_estimators_by_the_batchs_group_ids():
     # grpo without a critic or a reference: rows 0, 1 in group 0 (scores 0, 1), rows 2, 3 in
     # group 1 (scores 1, 1): A = (-0.7071, 0.7071, 0, 0) on every token.
-    batch = _rollout_batch(4, scores=torch.tensor([0.0, 1.0, 1.0, 1.0]))
-    batch.group_ids = torch.tensor([0, 0, 1, 1])
-    batch.old_logprobs = _floats(*[[-1.0] * 3] * 4)
     cfg = AlgorithmConfig(adv_estimator="grpo", use_kl_in_reward=False)
     kl_ctrl = _RecordingKLController(BETA)
-    advantages, returns, metrics = PPOStep.advantages(_ppo_step(cfg, kl_ctrl), batch)
+    advantages, returns, metrics = _advantages(
+        _ppo_step(cfg, kl_ctrl),
+        _generated(4, group_ids=torch.tensor([0, 0, 1, 1])),
+        torch.tensor([0.0, 1.0, 1.0, 1.0]),
+        old_logprobs=_floats(*[[-1.0] * 3] * 4),
+    )
     expected = torch.tensor([-0.7071, 0.7071, 0.0, 0.0]).repeat_interleave(3)
     torch.testing.assert_close(advantages.values, expected, atol=1e-4, rtol=0)
     assert "critic/values/mean" not in metrics and "actor/reward_kl_penalty" not in metrics
@@ -261,13 +272,14 @@ def test_ppo_step_groups_outcome_estimators_by_the_batchs_group_ids():
 def test_ppo_step_gives_remax_the_greedy_baseline_scores():
     # ReMax: return-to-go (score 1 on the last token: 1 on every token) minus the greedy
     # response's score 0.25.
-    batch = _rollout_batch(
-        scores=torch.tensor([1.0]),
-        old_logprobs=_floats([-1.0, -1.0, -1.0]),
-        baseline_scores=torch.tensor([0.25]),
-    )
     cfg = AlgorithmConfig(adv_estimator="remax", use_kl_in_reward=False)
-    advantages, _, _ = PPOStep.advantages(_ppo_step(cfg, _RecordingKLController(BETA)), batch)
+    advantages, _, _ = _advantages(
+        _ppo_step(cfg, _RecordingKLController(BETA)),
+        _generated(),
+        torch.tensor([1.0]),
+        baseline=torch.tensor([0.25]),
+        old_logprobs=_floats([-1.0, -1.0, -1.0]),
+    )
     torch.testing.assert_close(advantages.values, torch.tensor([0.75, 0.75, 0.75]))
 
 

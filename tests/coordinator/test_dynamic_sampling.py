@@ -3,6 +3,7 @@ dropped, and further prompt batches are generated until the step has its batch."
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -11,15 +12,17 @@ import torch
 from meshrl.config import ConfigError, build_config
 from meshrl.data.loader import PromptLoader
 from meshrl.ragged import Ragged
+from services.coordinator.generation.generated import GeneratedBatch
 from services.coordinator.roles.roles import Roles
 from services.coordinator.run.preflight import check_run_config
+from services.coordinator.step.batch_sources import SynchronousBatches
 from services.coordinator.step.dynamic_sampling import (
     FilterGroupsExhausted,
     filter_values,
     varied_groups,
 )
 from services.coordinator.step.ppo_step import GEN_BATCH_SEED_STRIDE, PPOStep
-from services.coordinator.step.rollout_batch import RolloutBatch
+from services.coordinator.step.stages import ScoredBatch, Scores
 from services.coordinator.step.timing import PhaseTimer
 from services.reward.types import ScoreOutcome
 
@@ -31,9 +34,12 @@ def test_varied_groups_keeps_groups_that_differ_and_single_samples_in_order():
 
 
 def test_filter_values_by_metric_as_verl_means_them():
-    batch = _batch([[1], [1], [2]], scores=[0.9, 1.0, 0.2])
-    batch.reward_extra = [{"acc": 1.0}, {}, {"acc": 0.0}]
-    batch.scores = batch.reward_scores - torch.tensor([0.0, 0.5, 0.0])  # an overlong penalty
+    unshaped = torch.tensor([0.9, 1.0, 0.2])
+    batch = Scores(
+        scores=unshaped - torch.tensor([0.0, 0.5, 0.0]),  # an overlong penalty
+        reward_scores=unshaped,
+        extra=[{"acc": 1.0}, {}, {"acc": 0.0}],
+    )
     assert filter_values("acc", batch).tolist() == [1.0, 1.0, 0.0]  # no acc: score >= 1
     assert filter_values("score", batch).tolist() == pytest.approx([0.9, 1.0, 0.2])  # unshaped
     assert filter_values("seq_reward", batch).tolist() == pytest.approx([0.9, 0.5, 0.2])
@@ -46,18 +52,19 @@ def test_ragged_concat_and_batch_select_groups():
     assert Ragged.concat([a, b]).tolist() == [[1], [2, 3], [], [4, 5, 6]]
     batch = _batch([[10], [10], [11], [11], [12], [12]], scores=[1, 0, 1, 1, 0, 1])
     picked = batch.select_groups([2, 0])
-    assert picked.prompts.tolist() == [[12], [12], [10], [10]]
-    assert picked.group_ids.tolist() == [0, 0, 1, 1]
-    assert picked.scores.tolist() == [0.0, 1.0, 1.0, 0.0]
-    assert picked.reward_scores.tolist() == [0.0, 1.0, 1.0, 0.0]
-    both = RolloutBatch.concat([picked, batch.select_groups([1])])
-    assert both.group_ids.tolist() == [0, 0, 1, 1, 2, 2]
-    assert both.prompts.tolist() == [[12], [12], [10], [10], [11], [11]]
+    assert picked.generated.prompts.tolist() == [[12], [12], [10], [10]]
+    assert picked.generated.group_ids.tolist() == [0, 0, 1, 1]
+    assert picked.scores.scores.tolist() == [0.0, 1.0, 1.0, 0.0]
+    assert picked.scores.reward_scores.tolist() == [0.0, 1.0, 1.0, 0.0]
+    both = ScoredBatch.concat([picked, batch.select_groups([1])])
+    assert both.generated.group_ids.tolist() == [0, 0, 1, 1, 2, 2]
+    assert both.generated.prompts.tolist() == [[12], [12], [10], [10], [11], [11]]
+    assert both.scores.scores.tolist() == [0.0, 1.0, 1.0, 0.0, 1.0, 1.0]
 
 
 def _batch(prompts, scores):
     n = len(prompts)
-    return RolloutBatch(
+    generated = GeneratedBatch(
         prompts=Ragged.from_lists(prompts),
         responses=Ragged.from_lists([[7]] * n),
         rollout_logprobs=Ragged.from_lists([[0.0]] * n, dtype=torch.float32),
@@ -67,10 +74,22 @@ def _batch(prompts, scores):
         ground_truths=[""] * n,
         extra_infos=[{}] * n,
         weight_version=0,
+    )
+    scored = Scores(
         scores=torch.tensor(scores, dtype=torch.float32),
         reward_scores=torch.tensor(scores, dtype=torch.float32),
-        reward_extra=[{} for _ in range(n)],
+        extra=[{} for _ in range(n)],
     )
+    return ScoredBatch(generated, scored)
+
+
+def _varied(step: PPOStep, records: list, number: int, draw) -> tuple[ScoredBatch, dict]:
+    """Step ``number``'s batch from the synchronous source with dynamic sampling."""
+    cfg = step.cfg
+    source = SynchronousBatches(cfg.algorithm.filter_groups, cfg.data.train_batch_size, draw)
+    taken = source.take(number, records, step, PhaseTimer())
+    assert taken.scores is not None and taken.records == records  # scored by the source
+    return ScoredBatch(taken.generated, taken.scores), taken.metrics
 
 
 # --- the step's loop, over stand-in rollout and reward roles ---------------------------------
@@ -141,14 +160,14 @@ def test_the_step_generates_until_it_has_a_batch_of_varied_groups():
         return _records(4 * i)
 
     try:
-        batch, metrics = step.generate_varied(_records(0), 5, PhaseTimer(), draw)
+        batch, metrics = _varied(step, _records(0), 5, draw)
     finally:
         step.close()
     # varied prompts: 2 | 5 | 8, 11 -> four after three generation batches
     assert drawn == [1, 2]
-    assert [row[0] for row in batch.prompts.tolist()[::2]] == [2, 5, 8, 11]
-    assert batch.group_ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
-    assert batch.scores.tolist() == [1.0, 0.0] * 4
+    assert [row[0] for row in batch.generated.prompts.tolist()[::2]] == [2, 5, 8, 11]
+    assert batch.generated.group_ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert batch.scores.scores.tolist() == [1.0, 0.0] * 4
     assert metrics == {"train/num_gen_batches": 3.0, "train/kept_prompts_ratio": 4 / 12}
     base = replica.seeds[0]
     assert replica.seeds == [base + k * GEN_BATCH_SEED_STRIDE for k in range(3)]
@@ -164,12 +183,12 @@ def test_generation_batches_of_gen_batch_size_fill_a_train_batch():
         return _records(6 * i, 6)
 
     try:
-        batch, metrics = step.generate_varied(_records(0, 6), 2, PhaseTimer(), draw)
+        batch, metrics = _varied(step, _records(0, 6), 2, draw)
     finally:
         step.close()
     # varied prompts: 2, 5 | 8, 11 -> four after two generation batches of six
     assert drawn == [1]
-    assert [row[0] for row in batch.prompts.tolist()[::2]] == [2, 5, 8, 11]
+    assert [row[0] for row in batch.generated.prompts.tolist()[::2]] == [2, 5, 8, 11]
     assert metrics == {"train/num_gen_batches": 2.0, "train/kept_prompts_ratio": 4 / 12}
 
 
@@ -195,7 +214,7 @@ def test_a_step_past_max_num_gen_batches_fails_naming_the_key_and_shortfall():
     try:
         with pytest.raises(FilterGroupsExhausted, match=r"step 3: 2 of the 4 prompts .*"
                            r"max_num_gen_batches=2"):  # fmt: skip
-            step.generate_varied(_records(0), 3, PhaseTimer(), lambda i: _records(4 * i))
+            _varied(step, _records(0), 3, lambda i: _records(4 * i))
     finally:
         step.close()
 
@@ -264,13 +283,13 @@ def test_overlong_penalty_lands_in_the_scores_and_the_metrics():
     try:
         batch = step.generate(_records(0, 3), 1)
         rows = [[0, 0, 9, 9], [0, 1, 9, 9], [1, 0, 9], [1, 1, 9], [2, 0], [2, 1]]  # [p, j, ...]
-        batch.responses = Ragged.from_lists(rows)
-        step.score(batch)
+        batch = replace(batch, responses=Ragged.from_lists(rows))
+        scores = step.score(batch)
         metrics = step.overlong_metrics(batch)
     finally:
         step.close()
     # prompt 0: all right, 4 tokens (-1); prompt 1: all wrong, 3 tokens (-0.5); prompt 2: free
-    assert batch.scores.tolist() == [0.0, 0.0, -0.5, -0.5, 1.0, 0.0]
+    assert scores.scores.tolist() == [0.0, 0.0, -0.5, -0.5, 1.0, 0.0]
     assert metrics == {
         "reward/overlong_reward/mean": pytest.approx(-0.5),
         "reward/overlong/mean": pytest.approx(4 / 6),
@@ -306,18 +325,20 @@ def test_groups_differing_only_by_the_overlong_penalty_are_kept_by_seq_reward_no
         def generate(records, step_number, gen_batch=0):
             batch = long_first(records, step_number, gen_batch)
             rows = batch.responses.tolist()  # [p, j]: sample j of prompt p
-            batch.responses = Ragged.from_lists([r + [9, 9] if r[1] == 0 else r for r in rows])
-            return batch
+            return replace(
+                batch, responses=Ragged.from_lists([r + [9, 9] if r[1] == 0 else r for r in rows])
+            )
 
         step.generate = generate
         try:
-            return step.generate_varied(records, 1, PhaseTimer(), lambda i: records)
+            return _varied(step, records, 1, lambda i: records)
         finally:
             step.close()
 
     batch, metrics = all_right_with_long_first_samples("seq_reward")
     assert metrics["train/kept_prompts_ratio"] == 1.0
-    assert batch.scores.tolist()[:2] == [0.0, 1.0] and batch.reward_scores.tolist()[:2] == [
+    assert batch.scores.scores.tolist()[:2] == [0.0, 1.0]
+    assert batch.scores.reward_scores.tolist()[:2] == [
         1.0,
         1.0,
     ]
@@ -340,10 +361,10 @@ def test_remax_baseline_takes_the_same_overlong_penalty():
         for r in records:
             r.prompt_ids = [0]  # all right
         batch = step.generate(records, 1)
-        step.score(batch)
-        step.remax_baseline(records, batch, 1)
+        scores = step.score(batch)
+        baseline = step.greedy_baseline(records, batch, 1, PhaseTimer())
     finally:
         step.close()
     # samples and greedy answers alike are 2 tokens, at the limit: both lose the factor 1.0
-    assert batch.scores.tolist() == [0.0] * 4
-    assert batch.baseline_scores.tolist() == [0.0] * 4
+    assert scores.scores.tolist() == [0.0] * 4
+    assert baseline is not None and baseline.tolist() == [0.0] * 4

@@ -10,6 +10,7 @@ import torch
 
 from meshrl.config import build_config
 from meshrl.ragged import Ragged
+from services.coordinator.generation.generated import GeneratedBatch
 from services.coordinator.generation.rollout_pool import RolloutPool
 from services.coordinator.metrics.generations import (
     GenerationRow,
@@ -20,12 +21,13 @@ from services.coordinator.metrics.generations import (
 from services.coordinator.roles.roles import Roles
 from services.coordinator.run.validation import validate
 from services.coordinator.step.ppo_step import PPOStep
-from services.coordinator.step.rollout_batch import RolloutBatch
+from services.coordinator.step.stages import ScoredBatch
+from services.coordinator.step.timing import PhaseTimer
 from services.reward.types import ScoreItem, ScoreOutcome
 
 
 def item(prompt: str, response: str, ground_truth: str) -> ScoreItem:
-    """A sample as RolloutBatch.reward_items gives it."""
+    """A sample as GeneratedBatch.reward_items gives it."""
     return ScoreItem("openai/gsm8k", response, ground_truth, prompt)
 
 
@@ -99,7 +101,7 @@ class Reward:
 
 def test_a_step_dump_says_why_a_sample_was_not_scored_after_groups_are_picked(tmp_path):
     rows = Ragged.from_lists([[10], [13], [12]])
-    batch = RolloutBatch(
+    batch = GeneratedBatch(
         prompts=rows,
         responses=rows,
         rollout_logprobs=rows.with_values(torch.zeros(3)),
@@ -113,9 +115,9 @@ def test_a_step_dump_says_why_a_sample_was_not_scored_after_groups_are_picked(tm
     roles = Roles(rollouts=[], actor=None, reward=Reward())
     step = PPOStep(build_config({}), roles, Tokenizer(), None, None, tmp_path / "rollouts")
     try:
-        step.score(batch)
+        scored = ScoredBatch(batch, step.score(batch))
         # dynamic sampling keeps some groups, in another order: each reason follows its sample
-        step.write_generations(batch.select_groups([1, 2]), 4)
+        step.write_generations(scored.select_groups([1, 2]), 4, PhaseTimer())
     finally:
         step.close()
     lines = [json.loads(x) for x in (tmp_path / "rollouts" / "4.jsonl").read_text().splitlines()]
@@ -201,8 +203,7 @@ def test_the_reward_service_gets_each_rows_chat_and_the_files_the_decoded_prompt
     step = PPOStep(cfg, roles, Tokenizer(), None, None, tmp_path / "rollouts")
     try:
         batch = step.generate(records, step=1)
-        step.score(batch)
-        step.write_generations(batch, 1)
+        step.write_generations(ScoredBatch(batch, step.score(batch)), 1, PhaseTimer())
     finally:
         step.close()
     assert reward.prompts == chats

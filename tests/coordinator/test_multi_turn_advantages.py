@@ -7,8 +7,8 @@ import torch
 
 from meshrl.config.schema import AlgorithmConfig
 from meshrl.ragged import Ragged
+from services.coordinator.generation.generated import GeneratedBatch
 from services.coordinator.step.advantage import AdvantageInputs, compute_advantages
-from services.coordinator.step.rollout_batch import RolloutBatch
 
 # Two samples of one prompt, 5 response tokens each. Sample 0: turn 1 (tokens 0-1), an
 # observation (tokens 2-3, mask 0), turn 2 (token 4); its tool step earned 0.5 (on token 1)
@@ -53,7 +53,7 @@ def test_a_group_estimator_counts_the_turn_rewards_in_the_episode_total():
 
 
 def test_a_multi_turn_batch_masks_its_observations_and_keeps_them_through_selection():
-    batch = RolloutBatch(
+    batch = GeneratedBatch(
         prompts=Ragged.from_lists([[1], [1]]),
         responses=Ragged.from_lists([[5, 6, 7, 8, 9], [5, 6]]),
         rollout_logprobs=Ragged.from_lists([[0.0] * 5, [0.0] * 2], torch.float32),
@@ -70,5 +70,5 @@ def test_a_multi_turn_batch_masks_its_observations_and_keeps_them_through_select
     assert batch.padded_turn_rewards(5)[0].tolist() == [0, 0.5, 0, 0, 0]
     picked = batch.select_groups([1, 0])
     assert picked.loss_mask.tolist() == [[1, 1], [1, 1, 0, 0, 1]]
-    joined = RolloutBatch.concat([batch, batch])
+    joined = GeneratedBatch.concat([batch, batch])
     assert joined.turn_rewards.tolist()[2] == [0, 0.5, 0, 0, 0]

@@ -1,4 +1,4 @@
-"""The weight version of each response token through the rollout pool into RolloutBatch:
+"""The weight version of each response token through the rollout pool into GeneratedBatch:
 joined from the requests (filled from a request's weight_version where it sent none),
 mixed versions accepted only in fully async mode, a response that spans a weight update
 keeping its tokens' versions and behaviour log-probs; the dispatch gate around a sync."""

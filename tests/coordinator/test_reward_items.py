@@ -6,7 +6,7 @@ import torch
 
 from meshrl.ragged import Ragged
 from meshrl.testing.char_tokenizer import build_char_tokenizer
-from services.coordinator.step.rollout_batch import RolloutBatch
+from services.coordinator.generation.generated import GeneratedBatch
 from services.reward.reward_model import prompt_messages
 
 MESSAGES = [
@@ -15,11 +15,11 @@ MESSAGES = [
 ]
 
 
-def _batch(tok, chats: list[str]) -> RolloutBatch:
+def _batch(tok, chats: list[str]) -> GeneratedBatch:
     text = tok.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
     prompt = tok(text, add_special_tokens=False)["input_ids"]
     response = tok("3", add_special_tokens=False)["input_ids"]
-    return RolloutBatch(
+    return GeneratedBatch(
         prompts=Ragged.from_lists([prompt]),
         responses=Ragged.from_lists([response]),
         rollout_logprobs=Ragged.from_lists([[0.0] * len(response)]),
@@ -53,7 +53,7 @@ def test_without_the_rows_prompt_the_decoded_text_stands_in():
     assert item.prompt.endswith("Q: 1+2=")
     chat = json.dumps(MESSAGES)
     empty = _batch(tok, [chat]).select_groups([])  # dynamic sampling: no group kept
-    both = RolloutBatch.concat([_batch(tok, [chat]), empty, _batch(tok, [])])
+    both = GeneratedBatch.concat([_batch(tok, [chat]), empty, _batch(tok, [])])
     assert both.chats == [chat, ""]  # row by row: the row without its own falls back alone
     with_chat, without = both.reward_items(tok)
     assert with_chat.prompt == chat and without.prompt == item.prompt

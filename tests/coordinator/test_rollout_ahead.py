@@ -98,7 +98,7 @@ def ahead_run(tmp_path, overrides=()):
 
 class StepsThatDrawAhead:
     """A step runner that does what PPOStep.run does with the prompts: trains on its own,
-    starts the next step's generation when given ``draw_next``."""
+    starts the next step's generation when its source draws the next prompts."""
 
     def __init__(self, run):
         self.run_ = run
@@ -106,10 +106,12 @@ class StepsThatDrawAhead:
         self.trained: list[tuple[int, list]] = []
         self.drew_next: list[bool] = []
 
-    def run(self, records, step, draw_records=None, ahead=None, draw_next=None, async_rollout=None):
-        assert ahead is self.run_.ahead
+    def run(self, records, step, source):
+        ahead = source.ahead
+        assert ahead is self.run_.ahead  # the run's one-step-off source
         ahead.take(step)
         self.trained.append((step, records))
+        draw_next = source.next_prompts()
         self.drew_next.append(draw_next is not None)
         if draw_next is not None:
             ahead.start(step + 1, draw_next, lambda r, s: r)
@@ -171,8 +173,9 @@ def test_a_failed_step_drops_its_batch_ahead_and_a_rewind_forgets_its_prompts(tm
     generated: list[tuple[int, list]] = []
     attempts: list[int] = []
 
-    def step(records, number, draw_records=None, ahead=None, draw_next=None, async_rollout=None):
+    def step(records, number, source):
         attempts.append(number)
+        ahead, draw_next = source.ahead, source.next_prompts()
         ahead.take(number)
         if draw_next is not None:
             ahead.start(number + 1, draw_next, lambda r, s: generated.append((s, r)) or r)

@@ -303,7 +303,7 @@ def test_a_corrupt_last_checkpoint_is_skipped_not_taken_for_a_finished_run(tmp_p
 
 def _load(cfg, run_dir, total_steps):
     """load_run_data's checks after the prompts are read, without a tokenizer or files."""
-    from services.coordinator.run.run import run_data
+    from services.coordinator.run import run_data
 
     class Loader:
         steps_per_epoch = total_steps

@@ -16,12 +16,13 @@ from meshrl.data.dataset import PromptDataset
 from meshrl.data.errors import DataError
 from meshrl.ragged import Ragged
 from meshrl.testing.char_tokenizer import build_char_tokenizer, save_char_tokenizer
+from services.coordinator.generation.generated import GeneratedBatch
 from services.coordinator.roles.roles import Roles
 from services.coordinator.run.preflight import check_data_sources, load_tokenizer
 from services.coordinator.run.run import Endpoints, PPORun
 from services.coordinator.step.ppo_step import PPOStep
-from services.coordinator.step.rollout_batch import RolloutBatch
 from services.coordinator.step.scoring import RewardFailedEverySample, reward_failure_summary
+from services.coordinator.step.stages import Scores
 from services.reward.scorers.registry import known_data_sources
 from services.reward.types import ScoreOutcome
 
@@ -111,9 +112,9 @@ class _FailingReward:
         ]
 
 
-def _three_sample_batch() -> RolloutBatch:
+def _three_sample_batch() -> GeneratedBatch:
     rows = Ragged.from_lists([[5, 6], [7], [8, 9]])
-    return RolloutBatch(
+    return GeneratedBatch(
         prompts=rows,
         responses=rows,
         rollout_logprobs=rows.with_values(torch.zeros(5)),
@@ -126,7 +127,7 @@ def _three_sample_batch() -> RolloutBatch:
     )
 
 
-def _score(batch: RolloutBatch, reward: _FailingReward) -> None:
+def _score(batch: GeneratedBatch, reward: _FailingReward) -> Scores:
     step = PPOStep(
         build_config({}),
         Roles(rollouts=[], actor=None, reward=reward),
@@ -135,7 +136,7 @@ def _score(batch: RolloutBatch, reward: _FailingReward) -> None:
         kl_ctrl=None,
     )
     try:
-        step.score(batch)
+        return step.score(batch)
     finally:
         step.close()
 
@@ -143,8 +144,8 @@ def _score(batch: RolloutBatch, reward: _FailingReward) -> None:
 def test_samples_that_could_not_be_scored_are_reported(caplog):
     batch = _three_sample_batch()
     with caplog.at_level(logging.WARNING):
-        _score(batch, _FailingReward())
-    assert batch.reward_failed == 2 and batch.scores.tolist() == [1.0, 0.0, 0.0]
+        scores = _score(batch, _FailingReward())
+    assert scores.failed == 2 and scores.scores.tolist() == [1.0, 0.0, 0.0]
     assert (
         "reward: 2 of 3 samples could not be scored and count as 0 "
         "(first: a 'math' sample: timeout after 10.0s)"

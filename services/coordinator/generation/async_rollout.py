@@ -6,7 +6,7 @@ after batch into a bounded buffer while the steps train on what is in it.
               sync weights as version k (the producer's requests paused around it unless
               rollout.partial_rollout) -> tell the producer
 
-Each sample carries the weight version of each of its tokens (``RolloutBatch.versions``);
+Each sample carries the weight version of each of its tokens (``GeneratedBatch.versions``);
 its staleness is counted from its oldest token (:mod:`services.coordinator.generation.staleness`).
 ``stale: wait``: the producer starts the batch meant for step j only once rollout serves
 version j - 1 - max_staleness or newer, so no sample ever exceeds the bound. ``stale:
@@ -30,15 +30,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from meshrl.config.schema import AsyncTrainingConfig
+from services.coordinator.generation.generated import GeneratedBatch
 from services.coordinator.generation.rollout_ahead import DrawnPrompts
 from services.coordinator.generation.staleness import sample_lags, staleness_metrics
-from services.coordinator.step.rollout_batch import RolloutBatch
 
 log = logging.getLogger(__name__)
 
 Draw = Callable[[], tuple[int, list, dict]]
 """(epoch, records, loader state before them): the next batch of prompts."""
-Generate = Callable[[list, int], RolloutBatch]
+Generate = Callable[[list, int], GeneratedBatch]
 """(records, step the batch is drawn for) -> the generated batch."""
 
 
@@ -46,7 +46,7 @@ Generate = Callable[[list, int], RolloutBatch]
 class BufferedGroup:
     """One prompt's n samples, generated and waiting to be trained on."""
 
-    samples: RolloutBatch
+    samples: GeneratedBatch
     record: object
     """Its prompt's record (PromptRecord), as the loader gave it."""
     oldest_version: int
@@ -60,7 +60,7 @@ class BufferedGroup:
 
 @dataclass
 class TakenBatch:
-    batch: RolloutBatch
+    batch: GeneratedBatch
     records: list
     """Its prompts' records, in the batch's group order."""
     epoch: int
@@ -71,7 +71,7 @@ class TakenBatch:
     """Seconds the producer spent generating the batches it finished since the last take."""
 
 
-def split_groups(batch: RolloutBatch, drawn: DrawnPrompts) -> list[BufferedGroup]:
+def split_groups(batch: GeneratedBatch, drawn: DrawnPrompts) -> list[BufferedGroup]:
     """A generated batch as its prompts' groups, each with its oldest version."""
     oldest = batch.sample_versions()
     groups = []
@@ -209,7 +209,7 @@ class AsyncRollout:
             rollout_idle, self._rollout_idle = self._rollout_idle, 0.0
             gen_seconds, self._gen_seconds = self._gen_seconds, 0.0
             self._cond.notify_all()  # room for the producer
-        batch = RolloutBatch.concat([g.samples for g in taken])
+        batch = GeneratedBatch.concat([g.samples for g in taken])
         lags = sample_lags(batch.sample_versions(), actor_version)
         metrics = {
             **staleness_metrics(lags, self.max_staleness),

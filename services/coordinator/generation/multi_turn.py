@@ -26,8 +26,8 @@ import torch
 from meshrl.config import ConfigError
 from meshrl.config.schema import MultiTurnConfig
 from meshrl.ragged import Ragged
+from services.coordinator.generation.generated import GeneratedBatch
 from services.coordinator.generation.tool_calls import parse_tool_calls, tokens_through_first_call
-from services.coordinator.step.rollout_batch import RolloutBatch
 from services.env.client import EnvClient
 from services.env.types import EpisodeAction, EpisodeTask
 from services.rollout.types import FinishReason, GenerationResult, SamplingParams
@@ -88,7 +88,7 @@ class MultiTurnRollout:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def generate(self, records: list, sampling: SamplingParams) -> RolloutBatch:
+    def generate(self, records: list, sampling: SamplingParams) -> GeneratedBatch:
         """B records x ``sampling.n`` episodes -> their batch (rows as ``PPOStep.generate``
         lays them out), with the rollout's ``multi_turn/*`` metrics."""
         n = sampling.n
@@ -133,9 +133,7 @@ class MultiTurnRollout:
             left_open = [e.episode_id for e in episodes if e.env_open]
             if left_open:
                 self.env.close_episodes(left_open)
-        batch = self.batch(records, rows, episodes, weight_version)
-        batch.rollout_metrics = self.metrics(episodes)
-        return batch
+        return self.batch(records, rows, episodes, weight_version)
 
     def by_cap(self, episodes: list[Episode]) -> list[tuple[int, list[Episode]]]:
         """The open episodes grouped by the tokens their next turn may take: their room,
@@ -196,10 +194,10 @@ class MultiTurnRollout:
 
     def batch(
         self, records: list, rows: list[int], episodes: list[Episode], weight_version: int
-    ) -> RolloutBatch:
+    ) -> GeneratedBatch:
         prompts = Ragged.from_lists([records[i].prompt_ids for i in rows])
         responses = Ragged.from_lists([e.tokens for e in episodes], dtype=torch.int64)
-        return RolloutBatch(
+        return GeneratedBatch(
             prompts=prompts,
             responses=responses,
             rollout_logprobs=Ragged.from_lists([e.logprobs for e in episodes], torch.float32),
@@ -212,6 +210,7 @@ class MultiTurnRollout:
             chats=[records[i].chat for i in rows],
             loss_mask=Ragged.from_lists([e.loss_mask for e in episodes], torch.uint8),
             turn_rewards=Ragged.from_lists([e.rewards for e in episodes], torch.float32),
+            rollout_metrics=self.metrics(episodes),
         )
 
     @staticmethod

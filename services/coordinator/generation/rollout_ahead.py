@@ -25,7 +25,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Protocol
 
-from services.coordinator.step.rollout_batch import RolloutBatch
+from services.coordinator.generation.generated import GeneratedBatch
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class DrawnPrompts:
 
 @dataclass
 class Generated:
-    batch: RolloutBatch
+    batch: GeneratedBatch
     seconds: float
     """How long the generation took, in its own thread."""
 
@@ -94,7 +94,7 @@ class RolloutAhead:
         self,
         step: int,
         draw: Callable[[], tuple[int, list, dict]],
-        generate: Callable[[list, int], RolloutBatch],
+        generate: Callable[[list, int], GeneratedBatch],
     ) -> bool:
         """Generates ``step``'s batch in the background with the weights rollout serves now;
         False when the run is stopping (nothing started: that batch would be thrown away).

@@ -35,7 +35,7 @@ def write_generations(
 ) -> Path:
     """Writes ``<folder>/<step>.jsonl`` (whole, then renamed: a reader never sees half a
     file) and returns its path. ``items``: the samples as the reward service got them
-    (``RolloutBatch.reward_items``: prompt, response, ground_truth); ``reward_failures``:
+    (``GeneratedBatch.reward_items``: prompt, response, ground_truth); ``reward_failures``:
     why the reward service could not score each sample, "" when it did (None: all scored).
     Lines: input, output, gts, score, step, ``reward_failure`` (only for a sample that was
     not scored: its score 0 is no verdict on the answer), then the extras."""

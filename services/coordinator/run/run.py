@@ -28,6 +28,7 @@ from meshrl.data.dataset import PromptDataset
 from meshrl.launcher.endpoints import Endpoints
 from meshrl.rpc.role_client import RoleCallError
 from services.coordinator.generation.async_rollout import AsyncRollout
+from services.coordinator.generation.generated import GeneratedBatch
 from services.coordinator.generation.rollout_ahead import RolloutAhead
 from services.coordinator.generation.weight_sync import WeightSyncer
 from services.coordinator.metrics.generations import generations_dir
@@ -42,8 +43,13 @@ from services.coordinator.roles.role_servers import RoleServers
 from services.coordinator.run.preflight import check_data_sources, check_filter_metric
 from services.coordinator.run.run_data import RunData, load_run_data
 from services.coordinator.run.validation import RunValidation
+from services.coordinator.step.batch_sources import (
+    BatchSource,
+    FullyAsyncBatches,
+    OneStepOffBatches,
+    SynchronousBatches,
+)
 from services.coordinator.step.ppo_step import PPOStep, WeightSyncFailed
-from services.coordinator.step.rollout_batch import RolloutBatch
 from services.coordinator.types import ended_exit_code
 
 log = logging.getLogger(__name__)
@@ -87,6 +93,7 @@ class PPORun:
             AsyncRollout(asynchronous, cfg.data.train_batch_size) if asynchronous.enable else None
         )
         drawn_ahead = self.async_rollout or self.ahead
+        self.batch_source = self.make_batch_source()
         self.checkpoints = RunCheckpoints(
             cfg, self.run_dir, self.servers, self.progress, self.pool, drawn_ahead
         )
@@ -162,14 +169,7 @@ class PPORun:
         while True:
             assert self.step_runner is not None  # set up
             try:
-                return self.step_runner.run(
-                    records,
-                    step,
-                    self.draw_records,
-                    ahead=self.ahead,
-                    draw_next=self.next_step_prompts(),
-                    async_rollout=self.async_rollout,
-                )
+                return self.step_runner.run(records, step, self.batch_source)
             except WeightSyncFailed as failed:  # the updates are done: never run them twice
                 self.recovery.count_failure(
                     step, failed.error, f"step {step}: updated, but its weight sync failed"
@@ -191,6 +191,16 @@ class PPORun:
                 self.retry_async()
                 if went_back:
                     return None
+
+    def make_batch_source(self) -> BatchSource:
+        """Where each step's batch comes from, by the run's mode."""
+        if self.async_rollout is not None:
+            partial = self.cfg.actor_rollout_ref.rollout.partial_rollout
+            return FullyAsyncBatches(self.async_rollout, partial)
+        if self.ahead is not None:
+            return OneStepOffBatches(self.ahead, self.next_step_prompts)
+        fg, batch_size = self.cfg.algorithm.filter_groups, self.cfg.data.train_batch_size
+        return SynchronousBatches(fg, batch_size, self.draw_records)
 
     def next_step_prompts(self) -> Callable[[], tuple[int, list, dict]] | None:
         """One step off policy: how the step draws the next step's prompts to generate
@@ -216,7 +226,7 @@ class PPORun:
         if producer is None or producer.running:
             return
 
-        def generate(records: list, step: int) -> RolloutBatch:
+        def generate(records: list, step: int) -> GeneratedBatch:
             assert self.step_runner is not None  # set up; rebuilt by a resync: the current
             return self.step_runner.generate_async(records, step)
 

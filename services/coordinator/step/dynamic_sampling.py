@@ -4,14 +4,14 @@ A prompt whose n samples all got the same value (all right, or all wrong) gives 
 group-relative estimator a zero advantage: its samples cost a whole update and teach
 nothing, and as the model improves more and more groups go that way. The step drops them and
 generates from further batches of prompts until ``data.train_batch_size`` prompts with
-varied groups remain (:meth:`PPOStep.generate_varied`).
+varied groups remain (:class:`~services.coordinator.step.batch_sources.SynchronousBatches`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from services.coordinator.step.rollout_batch import RolloutBatch
+from services.coordinator.step.stages import Scores
 from services.reward.types import sample_acc
 
 
@@ -19,7 +19,7 @@ class FilterGroupsExhausted(RuntimeError):
     """A step took ``max_num_gen_batches`` generation batches without enough varied groups."""
 
 
-def filter_values(metric: str, batch: RolloutBatch) -> torch.Tensor:
+def filter_values(metric: str, scores: Scores) -> torch.Tensor:
     """The per-sample value whose spread decides, (N,) float, with verl's meanings:
 
     - "acc": the reward's ``acc`` extra (a score >= 1 where the scorer gives none);
@@ -29,17 +29,13 @@ def filter_values(metric: str, batch: RolloutBatch) -> torch.Tensor:
       the same as "seq_reward", since a run that filters keeps the KL penalty out of the
       reward (preflight refuses the two together).
     """
-    # the batch is scored before its groups are filtered
     if metric == "acc":
-        assert batch.reward_scores is not None
-        pairs = zip(batch.reward_scores.tolist(), batch.reward_extra, strict=True)
+        pairs = zip(scores.reward_scores.tolist(), scores.extra, strict=True)
         return torch.tensor([sample_acc(s, e) for s, e in pairs], dtype=torch.float32)
     if metric == "score":
-        assert batch.reward_scores is not None
-        return batch.reward_scores.float()
+        return scores.reward_scores.float()
     if metric in ("seq_reward", "seq_final_reward"):
-        assert batch.scores is not None
-        return batch.scores.float()
+        return scores.scores.float()
     raise ValueError(f"unknown filter_groups metric {metric!r}")
 
 

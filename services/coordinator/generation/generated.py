@@ -1,4 +1,5 @@
-"""The typed batch one PPO step works on, and its conversion to padded tensors."""
+"""The first stage of a step: the batch rollout generated, as a frozen value that the later
+phases read and never fill (their outputs are stages of their own: ``step/stages.py``)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import torch
 
 from meshrl.ragged import Ragged
 from services.reward.types import ScoreItem
-from services.rollout.types import FinishReason
+from services.rollout.types import FinishReason, GenerationResult
 
 
-@dataclass
-class RolloutBatch:
+@dataclass(frozen=True)
+class GeneratedBatch:
     """B prompts × n samples. Row k is sample k % n of prompt k // n."""
 
     prompts: Ragged  # (B·n rows) prompt token ids, each prompt repeated n times
@@ -24,38 +25,51 @@ class RolloutBatch:
     ground_truths: list[str]
     extra_infos: list[dict]
     weight_version: int
+    """The newest weights (a step's number) that sampled any token of the batch."""
     # (B·n rows) int64 weight version of each response token, aligned with responses;
     # None: every token is of weight_version
     token_versions: Ragged | None = None
-    # filled by the phases of the step
-    scores: torch.Tensor | None = None  # (B·n,) the score the advantage sees (shaped)
-    reward_scores: torch.Tensor | None = None  # (B·n,) the reward service's, unshaped
-    reward_extra: list[dict[str, float]] = field(default_factory=list)
-    reward_failed: int = 0  # samples the reward service could not score (they score 0)
-    # why it could not score each sample ("" when it did), for the generation dumps
-    reward_failures: list[str] = field(default_factory=list)
     # each row's prompt as its dataset row has it (PromptRecord.chat), for a reward model;
     # empty (or a row's ""): the decoded prompt text stands in
     chats: list[str] = field(default_factory=list)
-    old_logprobs: Ragged | None = None
-    ref_logprobs: Ragged | None = None
-    values: Ragged | None = None
-    baseline_scores: torch.Tensor | None = None  # (B·n,) remax greedy baseline
     # a multi-turn rollout's (multi_turn.py), aligned with responses; None: single-turn
     loss_mask: Ragged | None = None  # uint8, 1 on the model's tokens, 0 on observations
     turn_rewards: Ragged | None = None  # float, env rewards on each turn's last token
     rollout_metrics: dict[str, float] = field(default_factory=dict)  # multi_turn/*
 
+    @staticmethod
+    def of_prompts(records: list, out: GenerationResult, n: int) -> GeneratedBatch:
+        """``out``, rollout's ``n`` responses to each of ``records`` (PromptRecord), beside
+        what each record says of its prompt."""
+        repeat = [i for i in range(len(records)) for _ in range(n)]
+        prompts = Ragged.from_lists([records[i].prompt_ids for i in repeat])
+        return GeneratedBatch(
+            prompts=prompts,
+            responses=out.responses,
+            rollout_logprobs=out.logprobs,
+            finish_reasons=out.finish_reasons,
+            group_ids=torch.tensor(repeat, dtype=torch.int64),
+            data_sources=[records[i].data_source for i in repeat],
+            ground_truths=[records[i].ground_truth for i in repeat],
+            extra_infos=[records[i].extra_info for i in repeat],
+            weight_version=out.weight_version,
+            token_versions=out.token_versions,
+            chats=[records[i].chat for i in repeat],
+        )
+
     def __len__(self) -> int:
         return len(self.responses)
 
-    def select_groups(self, groups: list[int]) -> RolloutBatch:
-        """The samples of ``groups`` (in that order), renumbered 0..len(groups)-1: what the
-        generation and reward phases filled in, before any later phase ran."""
+    def group_rows(self, groups: list[int]) -> list[int]:
+        """The rows of the samples of ``groups``, group after group in that order."""
+        return [r for g in groups for r in (self.group_ids == g).nonzero().flatten().tolist()]
+
+    def select_groups(self, groups: list[int]) -> GeneratedBatch:
+        """The samples of ``groups`` (in that order), renumbered 0..len(groups)-1."""
         position = {g: i for i, g in enumerate(groups)}
-        rows = [r for g in groups for r in (self.group_ids == g).nonzero().flatten().tolist()]
+        rows = self.group_rows(groups)
         pick = lambda items: [items[r] for r in rows]  # noqa: E731 - one line per field
-        return RolloutBatch(
+        return GeneratedBatch(
             prompts=self.prompts.select(rows),
             responses=self.responses.select(rows),
             rollout_logprobs=self.rollout_logprobs.select(rows),
@@ -70,11 +84,6 @@ class RolloutBatch:
             token_versions=(
                 self.token_versions.select(rows) if self.token_versions is not None else None
             ),
-            scores=self.scores[rows] if self.scores is not None else None,
-            reward_scores=self.reward_scores[rows] if self.reward_scores is not None else None,
-            reward_extra=pick(self.reward_extra) if self.reward_extra else [],
-            reward_failed=self.reward_failed,
-            reward_failures=pick(self.reward_failures) if self.reward_failures else [],
             chats=pick(self.chats) if self.chats else [],
             loss_mask=self.loss_mask.select(rows) if self.loss_mask is not None else None,
             turn_rewards=self.turn_rewards.select(rows) if self.turn_rewards is not None else None,
@@ -82,14 +91,13 @@ class RolloutBatch:
         )
 
     @staticmethod
-    def concat(parts: list[RolloutBatch]) -> RolloutBatch:
-        """Generated (and scored) batches one after another, their groups numbered on."""
+    def concat(parts: list[GeneratedBatch]) -> GeneratedBatch:
+        """Generated batches one after another, their groups numbered on."""
         group_ids, first = [], 0
         for p in parts:
             group_ids.append(p.group_ids + first)
             first += int(p.group_ids.max()) + 1 if len(p) else 0
-        scored = all(p.scores is not None and p.reward_scores is not None for p in parts)
-        return RolloutBatch(
+        return GeneratedBatch(
             prompts=Ragged.concat([p.prompts for p in parts]),
             responses=Ragged.concat([p.responses for p in parts]),
             rollout_logprobs=Ragged.concat([p.rollout_logprobs for p in parts]),
@@ -104,15 +112,6 @@ class RolloutBatch:
                 if any(p.token_versions is not None for p in parts)
                 else None
             ),
-            scores=torch.cat([p.scores for p in parts if p.scores is not None]) if scored else None,
-            reward_scores=(
-                torch.cat([p.reward_scores for p in parts if p.reward_scores is not None])
-                if scored
-                else None
-            ),
-            reward_extra=[x for p in parts for x in p.reward_extra],
-            reward_failed=sum(p.reward_failed for p in parts),
-            reward_failures=[x for p in parts for x in p.reward_failures],
             chats=[x for p in parts for x in (p.chats or [""] * len(p))],
             loss_mask=_concat_optional([p.loss_mask for p in parts]),
             turn_rewards=_concat_optional([p.turn_rewards for p in parts]),
