@@ -85,7 +85,7 @@ class PolicyLossSettings:
 
     def draw_seed(self, update: int, rows: Tensor) -> int:
         """Seed of a loss's draw in one micro-batch (clip_cov's), from the run (``seed``), the
-        update (the actor's weight_version: checkpoints keep it) and the micro-batch's rows.
+        update (the actor's update_count: checkpoints keep it) and the micro-batch's rows.
         verl draws from torch's global generator; this draw is reproducible, a resumed run
         draws as the uninterrupted one would have, and micro-batches, steps and ranks differ."""
         key = repr([self.seed, update, *rows.tolist()]).encode()

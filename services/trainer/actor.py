@@ -252,7 +252,7 @@ class ActorRole(TrainedRole):
         generator = None
         if self.loss_entry.draws:
             generator = torch.Generator(self.world.device)
-            generator.manual_seed(cfg.draw_seed(self.weight_version, micro.rows))
+            generator.manual_seed(cfg.draw_seed(self.update_count, micro.rows))
         # the loss named by policy_loss.loss_mode (meshrl/algorithms/registry.py)
         pg = self.loss_fn(
             PolicyLossInputs(

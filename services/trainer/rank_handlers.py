@@ -116,7 +116,8 @@ class RankHandlers:
             service="trainer",
             role=self.role_name,
             model_path=self.model_path,
-            weight_version=role.weight_version if role is not None else -1,
+            weight_version=self.publisher.sent_version if self.publisher is not None else -1,
+            update_count=role.update_count if role is not None else 0,
             world_size=dist.get_world_size(),
             num_parameters=role.num_parameters if role is not None else 0,
             ready=role is not None,
@@ -165,7 +166,8 @@ class RankHandlers:
         return common_pb2.LogProbsResponse(
             logprobs=tensor_to_proto(logprobs.values),
             entropy=tensor_to_proto(entropy.values) if entropy is not None else None,
-            weight_version=role.weight_version,
+            weight_version=-1,
+            update_count=role.update_count,
         )
 
     def ComputeValues(self, req: common_pb2.SequenceBatch) -> trainer_pb2.ValuesResponse:

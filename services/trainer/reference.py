@@ -29,7 +29,7 @@ class RefRole:
         self.temperature = temperature
         self.forward = forward
         self.world = world
-        self.weight_version = 0  # never changes
+        self.update_count = 0  # never updated
         self.offload = offload  # weights in CPU memory between passes (ref.param_offload)
 
     @staticmethod

@@ -78,7 +78,9 @@ class TrainedRole:
         self.schedule = optimization.schedule
         self.update = optimization.update
         self.world = world
-        self.weight_version = 0  # updates so far (checkpointed)
+        # Updates applied so far (checkpointed). Not a weight version: that names weights by
+        # the step that made them, which the coordinator gives (docs/weight_sync.md).
+        self.update_count = 0
         self.memory = StateOffload(model, self.optimizer, world.device, *offload)
 
     @property
@@ -118,11 +120,11 @@ class TrainedRole:
             )
         )
         metrics.update(peak_memory_metrics(self.name, self.world.device))
-        self.weight_version += 1
+        self.update_count += 1
         return metrics
 
     def save(self, path: str, with_optimizer: bool) -> None:
-        meta = {"role": self.name, "weight_version": self.weight_version}
+        meta = {"role": self.name, "update_count": self.update_count}
         if (lora := lora_settings(self.model)) is not None:
             meta["lora"] = lora  # what an export needs to merge the adapters
         save_checkpoint(path, self.model, self.optimizer if with_optimizer else None, meta)
@@ -136,7 +138,8 @@ class TrainedRole:
             # Checked before any tensor is read: DCP would only name a missing key.
             check=lambda meta: _check_lora(path, meta.get("lora"), expected),
         )
-        self.weight_version = int(meta.get("weight_version", 0))
+        # "weight_version": the name a checkpoint written before the rename gave it
+        self.update_count = int(meta.get("update_count", meta.get("weight_version", 0)))
 
 
 def _check_lora(path: str, saved: dict | None, expected: dict | None) -> None:

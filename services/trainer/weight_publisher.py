@@ -56,6 +56,8 @@ class WeightPublisher:
         self._spec: GroupSpec | None = None
         self._group: WeightGroup | IpcGroup | None = None
         self._manifest: WeightManifest | None = None
+        self.sent_version = -1
+        """The version of the last weights sent whole to rollout; -1: none yet."""
         self._lock = threading.Lock()  # Open/Join/Send may arrive on different RPC threads
 
     def open(self, request: GroupSpec) -> GroupSpec:
@@ -164,6 +166,7 @@ class WeightPublisher:
             sent / 1e6, seconds,
             f", {changed / elements:.2%} of the elements changed" if delta and elements else "",
         )  # fmt: skip
+        self.sent_version = version
         return SyncResult(version, seconds, sent, delta, changed, elements)
 
     def close(self) -> None:

@@ -5,61 +5,13 @@ reaches itself again through imports."""
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("meshrl", "services", "meshrl_app")
-GENERATED = "_pb2"
-
-
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _modules() -> dict[str, Path]:
-    return {
-        _module_name(p): p
-        for pkg in PACKAGES
-        for p in sorted((ROOT / pkg).rglob("*.py"))
-        if GENERATED not in p.name
-    }
-
-
-def _imports(path: Path, name: str, known: set[str]) -> set[str]:
-    """Modules of the tree that ``path`` imports anywhere (module level or inside a function)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
-                base = f"{base}.{node.module}" if node.module else base
-            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
-        else:
-            continue
-        for target in targets:
-            while target and target not in known:
-                target = target.rpartition(".")[0]
-            if target and target != name:
-                found.add(target)
-    return found
-
-
-def _graph() -> dict[str, set[str]]:
-    modules = _modules()
-    known = set(modules)
-    return {name: _imports(path, name, known) for name, path in modules.items()}
+from benchmarks.architecture.import_graph import ROOT, graph, imports_of, longest_chain, modules
 
 
 def test_the_library_imports_no_service_and_no_application_module():
     wrong = sorted(
         f"{module} imports {target}"
-        for module, targets in _graph().items()
+        for module, targets in graph().items()
         if module.split(".")[0] == "meshrl"
         for target in targets
         if target.split(".")[0] in ("services", "meshrl_app")
@@ -70,7 +22,7 @@ def test_the_library_imports_no_service_and_no_application_module():
 def test_services_import_nothing_of_the_application_layer():
     wrong = sorted(
         f"{module} imports {target}"
-        for module, targets in _graph().items()
+        for module, targets in graph().items()
         if module.startswith("services")
         for target in targets
         if target.startswith("meshrl_app")
@@ -114,7 +66,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_circle_lazy_ones_included():
-    graph = _graph()
+    graph = graph()
     # A package's __init__ re-exporting its modules is not a circle of behaviour.
     for name in graph:
         graph[name] = {t for t in graph[name] if not name.startswith(t + ".")}
@@ -125,4 +77,10 @@ def test_no_import_circle_lazy_ones_included():
 def test_the_checker_sees_a_circle_and_a_lazy_import():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     source = ROOT / "meshrl" / "launcher" / "factory.py"  # imports its launchers lazily
-    assert "meshrl.launcher.local" in _imports(source, "meshrl.launcher.factory", set(_modules()))
+    assert "meshrl.launcher.local" in imports_of(source, "meshrl.launcher.factory", set(modules()))
+
+
+def test_the_coordinators_longest_import_chain_stays_short():
+    """docs/architecture.md, "The coordinator's shape": 11 modules deep before its packages."""
+    chain = longest_chain(graph(), "services.coordinator")
+    assert len(chain) <= 8, " -> ".join(chain)

@@ -238,7 +238,7 @@ def test_a_rewind_empties_the_buffer_and_generates_from_the_checkpoint(tmp_path)
     while len(producer._buffer) < 4 and time.monotonic() < deadline:  # next batch generated
         time.sleep(0.01)
     assert len(producer._buffer) >= 4
-    with run.rollout_held():
+    with run.batch_source.held():
         run.recovery.rewind()  # no checkpoint yet: back to step 0, the loader from the start
     assert not producer.running and len(producer._buffer) == 0
     assert run.progress.step == 0

@@ -247,8 +247,8 @@ def test_vllm_on_a_cpu_run_generates_with_the_native_engine_and_says_so(caplog, 
     default): on a CPU run without vllm installed the native engine generates, and the run's
     start says so. Before, refused (exit 2), so verl's quick start could not run on a CPU at
     all. With vllm installed (its CPU build), vLLM generates there, without a warning."""
-    from services.coordinator.run.preflight import vllm_on_cpu_warning
     from services.coordinator.run import preflight
+    from services.coordinator.run.preflight import vllm_on_cpu_warning
     from services.rollout import registry
 
     for module in (preflight, registry):

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ameshrl/api/v1/common.proto\x12\rmeshrl.api.v1\"4\n\x06Tensor\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"X\n\nTokenBatch\x12\"\n\x03ids\x18\x01 \x01(\x0b\x32\x15.meshrl.api.v1.Tensor\x12&\n\x07offsets\x18\x02 \x01(\x0b\x32\x15.meshrl.api.v1.Tensor\"\xcd\x01\n\nServerInfo\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\t\x12\x0f\n\x07service\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x12\n\nmodel_path\x18\x04 \x01(\t\x12\x16\n\x0eweight_version\x18\x05 \x01(\x03\x12\x12\n\nworld_size\x18\x06 \x01(\x05\x12\x16\n\x0enum_parameters\x18\x07 \x01(\x03\x12\r\n\x05ready\x18\x08 \x01(\x08\x12\x16\n\x0emeshrl_version\x18\t \x01(\t\x12\x0c\n\x04gpus\x18\n \x03(\t\"\x10\n\x0eGetInfoRequest\"9\n\x11InitializeRequest\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\x12\x0f\n\x07run_dir\x18\x02 \x01(\t\"=\n\x12InitializeResponse\x12\'\n\x04info\x18\x01 \x01(\x0b\x32\x19.meshrl.api.v1.ServerInfo\"\x93\x01\n\rSequenceBatch\x12*\n\x07prompts\x18\x01 \x01(\x0b\x32\x19.meshrl.api.v1.TokenBatch\x12,\n\tresponses\x18\x02 \x01(\x0b\x32\x19.meshrl.api.v1.TokenBatch\x12(\n\tloss_mask\x18\x03 \x01(\x0b\x32\x15.meshrl.api.v1.Tensor\"}\n\x0fLogProbsRequest\x12+\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x1c.meshrl.api.v1.SequenceBatch\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\x14\n\x0cwith_entropy\x18\x03 \x01(\x08\x12\x12\n\nbase_model\x18\x04 \x01(\x08\"{\n\x10LogProbsResponse\x12\'\n\x08logprobs\x18\x01 \x01(\x0b\x32\x15.meshrl.api.v1.Tensor\x12&\n\x07\x65ntropy\x18\x02 \x01(\x0b\x32\x15.meshrl.api.v1.Tensor\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\"\x95\x01\n\x0fWeightGroupSpec\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\x13\n\x0bmaster_addr\x18\x02 \x01(\t\x12\x13\n\x0bmaster_port\x18\x03 \x01(\x05\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x0c\n\x04rank\x18\x05 \x01(\x05\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\x12\x10\n\x08group_id\x18\x07 \x01(\t\"F\n\x16JoinWeightGroupRequest\x12,\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.meshrl.api.v1.WeightGroupSpec\"+\n\x17JoinWeightGroupResponse\x12\x10\n\x08group_id\x18\x01 \x01(\t\"G\n\tParamSlot\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\r\n\x05numel\x18\x04 \x01(\x03\"P\n\x06\x42ucket\x12(\n\x06params\x18\x01 \x03(\x0b\x32\x18.meshrl.api.v1.ParamSlot\x12\r\n\x05numel\x18\x02 \x01(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\"\x95\x01\n\x0eWeightManifest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12&\n\x07\x62uckets\x18\x02 \x03(\x0b\x32\x15.meshrl.api.v1.Bucket\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x13\n\x0bipc_handles\x18\x04 \x01(\x0c\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\x08\x12\x14\n\x0c\x62\x61se_version\x18\x06 \x01(\x03\"u\n\x10WeightSyncResult\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x12\r\n\x05\x62ytes\x18\x03 \x01(\x03\x12\r\n\x05\x64\x65lta\x18\x04 \x01(\x08\x12\x0f\n\x07\x63hanged\x18\x05 \x01(\x03\x12\x10\n\x08\x65lements\x18\x06 \x01(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ameshrl/api/v1/common.proto\x12\rmeshrl.api.v1\"4\n\x06Tensor\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"X\n\nTokenBatch\x12\"\n\x03ids\x18\x01 \x01(\x0b\x32\x15.meshrl.api.v1.Tensor\x12&\n\x07offsets\x18\x02 \x01(\x0b\x32\x15.meshrl.api.v1.Tensor\"\xe3\x01\n\nServerInfo\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\t\x12\x0f\n\x07service\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x12\n\nmodel_path\x18\x04 \x01(\t\x12\x16\n\x0eweight_version\x18\x05 \x01(\x03\x12\x12\n\nworld_size\x18\x06 \x01(\x05\x12\x16\n\x0enum_parameters\x18\x07 \x01(\x03\x12\r\n\x05ready\x18\x08 \x01(\x08\x12\x16\n\x0emeshrl_version\x18\t \x01(\t\x12\x0c\n\x04gpus\x18\n \x03(\t\x12\x14\n\x0cupdate_count\x18\x0b \x01(\x03\"\x10\n\x0eGetInfoRequest\"9\n\x11InitializeRequest\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\x12\x0f\n\x07run_dir\x18\x02 \x01(\t\"=\n\x12InitializeResponse\x12\'\n\x04info\x18\x01 \x01(\x0b\x32\x19.meshrl.api.v1.ServerInfo\"\x93\x01\n\rSequenceBatch\x12*\n\x07prompts\x18\x01 \x01(\x0b\x32\x19.meshrl.api.v1.TokenBatch\x12,\n\tresponses\x18\x02 \x01(\x0b\x32\x19.meshrl.api.v1.TokenBatch\x12(\n\tloss_mask\x18\x03 \x01(\x0b\x32\x15.meshrl.api.v1.Tensor\"}\n\x0fLogProbsRequest\x12+\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x1c.meshrl.api.v1.SequenceBatch\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\x14\n\x0cwith_entropy\x18\x03 \x01(\x08\x12\x12\n\nbase_model\x18\x04 \x01(\x08\"\x91\x01\n\x10LogProbsResponse\x12\'\n\x08logprobs\x18\x01 \x01(\x0b\x32\x15.meshrl.api.v1.Tensor\x12&\n\x07\x65ntropy\x18\x02 \x01(\x0b\x32\x15.meshrl.api.v1.Tensor\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\x14\n\x0cupdate_count\x18\x04 \x01(\x03\"\x95\x01\n\x0fWeightGroupSpec\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\x13\n\x0bmaster_addr\x18\x02 \x01(\t\x12\x13\n\x0bmaster_port\x18\x03 \x01(\x05\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x0c\n\x04rank\x18\x05 \x01(\x05\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\x12\x10\n\x08group_id\x18\x07 \x01(\t\"F\n\x16JoinWeightGroupRequest\x12,\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.meshrl.api.v1.WeightGroupSpec\"+\n\x17JoinWeightGroupResponse\x12\x10\n\x08group_id\x18\x01 \x01(\t\"G\n\tParamSlot\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\r\n\x05numel\x18\x04 \x01(\x03\"P\n\x06\x42ucket\x12(\n\x06params\x18\x01 \x03(\x0b\x32\x18.meshrl.api.v1.ParamSlot\x12\r\n\x05numel\x18\x02 \x01(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\"\x95\x01\n\x0eWeightManifest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12&\n\x07\x62uckets\x18\x02 \x03(\x0b\x32\x15.meshrl.api.v1.Bucket\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x13\n\x0bipc_handles\x18\x04 \x01(\x0c\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\x08\x12\x14\n\x0c\x62\x61se_version\x18\x06 \x01(\x03\"u\n\x10WeightSyncResult\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x12\r\n\x05\x62ytes\x18\x03 \x01(\x03\x12\r\n\x05\x64\x65lta\x18\x04 \x01(\x08\x12\x0f\n\x07\x63hanged\x18\x05 \x01(\x03\x12\x10\n\x08\x65lements\x18\x06 \x01(\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,31 +36,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENBATCH']._serialized_start=99
   _globals['_TOKENBATCH']._serialized_end=187
   _globals['_SERVERINFO']._serialized_start=190
-  _globals['_SERVERINFO']._serialized_end=395
-  _globals['_GETINFOREQUEST']._serialized_start=397
-  _globals['_GETINFOREQUEST']._serialized_end=413
-  _globals['_INITIALIZEREQUEST']._serialized_start=415
-  _globals['_INITIALIZEREQUEST']._serialized_end=472
-  _globals['_INITIALIZERESPONSE']._serialized_start=474
-  _globals['_INITIALIZERESPONSE']._serialized_end=535
-  _globals['_SEQUENCEBATCH']._serialized_start=538
-  _globals['_SEQUENCEBATCH']._serialized_end=685
-  _globals['_LOGPROBSREQUEST']._serialized_start=687
-  _globals['_LOGPROBSREQUEST']._serialized_end=812
-  _globals['_LOGPROBSRESPONSE']._serialized_start=814
-  _globals['_LOGPROBSRESPONSE']._serialized_end=937
-  _globals['_WEIGHTGROUPSPEC']._serialized_start=940
-  _globals['_WEIGHTGROUPSPEC']._serialized_end=1089
-  _globals['_JOINWEIGHTGROUPREQUEST']._serialized_start=1091
-  _globals['_JOINWEIGHTGROUPREQUEST']._serialized_end=1161
-  _globals['_JOINWEIGHTGROUPRESPONSE']._serialized_start=1163
-  _globals['_JOINWEIGHTGROUPRESPONSE']._serialized_end=1206
-  _globals['_PARAMSLOT']._serialized_start=1208
-  _globals['_PARAMSLOT']._serialized_end=1279
-  _globals['_BUCKET']._serialized_start=1281
-  _globals['_BUCKET']._serialized_end=1361
-  _globals['_WEIGHTMANIFEST']._serialized_start=1364
-  _globals['_WEIGHTMANIFEST']._serialized_end=1513
-  _globals['_WEIGHTSYNCRESULT']._serialized_start=1515
-  _globals['_WEIGHTSYNCRESULT']._serialized_end=1632
+  _globals['_SERVERINFO']._serialized_end=417
+  _globals['_GETINFOREQUEST']._serialized_start=419
+  _globals['_GETINFOREQUEST']._serialized_end=435
+  _globals['_INITIALIZEREQUEST']._serialized_start=437
+  _globals['_INITIALIZEREQUEST']._serialized_end=494
+  _globals['_INITIALIZERESPONSE']._serialized_start=496
+  _globals['_INITIALIZERESPONSE']._serialized_end=557
+  _globals['_SEQUENCEBATCH']._serialized_start=560
+  _globals['_SEQUENCEBATCH']._serialized_end=707
+  _globals['_LOGPROBSREQUEST']._serialized_start=709
+  _globals['_LOGPROBSREQUEST']._serialized_end=834
+  _globals['_LOGPROBSRESPONSE']._serialized_start=837
+  _globals['_LOGPROBSRESPONSE']._serialized_end=982
+  _globals['_WEIGHTGROUPSPEC']._serialized_start=985
+  _globals['_WEIGHTGROUPSPEC']._serialized_end=1134
+  _globals['_JOINWEIGHTGROUPREQUEST']._serialized_start=1136
+  _globals['_JOINWEIGHTGROUPREQUEST']._serialized_end=1206
+  _globals['_JOINWEIGHTGROUPRESPONSE']._serialized_start=1208
+  _globals['_JOINWEIGHTGROUPRESPONSE']._serialized_end=1251
+  _globals['_PARAMSLOT']._serialized_start=1253
+  _globals['_PARAMSLOT']._serialized_end=1324
+  _globals['_BUCKET']._serialized_start=1326
+  _globals['_BUCKET']._serialized_end=1406
+  _globals['_WEIGHTMANIFEST']._serialized_start=1409
+  _globals['_WEIGHTMANIFEST']._serialized_end=1558
+  _globals['_WEIGHTSYNCRESULT']._serialized_start=1560
+  _globals['_WEIGHTSYNCRESULT']._serialized_end=1677
 # @@protoc_insertion_point(module_scope)

@@ -25,7 +25,7 @@ class TokenBatch(_message.Message):
     def __init__(self, ids: _Optional[_Union[Tensor, _Mapping]] = ..., offsets: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("api_version", "service", "role", "model_path", "weight_version", "world_size", "num_parameters", "ready", "meshrl_version", "gpus")
+    __slots__ = ("api_version", "service", "role", "model_path", "weight_version", "world_size", "num_parameters", "ready", "meshrl_version", "gpus", "update_count")
     API_VERSION_FIELD_NUMBER: _ClassVar[int]
     SERVICE_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class ServerInfo(_message.Message):
     READY_FIELD_NUMBER: _ClassVar[int]
     MESHRL_VERSION_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_COUNT_FIELD_NUMBER: _ClassVar[int]
     api_version: str
     service: str
     role: str
@@ -46,7 +47,8 @@ class ServerInfo(_message.Message):
     ready: bool
     meshrl_version: str
     gpus: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, api_version: _Optional[str] = ..., service: _Optional[str] = ..., role: _Optional[str] = ..., model_path: _Optional[str] = ..., weight_version: _Optional[int] = ..., world_size: _Optional[int] = ..., num_parameters: _Optional[int] = ..., ready: _Optional[bool] = ..., meshrl_version: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ...) -> None: ...
+    update_count: int
+    def __init__(self, api_version: _Optional[str] = ..., service: _Optional[str] = ..., role: _Optional[str] = ..., model_path: _Optional[str] = ..., weight_version: _Optional[int] = ..., world_size: _Optional[int] = ..., num_parameters: _Optional[int] = ..., ready: _Optional[bool] = ..., meshrl_version: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., update_count: _Optional[int] = ...) -> None: ...
 
 class GetInfoRequest(_message.Message):
     __slots__ = ()
@@ -89,14 +91,16 @@ class LogProbsRequest(_message.Message):
     def __init__(self, batch: _Optional[_Union[SequenceBatch, _Mapping]] = ..., temperature: _Optional[float] = ..., with_entropy: _Optional[bool] = ..., base_model: _Optional[bool] = ...) -> None: ...
 
 class LogProbsResponse(_message.Message):
-    __slots__ = ("logprobs", "entropy", "weight_version")
+    __slots__ = ("logprobs", "entropy", "weight_version", "update_count")
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     ENTROPY_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_COUNT_FIELD_NUMBER: _ClassVar[int]
     logprobs: Tensor
     entropy: Tensor
     weight_version: int
-    def __init__(self, logprobs: _Optional[_Union[Tensor, _Mapping]] = ..., entropy: _Optional[_Union[Tensor, _Mapping]] = ..., weight_version: _Optional[int] = ...) -> None: ...
+    update_count: int
+    def __init__(self, logprobs: _Optional[_Union[Tensor, _Mapping]] = ..., entropy: _Optional[_Union[Tensor, _Mapping]] = ..., weight_version: _Optional[int] = ..., update_count: _Optional[int] = ...) -> None: ...
 
 class WeightGroupSpec(_message.Message):
     __slots__ = ("transport", "master_addr", "master_port", "world_size", "rank", "timeout_s", "group_id")

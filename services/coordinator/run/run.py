@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 from tqdm import tqdm
@@ -174,21 +173,19 @@ class PPORun:
                 self.recovery.count_failure(
                     step, failed.error, f"step {step}: updated, but its weight sync failed"
                 )
-                self.drop_ahead()  # made by a server that may be restarted now: made again
-                with self.rollout_held():
+                self.batch_source.before_recovery()
+                with self.batch_source.held():
                     went_back = self.recovery.recover(failed.error, updated=True)
-                self.retry_async()
+                self.batch_source.after_recovery(synced=None if went_back else step)
                 if went_back:
                     return None
-                if self.async_rollout is not None:
-                    self.async_rollout.weights_synced(step)
                 return failed.metrics  # rollout now serves this step's weights
             except RoleCallError as err:
                 self.recovery.count_failure(step, err, f"step {step} failed")  # may end the run
-                self.drop_ahead()
-                with self.rollout_held():
+                self.batch_source.before_recovery()
+                with self.batch_source.held():
                     went_back = self.recovery.recover(err)
-                self.retry_async()
+                self.batch_source.after_recovery()
                 if went_back:
                     return None
 
@@ -196,7 +193,7 @@ class PPORun:
         """Where each step's batch comes from, by the run's mode."""
         if self.async_rollout is not None:
             partial = self.cfg.actor_rollout_ref.rollout.partial_rollout
-            return FullyAsyncBatches(self.async_rollout, partial)
+            return FullyAsyncBatches(self.async_rollout, partial, self.start_async_rollout)
         if self.ahead is not None:
             return OneStepOffBatches(self.ahead, self.next_step_prompts)
         fg, batch_size = self.cfg.algorithm.filter_groups, self.cfg.data.train_batch_size
@@ -208,16 +205,6 @@ class PPORun:
         if self.ahead is None or self.progress.step >= self.steps or self._stop.is_set():
             return None
         return self.drawing_ahead()
-
-    def rollout_held(self) -> AbstractContextManager[None]:
-        """Fully async: no batch is generated in the block, and the one in progress has
-        ended when it begins (servers are restarted, the pool rebuilt, in it)."""
-        return self.async_rollout.held() if self.async_rollout is not None else nullcontext()
-
-    def retry_async(self) -> None:
-        """Fully async, after a recovery: a batch whose generation failed is made again."""
-        if self.async_rollout is not None:
-            self.async_rollout.retry()
 
     def start_async_rollout(self) -> None:
         """Fully async: the producer, if it is not running (the start, a rewind), generates
@@ -244,12 +231,6 @@ class PPORun:
             return epoch, records, before
 
         return draw
-
-    def drop_ahead(self) -> None:
-        """A failed step that is recovered from: its generation ahead ends before any server
-        is restarted or re-synced, and is made again (the prompts drawn for it are kept)."""
-        if self.ahead is not None:
-            self.ahead.drop()
 
     def draw_records(self, i: int) -> list:
         """The current step's i-th further batch of prompts (i from 1), for dynamic sampling:
@@ -343,12 +324,7 @@ class PPORun:
             while progress.step < self.steps and not self._stop.is_set():
                 self.change_pool()
                 assert progress.loader is not None  # total_steps is 0 without one
-                if self.async_rollout is not None:  # the producer draws the prompts
-                    self.start_async_rollout()
-                    epoch, records = 0, []
-                else:
-                    drawn = self.ahead.prompts_for(progress.step + 1) if self.ahead else None
-                    epoch, records = drawn or progress.loader.next_batch()
+                epoch, records = self.batch_source.prompts(progress.step + 1, progress.loader)
                 self.further_records = []
                 progress.step += 1
                 progress.epoch = epoch
@@ -399,10 +375,10 @@ class PPORun:
                 if not isinstance(err, RoleCallError) or not self.recovery.lost_a_server():
                     raise
                 self.recovery.count_failure(step, err, f"checkpoint of step {step} failed")
-                self.drop_ahead()  # as a failed step's: no generation runs across the recovery
-                with self.rollout_held():
+                self.batch_source.before_recovery()  # as a failed step's
+                with self.batch_source.held():
                     went_back = self.recovery.recover(err, updated=True)
-                self.retry_async()
+                self.batch_source.after_recovery()
                 if went_back:
                     return False
 
@@ -414,10 +390,10 @@ class PPORun:
         departed = runner.rollout_pool.take_departed() if runner is not None else []
         if not (departed or self.membership.has_changes()):
             return
-        with self.rollout_held():  # the pool is rebuilt: no generation runs across it
+        with self.batch_source.held():  # the pool is rebuilt: no generation runs across it
             self.membership.apply(departed, self.progress.step)
         # a batch whose generation failed for want of replicas is made again on the new pool
-        self.retry_async()
+        self.batch_source.after_recovery()
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for sink in self.sinks:
@@ -443,8 +419,5 @@ class PPORun:
         for closer in (self.step_runner, self.syncer):
             if closer is not None:
                 closer.close()
-        if self.ahead is not None:
-            self.ahead.close()
-        if self.async_rollout is not None:
-            self.async_rollout.close()
+        self.batch_source.close()
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -8,88 +8,34 @@
                         (``trainer.async_training``: async_rollout.py)
 
 The step calls each source at the same four points (:meth:`PPOStep.run`): ``take`` its batch;
-``start_next`` while it trains; ``settle`` before the weights move; ``sync_weights``.
+``start_next`` while it trains; ``settle`` before the weights move; ``sync_weights``. The run
+asks it for each step's ``prompts``, and its recovery holds it (``held``) and tells it
+(``before_recovery``, ``after_recovery``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from contextlib import AbstractContextManager
 
 from meshrl.config.schema import FilterGroupsConfig
+from meshrl.data.loader import PromptLoader
 from services.coordinator.generation.async_rollout import AsyncRollout
-from services.coordinator.generation.generated import GeneratedBatch
 from services.coordinator.generation.rollout_ahead import RolloutAhead
-from services.coordinator.generation.rollout_pool import RolloutPool
-from services.coordinator.generation.weight_sync import WeightSyncer
+from services.coordinator.step.batch_source import BatchSource, Draw, StepBatch, StepPhases
 from services.coordinator.step.dynamic_sampling import (
     FilterGroupsExhausted,
     filter_values,
     varied_groups,
 )
-from services.coordinator.step.stages import ScoredBatch, Scores
+from services.coordinator.step.stages import ScoredBatch
 from services.coordinator.step.timing import PhaseTimer
 
 log = logging.getLogger(__name__)
 
-Draw = Callable[[], tuple[int, list, dict]]
-"""(epoch, records, loader state before them): the next step's prompts, drawn ahead."""
 
-
-class StepPhases(Protocol):
-    """What a source uses of the step: its generation and reward phases, the replica pool
-    and the weight syncer."""
-
-    rollout_pool: RolloutPool
-    syncer: WeightSyncer
-
-    def generate(
-        self, records: list, step: int, gen_batch: int = 0, mixed_versions: bool = False
-    ) -> GeneratedBatch: ...
-
-    def score(self, generated: GeneratedBatch) -> Scores: ...
-
-
-@dataclass(frozen=True)
-class StepBatch:
-    """What a source gives the step."""
-
-    generated: GeneratedBatch
-    records: list
-    """The records of its prompts (PromptRecord), one per group."""
-    scores: Scores | None = None
-    """Its scores, when the source scored it already (dynamic sampling); None: the step does."""
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-class BatchSource(Protocol):
-    def take(self, step: int, records: list, phases: StepPhases, timer: PhaseTimer) -> StepBatch:
-        """Step ``step``'s batch; ``records``: the prompts the loop drew for it (a source
-        that draws its own ignores them)."""
-        ...
-
-    def start_next(self, step: int, phases: StepPhases) -> bool:
-        """Called once the batch is taken; whether rollout goes on generating while the
-        step trains (its KV cache stays awake), else it sleeps."""
-        ...
-
-    def settle(self, timer: PhaseTimer) -> None:
-        """Before the weights move: what must end first has ended."""
-        ...
-
-    def sync_weights(self, step: int, phases: StepPhases, timer: PhaseTimer) -> dict[str, float]:
-        """The actor's weights to rollout as version ``step``."""
-        ...
-
-
-def _sync(step: int, phases: StepPhases, timer: PhaseTimer) -> dict[str, float]:
-    with timer("sync_weights"):
-        return phases.syncer.sync(version=step)
-
-
-class SynchronousBatches:
+class SynchronousBatches(BatchSource):
     """Generated in the step, with the weights of the step before. With dynamic sampling
     (``algorithm.filter_groups``), generates and scores batch after batch of prompts
     (``data.gen_batch_size`` each: the step's own, then ``draw_records(1)``,
@@ -158,17 +104,8 @@ class SynchronousBatches:
         }
         return StepBatch(chosen.generated, first_records, chosen.scores, metrics)
 
-    def start_next(self, step: int, phases: StepPhases) -> bool:
-        return False
 
-    def settle(self, timer: PhaseTimer) -> None:
-        pass
-
-    def sync_weights(self, step: int, phases: StepPhases, timer: PhaseTimer) -> dict[str, float]:
-        return _sync(step, phases, timer)
-
-
-class OneStepOffBatches:
+class OneStepOffBatches(BatchSource):
     """``trainer.one_step_off_policy``: the step trains on the batch generated during the
     step before, if there is one, and generates the next step's while it trains. Its
     generation time is ``timing_s/gen`` (spent alongside that step's training); what the step
@@ -178,6 +115,10 @@ class OneStepOffBatches:
         """``next_prompts()``: how the next step's prompts are drawn; None: no next step."""
         self.ahead = ahead
         self.next_prompts = next_prompts
+
+    def prompts(self, step: int, loader: PromptLoader) -> tuple[int, list]:
+        """Those drawn for ``step`` during the step before, else the loader's next."""
+        return self.ahead.prompts_for(step) or loader.next_batch()
 
     def take(self, step: int, records: list, phases: StepPhases, timer: PhaseTimer) -> StepBatch:
         with timer("gen_wait"):
@@ -198,17 +139,29 @@ class OneStepOffBatches:
         with timer("gen_wait"):
             self.ahead.settle()
 
-    def sync_weights(self, step: int, phases: StepPhases, timer: PhaseTimer) -> dict[str, float]:
-        return _sync(step, phases, timer)
+    def before_recovery(self) -> None:
+        self.ahead.drop()  # ends first; its prompts stay drawn
+
+    def close(self) -> None:
+        self.ahead.close()
 
 
-class FullyAsyncBatches:
+class FullyAsyncBatches(BatchSource):
     """``trainer.async_training``: the step takes its batch (and its prompts' records) from
     the producer's buffer, which goes on generating meanwhile."""
 
-    def __init__(self, producer: AsyncRollout, partial_rollout: bool) -> None:
+    def __init__(
+        self, producer: AsyncRollout, partial_rollout: bool, start: Callable[[], None]
+    ) -> None:
+        """``start()``: starts the producer if it is not running (the run's start, a rewind)."""
         self.producer = producer
         self.partial_rollout = partial_rollout
+        self.start = start
+
+    def prompts(self, step: int, loader: PromptLoader) -> tuple[int, list]:
+        """None: the producer draws them (the epoch is its batch's)."""
+        self.start()
+        return 0, []
 
     def take(self, step: int, records: list, phases: StepPhases, timer: PhaseTimer) -> StepBatch:
         taken = self.producer.take(step)
@@ -219,19 +172,27 @@ class FullyAsyncBatches:
     def start_next(self, step: int, phases: StepPhases) -> bool:
         return True  # the producer never stops for a step
 
-    def settle(self, timer: PhaseTimer) -> None:
-        pass
-
     def sync_weights(self, step: int, phases: StepPhases, timer: PhaseTimer) -> dict[str, float]:
         """Generation goes on: with ``rollout.partial_rollout`` the sync runs beside the
         Generate calls in flight (each engine applies it at a token boundary); without, the
         pool's requests are held back and those in flight waited for
         (``timing_s/gen_drain``) first."""
         if self.partial_rollout:
-            metrics = _sync(step, phases, timer)
+            metrics = super().sync_weights(step, phases, timer)
         else:
             with phases.rollout_pool.gate.closed() as drained:
                 timer.add("gen_drain", drained)
-                metrics = _sync(step, phases, timer)
+                metrics = super().sync_weights(step, phases, timer)
         self.producer.weights_synced(step)
         return metrics
+
+    def held(self) -> AbstractContextManager[None]:
+        return self.producer.held()
+
+    def after_recovery(self, synced: int | None = None) -> None:
+        self.producer.retry()  # a batch whose generation failed is made again
+        if synced is not None:
+            self.producer.weights_synced(synced)
+
+    def close(self) -> None:
+        self.producer.close()

@@ -36,7 +36,7 @@ from services.coordinator.generation.weight_sync import WeightSyncer
 from services.coordinator.metrics.generations import write_generations
 from services.coordinator.roles.roles import Roles
 from services.coordinator.step.advantage import AdvantageInputs, compute_advantages
-from services.coordinator.step.batch_sources import BatchSource
+from services.coordinator.step.batch_source import BatchSource
 from services.coordinator.step.scoring import (
     NoGroundTruth,
     RewardFailedEverySample,

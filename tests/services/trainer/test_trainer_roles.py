@@ -58,7 +58,7 @@ def test_positive_advantage_raises_that_tokens_log_prob(world, tiny_model_dir):
     assert all(math.isfinite(v) for v in metrics.values())
     assert metrics["actor/lr"] == pytest.approx(1e-3)
     assert metrics["actor/pg_clipfrac"] == 0.0  # first mini-batch is on-policy, no clipping
-    assert actor.weight_version == 1
+    assert actor.update_count == 1
 
 
 def test_gradient_accumulation_does_not_change_the_update(world, tiny_model_dir):
@@ -168,7 +168,7 @@ def test_checkpoint_round_trip_with_optimizer(world, tiny_model_dir, tmp_path):
 
     restored = ActorRole.build(cfg, world)
     restored.load(str(tmp_path / "ckpt"), with_optimizer=True)
-    assert restored.weight_version == 1
+    assert restored.update_count == 1
     for (name, a), (_, b) in zip(
         actor.iter_full_params(), restored.iter_full_params(), strict=True
     ):

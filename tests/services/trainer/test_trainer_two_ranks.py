@@ -142,6 +142,9 @@ def test_weight_sync_after_a_failed_join_and_dcp_resharding(
         result = sending.result()
     group.close()
     assert (result.version, result.bytes) == (5, manifest.nbytes)
+    # the actor holds weights of version 5 (the coordinator's name), after one update
+    info = stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10)
+    assert (info.weight_version, info.update_count) == (5, 1)
 
     # The 2-rank checkpoint loads into one rank and holds exactly the weights just sent.
     path = str(tmp_path / "actor_ckpt")
@@ -152,7 +155,7 @@ def test_weight_sync_after_a_failed_join_and_dcp_resharding(
     assert list(received) == list(params)
     for name, tensor in params.items():
         assert torch.equal(received[name], tensor), name
-    assert restored.weight_version == 1
+    assert restored.update_count == 1
     assert len(restored.optimizer.state) > 0  # Adam moments came back too
 
     # The one-rank server's update (the same batch) reached the same weights.
