@@ -25,7 +25,7 @@ import grpc
 
 from meshrl.api.v1 import common_pb2, reward_pb2, reward_pb2_grpc
 from meshrl.config.loader import ConfigError, config_from_yaml
-from meshrl.config.schema import RewardConfig
+from meshrl.config.sections import RewardConfig
 from meshrl.rpc.call_count import CallCount
 from meshrl.rpc.call_markers import CallMarkers
 from meshrl.rpc.metrics_port import use_metrics_port

@@ -11,12 +11,7 @@ import typing
 from pathlib import Path
 
 from meshrl.algorithms.registry import ESTIMATORS, POLICY_LOSSES
-from meshrl.config.schema import (
-    AlgorithmConfig,
-    MultiTurnConfig,
-    PolicyLossConfig,
-    RolloutConfig,
-)
+from meshrl.config.sections import AlgorithmConfig, MultiTurnConfig, PolicyLossConfig, RolloutConfig
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs/extending.md"

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from meshrl.config.schema import AlgorithmConfig
+from meshrl.config.sections import AlgorithmConfig
 from meshrl.ragged import Ragged
 from services.coordinator.advantage import AdvantageInputs, compute_advantages
 from services.coordinator.ppo_step import PPOStep

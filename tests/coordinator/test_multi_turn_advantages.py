@@ -5,7 +5,7 @@ of its turn; with GAE and with a group estimator."""
 import pytest
 import torch
 
-from meshrl.config.schema import AlgorithmConfig
+from meshrl.config.sections import AlgorithmConfig
 from meshrl.ragged import Ragged
 from services.coordinator.advantage import AdvantageInputs, compute_advantages
 from services.coordinator.rollout_batch import RolloutBatch
