@@ -13,6 +13,9 @@ runs (:data:`When`):
 
 A rule that needs the machine, files or data (a model folder, a GPU, an installed logger)
 is no rule here: preflight has those. tests/config/test_rules.py breaks each rule once.
+
+A rule reads the config as :class:`RunSections` (RunConfig's fields and properties): the
+schema runs the ``load`` rules, so this module does not import it.
 """
 
 from __future__ import annotations
@@ -20,15 +23,13 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from meshrl.algorithms.registry import ESTIMATORS, advantage_estimator
 from meshrl.config.errors import ConfigError
 from meshrl.config.sections.actor import ActorConfig
 from meshrl.config.sections.critic import CriticConfig
-
-if TYPE_CHECKING:
-    from meshrl.config.schema import RunConfig
+from meshrl.config.sections.run import RunSections
 
 When = Literal["load", "run", "required"]
 
@@ -37,7 +38,7 @@ When = Literal["load", "run", "required"]
 class Rule:
     """A rule of the config: ``check`` yields a line for each problem (none: kept)."""
 
-    check: Callable[[RunConfig], Iterable[str]]
+    check: Callable[[RunSections], Iterable[str]]
     when: When
 
     @property
@@ -48,7 +49,7 @@ class Rule:
 # -- load: every config ------------------------------------------------------------------
 
 
-def clip_cov_bounds_ordered(cfg: RunConfig) -> Iterator[str]:
+def clip_cov_bounds_ordered(cfg: RunSections) -> Iterator[str]:
     loss = cfg.actor_rollout_ref.actor.policy_loss
     if loss.clip_cov_lb >= loss.clip_cov_ub:
         yield (
@@ -57,14 +58,14 @@ def clip_cov_bounds_ordered(cfg: RunConfig) -> Iterator[str]:
         )
 
 
-def role_pools_exist(cfg: RunConfig) -> Iterator[str]:
+def role_pools_exist(cfg: RunSections) -> Iterator[str]:
     launcher = cfg.launcher
     for role, pool in launcher.role_pool.items():
         if pool != "global" and pool not in launcher.resource_pool:
             yield f"launcher.role_pool.{role}: pool {pool!r} is not in launcher.resource_pool"
 
 
-def tls_files_in_pairs(cfg: RunConfig) -> Iterator[str]:
+def tls_files_in_pairs(cfg: RunSections) -> Iterator[str]:
     security = cfg.security
     for a, b in (("tls_cert", "tls_key"), ("client_cert", "client_key")):
         if bool(getattr(security, a)) != bool(getattr(security, b)):
@@ -74,7 +75,7 @@ def tls_files_in_pairs(cfg: RunConfig) -> Iterator[str]:
         yield "security.require_client_cert needs security.tls_cert and security.tls_ca"
 
 
-def mini_batches_divide_the_batch(cfg: RunConfig) -> Iterator[str]:
+def mini_batches_divide_the_batch(cfg: RunSections) -> Iterator[str]:
     # As verl: each optimizer step takes a whole mini-batch (a smaller last one would
     # weigh its few prompts as much as a full one). The critic's only when it runs.
     trained: list[tuple[str, ActorConfig | CriticConfig]] = [
@@ -97,7 +98,7 @@ def mini_batches_divide_the_batch(cfg: RunConfig) -> Iterator[str]:
             )
 
 
-def one_step_off_without_dynamic_sampling(cfg: RunConfig) -> Iterator[str]:
+def one_step_off_without_dynamic_sampling(cfg: RunSections) -> Iterator[str]:
     # Dynamic sampling decides how many batches a step generates from their scores, so
     # the next step's generation cannot start before this step's is judged.
     if cfg.trainer.one_step_off_policy and cfg.algorithm.filter_groups.enable:
@@ -116,7 +117,7 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def partial_rollout_kv_kept_only_off_vllm(cfg: RunConfig) -> Iterator[str]:
+def partial_rollout_kv_kept_only_off_vllm(cfg: RunSections) -> Iterator[str]:
     rollout = cfg.actor_rollout_ref.rollout
     # vLLM generates on a GPU run, and on a CPU run where vllm is installed
     vllm = rollout.name == "vllm" and (cfg.trainer.device == "cuda" or vllm_installed())
@@ -129,7 +130,7 @@ def partial_rollout_kv_kept_only_off_vllm(cfg: RunConfig) -> Iterator[str]:
         )
 
 
-def async_training_alone(cfg: RunConfig) -> Iterator[str]:
+def async_training_alone(cfg: RunSections) -> Iterator[str]:
     if not cfg.trainer.async_training.enable:
         return
     if cfg.trainer.one_step_off_policy:
@@ -154,7 +155,7 @@ def async_training_alone(cfg: RunConfig) -> Iterator[str]:
         )
 
 
-def rollout_log_probs_for_their_consumers(cfg: RunConfig) -> Iterator[str]:
+def rollout_log_probs_for_their_consumers(cfg: RunSections) -> Iterator[str]:
     # read after RunConfig's async default of the cap
     rollout, actor = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
     if rollout.calculate_log_probs is False and actor.tis_imp_ratio_cap > 0:
@@ -170,7 +171,7 @@ def rollout_log_probs_for_their_consumers(cfg: RunConfig) -> Iterator[str]:
 # -- run: a PPO run's start --------------------------------------------------------------
 
 
-def critic_for_the_estimator(cfg: RunConfig) -> Iterator[str]:
+def critic_for_the_estimator(cfg: RunSections) -> Iterator[str]:
     estimator = advantage_estimator(cfg.algorithm.adv_estimator)
     if estimator.needs_critic and not cfg.use_critic:
         critic_free = ", ".join(e.name for e in ESTIMATORS.values() if not e.needs_critic)
@@ -180,7 +181,7 @@ def critic_for_the_estimator(cfg: RunConfig) -> Iterator[str]:
         )
 
 
-def fast_engine_on_a_gpu(cfg: RunConfig) -> Iterator[str]:
+def fast_engine_on_a_gpu(cfg: RunSections) -> Iterator[str]:
     # (servers of one's own, launcher.kind=external, are started as their owner chose)
     engine = cfg.actor_rollout_ref.rollout.name
     # vllm on a CPU without vllm is generated by the native engine (preflight's
@@ -196,7 +197,7 @@ def fast_engine_on_a_gpu(cfg: RunConfig) -> Iterator[str]:
         )
 
 
-def critic_reads_no_tokenizer(cfg: RunConfig) -> Iterator[str]:
+def critic_reads_no_tokenizer(cfg: RunSections) -> Iterator[str]:
     actor_model, critic_tokenizer = cfg.actor_rollout_ref.model, cfg.critic.model.tokenizer_path
     if critic_tokenizer and critic_tokenizer not in (actor_model.tokenizer_path, actor_model.path):
         yield (
@@ -206,7 +207,7 @@ def critic_reads_no_tokenizer(cfg: RunConfig) -> Iterator[str]:
         )
 
 
-def reward_model_has_a_path(cfg: RunConfig) -> Iterator[str]:
+def reward_model_has_a_path(cfg: RunSections) -> Iterator[str]:
     # (that a local path is a folder is preflight's: it reads this machine's files)
     rm = cfg.reward.reward_model
     if rm.enable and not rm.path:
@@ -216,7 +217,7 @@ def reward_model_has_a_path(cfg: RunConfig) -> Iterator[str]:
         )
 
 
-def val_only_has_val_files(cfg: RunConfig) -> Iterator[str]:
+def val_only_has_val_files(cfg: RunSections) -> Iterator[str]:
     if cfg.trainer.val_only and not cfg.data.val_files:
         yield (
             "trainer.val_only=true validates and stops, but data.val_files is empty: name the "
@@ -224,7 +225,7 @@ def val_only_has_val_files(cfg: RunConfig) -> Iterator[str]:
         )
 
 
-def overlong_buffer_within_responses(cfg: RunConfig) -> Iterator[str]:
+def overlong_buffer_within_responses(cfg: RunSections) -> Iterator[str]:
     overlong = cfg.reward.overlong_buffer
     if overlong.enable and overlong.len > cfg.data.max_response_length:
         yield (
@@ -234,7 +235,7 @@ def overlong_buffer_within_responses(cfg: RunConfig) -> Iterator[str]:
         )
 
 
-def gen_batch_only_with_dynamic_sampling(cfg: RunConfig) -> Iterator[str]:
+def gen_batch_only_with_dynamic_sampling(cfg: RunSections) -> Iterator[str]:
     gen, train = cfg.data.gen_batch_size, cfg.data.train_batch_size
     if gen not in (None, train) and not cfg.algorithm.filter_groups.enable:
         yield (
@@ -245,7 +246,7 @@ def gen_batch_only_with_dynamic_sampling(cfg: RunConfig) -> Iterator[str]:
         )
 
 
-def enough_generation_batches(cfg: RunConfig) -> Iterator[str]:
+def enough_generation_batches(cfg: RunSections) -> Iterator[str]:
     fg = cfg.algorithm.filter_groups
     gen, train = cfg.data.gen_batch_size, cfg.data.train_batch_size
     if fg.enable and 0 < fg.max_num_gen_batches and (gen or train) * fg.max_num_gen_batches < train:
@@ -256,7 +257,7 @@ def enough_generation_batches(cfg: RunConfig) -> Iterator[str]:
         )
 
 
-def filter_metric_before_the_kl_penalty(cfg: RunConfig) -> Iterator[str]:
+def filter_metric_before_the_kl_penalty(cfg: RunSections) -> Iterator[str]:
     fg = cfg.algorithm.filter_groups
     if fg.enable and fg.metric == "seq_final_reward" and cfg.algorithm.use_kl_in_reward:
         yield (
@@ -268,7 +269,7 @@ def filter_metric_before_the_kl_penalty(cfg: RunConfig) -> Iterator[str]:
         )
 
 
-def groups_to_filter(cfg: RunConfig) -> Iterator[str]:
+def groups_to_filter(cfg: RunSections) -> Iterator[str]:
     n = cfg.actor_rollout_ref.rollout.n
     if cfg.algorithm.filter_groups.enable and n < 2:
         yield (
@@ -277,7 +278,7 @@ def groups_to_filter(cfg: RunConfig) -> Iterator[str]:
         )
 
 
-def no_greedy_baseline_with_filtering(cfg: RunConfig) -> Iterator[str]:
+def no_greedy_baseline_with_filtering(cfg: RunSections) -> Iterator[str]:
     estimator = advantage_estimator(cfg.algorithm.adv_estimator)
     if cfg.algorithm.filter_groups.enable and estimator.needs_greedy_baseline:
         yield (
@@ -290,7 +291,7 @@ def no_greedy_baseline_with_filtering(cfg: RunConfig) -> Iterator[str]:
 # -- required: the keys a run must set ---------------------------------------------------
 
 
-def train_files_given(cfg: RunConfig) -> Iterator[str]:
+def train_files_given(cfg: RunSections) -> Iterator[str]:
     # an evaluation (trainer.val_only) reads none; the readers' own error names no key
     if not cfg.data.train_files and not cfg.trainer.val_only:
         yield (
@@ -299,7 +300,7 @@ def train_files_given(cfg: RunConfig) -> Iterator[str]:
         )
 
 
-def model_path_given(cfg: RunConfig) -> Iterator[str]:
+def model_path_given(cfg: RunSections) -> Iterator[str]:
     if not cfg.actor_rollout_ref.model.path:
         yield (
             "actor_rollout_ref.model.path is empty: set it to a Hugging Face model folder or hub id"
@@ -332,7 +333,7 @@ RULES: tuple[Rule, ...] = (
 """Every cross-key rule of the config, in the order their lines are reported."""
 
 
-def config_problems(cfg: RunConfig, when: When) -> list[str]:
+def config_problems(cfg: RunSections, when: When) -> list[str]:
     """The lines of every rule of ``when`` that ``cfg`` breaks: all of them, so that a
     pasted command line is fixed in one round."""
     return [line for rule in RULES if rule.when == when for line in rule.check(cfg)]
@@ -347,6 +348,6 @@ def raise_problems(problems: list[str]) -> None:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
 
 
-def check_config(cfg: RunConfig, when: When) -> None:
+def check_config(cfg: RunSections, when: When) -> None:
     """Raises one ConfigError naming every rule of ``when`` that ``cfg`` breaks."""
     raise_problems(config_problems(cfg, when))

@@ -13,9 +13,8 @@ meshrl/config/roles.py.
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import model_validator
 
-from meshrl.algorithms.registry import advantage_estimator
 from meshrl.config.rules import config_problems
 from meshrl.config.sections import (
     ASYNC_TIS_IMP_RATIO_CAP,
@@ -42,12 +41,12 @@ from meshrl.config.sections import (
     RewardConfig,
     RewardModelConfig,
     RolloutConfig,
-    Section,
     SecurityConfig,
     TrainerConfig,
     ValKwargs,
     WeightSyncConfig,
 )
+from meshrl.config.sections.run import RunSections
 
 # The sections by the names their importers knew them by here (services/trainer and
 # services/coordinator still import them from this module).
@@ -84,24 +83,9 @@ __all__ = [
 ]
 
 
-class RunConfig(Section):
-    data: DataConfig = Field(default_factory=DataConfig)
-    """Prompts: files, lengths, batch sizes and order."""
-    actor_rollout_ref: ActorRolloutRefConfig = Field(default_factory=ActorRolloutRefConfig)
-    """The policy: its model, its training (actor), generation (rollout) and reference (ref)."""
-    critic: CriticConfig = Field(default_factory=CriticConfig)
-    """The value model (PPO's critic); on for gae unless critic.enable says otherwise."""
-    reward: RewardConfig = Field(default_factory=RewardConfig)
-    """Scoring of responses: rule scorers or a custom function, a reward model, DAPO's
-    overlong penalty."""
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
-    """Advantage estimator, KL penalty in the reward, dynamic sampling."""
-    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
-    """Run length, validation, checkpoints, loggers, device and seeds."""
-    launcher: LauncherConfig = Field(default_factory=LauncherConfig)
-    """How and where the role servers start."""
-    security: SecurityConfig = Field(default_factory=SecurityConfig)
-    """TLS and the shared token of the run's gRPC servers and clients."""
+class RunConfig(RunSections):
+    """The run config: its sections (:class:`RunSections`), the defaults that follow other keys,
+    and the rules of meshrl/config/rules.py checked as it is built."""
 
     @model_validator(mode="after")
     def _critic_mini_batch_defaults_to_the_actors(self) -> RunConfig:
@@ -147,33 +131,3 @@ class RunConfig(Section):
         if problems := config_problems(self, "load"):
             raise ValueError("\n  ".join(problems))
         return self
-
-    @property
-    def use_critic(self) -> bool:
-        if self.critic.enable is not None:
-            return self.critic.enable
-        return advantage_estimator(self.algorithm.adv_estimator).needs_critic
-
-    @property
-    def use_critic_server(self) -> bool:
-        """A critic server is started: the run trains a critic. An evaluation
-        (``trainer.val_only``) trains nothing, so it starts none, whatever the estimator."""
-        return self.use_critic and not self.trainer.val_only
-
-    @property
-    def use_ref(self) -> bool:
-        """The run needs reference log-probs (a KL penalty or a KL loss)."""
-        return self.algorithm.use_kl_in_reward or self.actor_rollout_ref.actor.use_kl_loss
-
-    @property
-    def ref_in_actor(self) -> bool:
-        """A LoRA actor computes the reference log-probs itself, with its adapters off (its
-        base weights are the reference policy), as verl's ref_in_actor: no reference server
-        and no second copy of the base model."""
-        return self.use_ref and self.actor_rollout_ref.model.lora_rank > 0
-
-    @property
-    def use_ref_server(self) -> bool:
-        """A reference server is started: the run needs reference log-probs, not from the
-        LoRA actor itself, and it trains (an evaluation computes no KL)."""
-        return self.use_ref and not self.ref_in_actor and not self.trainer.val_only

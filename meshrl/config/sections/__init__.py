@@ -6,6 +6,7 @@
 - ``actor``, ``rollout``, ``actor_rollout_ref``: ``actor_rollout_ref`` and its roles (the
   reference's section is in ``actor_rollout_ref``)
 - ``critic``, ``reward``, ``algorithm``, ``trainer``, ``launcher``, ``security``
+- ``run``: all of them together (RunConfig's fields) and the properties they imply
 """
 
 from meshrl.config.sections.actor import ASYNC_TIS_IMP_RATIO_CAP, ActorConfig, PolicyLossConfig
@@ -24,6 +25,7 @@ from meshrl.config.sections.rollout import (
     ValKwargs,
     WeightSyncConfig,
 )
+from meshrl.config.sections.run import RunSections
 from meshrl.config.sections.security import SecurityConfig
 from meshrl.config.sections.trainer import AsyncTrainingConfig, TrainerConfig
 
@@ -53,6 +55,7 @@ __all__ = [
     "RewardConfig",
     "RewardModelConfig",
     "RolloutConfig",
+    "RunSections",
     "SecurityConfig",
     "Section",
     "TrainerConfig",
