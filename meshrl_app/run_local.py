@@ -16,13 +16,13 @@ from pathlib import Path
 import torch
 
 from meshrl.config import RunConfig
+from meshrl.config.rules import check_config
 from meshrl.launcher.factory import make_launcher
 from meshrl.rpc.security import SecuritySettings
 from meshrl_app.graceful_stop import GracefulStop
 from services.coordinator.run.lifecycle import run_lifecycle, start_line
 from services.coordinator.run.preflight import (
     check_cuda_here,
-    check_required_keys_given,
     check_run_config,
     unused_gpu_warning,
 )
@@ -90,7 +90,7 @@ def _run_local(cfg: RunConfig, stop: GracefulStop) -> RunResult:
     os.environ.update(SecuritySettings.from_config(cfg.security).to_env())
     SecuritySettings.from_env().verify()
     check_run_config(cfg)  # before any role server starts
-    check_required_keys_given(cfg)
+    check_config(cfg, "required")  # after the checks of this machine
     check_cuda_here(cfg)
     if cfg.launcher.kind == "local" and cfg.trainer.device == "cpu":  # servers run here
         if warning := unused_gpu_warning(cfg, torch.cuda.device_count()):

@@ -25,7 +25,7 @@ COORDINATOR = "services.coordinator"
 
 def _step_file(root: Path) -> Path:
     new = root / "services/coordinator/step/ppo_step.py"
-    return new if new.exists() else root / "services/coordinator/ppo_step.py"
+    return new if new.exists() else root / "services/coordinator/step/ppo_step.py"
 
 
 def _run_method(path: Path) -> ast.FunctionDef:

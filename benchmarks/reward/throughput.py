@@ -17,7 +17,7 @@ import random
 import time
 from pathlib import Path
 
-from meshrl.config.schema import RewardConfig
+from meshrl.config.sections import RewardConfig
 from services.reward.scoring import RewardScorer
 from services.reward.types import ScoreItem
 

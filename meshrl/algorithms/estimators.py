@@ -23,7 +23,7 @@ from meshrl.algorithms.advantages import (
     remax_advantages,
     rloo_advantages,
 )
-from meshrl.config.schema import AlgorithmConfig
+from meshrl.config.sections import AlgorithmConfig
 
 __all__ = [
     "EstimatorInputs",

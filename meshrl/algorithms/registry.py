@@ -3,8 +3,8 @@
 One entry per algorithm. Everything that names them reads these tables: the config's
 allowed values and their description (``algorithm.adv_estimator``,
 ``actor_rollout_ref.actor.policy_loss.loss_mode``, so docs/config.md too), the start-up
-checks (``services/coordinator/run/preflight.py``), the coordinator's advantage phase and the
-actor's loss. docs/extending.md says how to add one; tests/algorithms/test_registry.py keeps
+checks (``meshrl/config/rules.py``, ``services/coordinator/run/preflight.py``), the
+coordinator's advantage phase and the actor's loss. docs/extending.md says how to add one; tests/algorithms/test_registry.py keeps
 every entry loadable, documented and tested.
 
 This module imports no torch: the config loads it. An entry names its function as

@@ -2,8 +2,8 @@
 
     python -m meshrl.config.docs > docs/config.md      (or: make config-docs)
 
-The schema (meshrl/config/schema.py) is the one source: each field's attribute docstring is
-its description (pydantic's ``use_attribute_docstrings``). tests/config/test_config_docs.py
+The schema (meshrl/config/schema.py, its sections in meshrl/config/sections/) is the one source:
+each field's attribute docstring is its description (pydantic's ``use_attribute_docstrings``). tests/config/test_config_docs.py
 fails when the checked-in page differs from what this writes.
 """
 
@@ -19,7 +19,8 @@ import annotated_types
 from pydantic import BaseModel, BeforeValidator
 from pydantic.fields import FieldInfo
 
-from meshrl.config.schema import FileList, OneOrList, PathText, RunConfig
+from meshrl.config.schema import RunConfig
+from meshrl.config.sections.base import FileList, OneOrList, PathText
 
 WIDTH = 95
 COMMAND = "python -m meshrl.config.docs > docs/config.md"
@@ -28,7 +29,7 @@ _HEADER = f"""\
 # Config reference
 
 <!-- Written by `{COMMAND}` (make config-docs) from
-meshrl/config/schema.py: edit the schema's docstrings, not this page;
+meshrl/config/sections/: edit the sections' docstrings, not this page;
 tests/config/test_config_docs.py checks that it is current. -->
 
 Every key of a run config: its type, its default and what it does. A config is one YAML

@@ -17,13 +17,10 @@ from typing import Annotated, Any, Union, get_args, get_origin
 import yaml
 from pydantic import ValidationError
 
+from meshrl.config.errors import ConfigError
 from meshrl.config.schema import RunConfig
 from meshrl.config.unknown_keys import unknown_key_lines
 from meshrl.config.verl_keys import drop_same_meaning
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used; the message names the key."""
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

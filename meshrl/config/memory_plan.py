@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshrl.config.placement import hands_gpu_memory_over
-from meshrl.config.schema import ActorConfig, CriticConfig, RunConfig
+from meshrl.config.schema import RunConfig
+from meshrl.config.sections import ActorConfig, CriticConfig
 
 GIB = 2**30
 CUDA_CONTEXT = GIB  # a process's CUDA context, cuBLAS workspaces, compiled kernels

@@ -29,7 +29,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from meshrl.config import RunConfig
-from meshrl.config.schema import ResourcePoolConfig
+from meshrl.config.sections import ResourcePoolConfig
 from meshrl.launcher.endpoints import Endpoints
 from meshrl.rpc.security import SecuritySettings
 

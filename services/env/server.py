@@ -19,6 +19,7 @@ import threading
 
 from meshrl.api.v1 import common_pb2, env_pb2, env_pb2_grpc
 from meshrl.config.loader import ConfigError, config_from_yaml
+from meshrl.config.roles import role_settings
 from meshrl.rpc.metrics_port import use_metrics_port
 from meshrl.rpc.server import GrpcServer, StopSignal, rpc_method, serve_exit_code
 from services.env.convert import (
@@ -62,9 +63,8 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
     @rpc_method
     def Initialize(self, request, context):
         cfg = config_from_yaml(request.config_yaml)  # ConfigError is a ValueError
-        mt = cfg.actor_rollout_ref.rollout.multi_turn
-        model = cfg.actor_rollout_ref.model
-        path = model.tokenizer_path or model.path
+        settings = role_settings(cfg, "env")
+        mt, path = settings.section, settings.tokenizer_path
         encode = load_encoder(path)
         table = EpisodeTable(
             build_environments(self.sandbox, mt.tool_timeout_s), encode, mt.step_timeout_s

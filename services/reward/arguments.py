@@ -188,7 +188,7 @@ def reward_config(
     """The RewardConfig the flags describe. `reward_model_settings`: other
     `reward.reward_model` fields (max_length, micro_batch_size, weight), which need
     `reward_model_path` (ValueError naming the flags otherwise)."""
-    from meshrl.config.schema import RewardConfig, RewardModelConfig  # pydantic: when used
+    from meshrl.config.sections import RewardConfig, RewardModelConfig  # pydantic: when used
 
     settings = reward_model_settings or {}
     if settings and not reward_model_path:

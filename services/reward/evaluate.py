@@ -31,7 +31,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from meshrl.config.schema import RewardConfig
+from meshrl.config.sections import RewardConfig
 from meshrl.output_paths import output_problem
 from meshrl.progress_ticker import ProgressTicker
 from services.reward.arguments import (

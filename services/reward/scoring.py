@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from meshrl.config.schema import RewardConfig
+from meshrl.config.sections import RewardConfig
 from services.reward.pool import DEFAULT_MEMORY_LIMIT_MB, ScorerPool
 from services.reward.scorers.registry import DATA_SOURCES, UnknownDataSource, known_data_sources
 from services.reward.types import (

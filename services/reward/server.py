@@ -25,7 +25,8 @@ import grpc
 
 from meshrl.api.v1 import common_pb2, reward_pb2, reward_pb2_grpc
 from meshrl.config.loader import ConfigError, config_from_yaml
-from meshrl.config.schema import RewardConfig
+from meshrl.config.roles import role_settings
+from meshrl.config.sections import RewardConfig
 from meshrl.rpc.call_count import CallCount
 from meshrl.rpc.call_markers import CallMarkers
 from meshrl.rpc.metrics_port import use_metrics_port
@@ -90,10 +91,11 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
     @rpc_method
     def Initialize(self, request, context):
         cfg = config_from_yaml(request.config_yaml)  # ConfigError is a ValueError: INVALID_ARGUMENT
+        reward = role_settings(cfg, "reward").section
         with self.initializing.admit("Initialize"):
             # built aside: Score keeps working meanwhile
-            self.swap(RewardScorer(cfg.reward, memory_limit_mb=self.memory_limit_mb))
-        log.info("initialized: %s", cfg.reward.model_dump())
+            self.swap(RewardScorer(reward, memory_limit_mb=self.memory_limit_mb))
+        log.info("initialized: %s", reward.model_dump())
         return common_pb2.InitializeResponse(info=self.info())
 
     @rpc_method

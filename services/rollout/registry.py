@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from meshrl.config import RunConfig
+from meshrl.config.roles import role_settings
 from services.rollout.engine import RolloutEngine
 
 log = logging.getLogger(__name__)
@@ -121,14 +122,15 @@ ENGINES: dict[str, Callable[[RunConfig], RolloutEngine]] = {
 
 def build_engine(cfg: RunConfig) -> RolloutEngine:
     """The engine the run config asks for, loaded and ready."""
-    path = cfg.actor_rollout_ref.model.path
+    settings = role_settings(cfg, "rollout")
+    path = settings.model_path
     if not path or not Path(path).is_dir():
         raise ValueError(f"actor_rollout_ref.model.path={path!r} is not a model folder")
-    return ENGINES[cfg.actor_rollout_ref.rollout.name](cfg)
+    return ENGINES[settings.section.name](cfg)
 
 
 def _max_model_len(cfg: RunConfig) -> int:
-    return cfg.data.max_prompt_length + cfg.data.max_response_length
+    return role_settings(cfg, "rollout").max_sequence_length
 
 
 def _native_kwargs(cfg: RunConfig) -> dict:

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 
 from meshrl.config import RunConfig
+from meshrl.config.roles import role_settings
 from meshrl.ragged import Ragged
 from meshrl.rpc.call_count import CallCount
 from meshrl.weight_sync.types import GroupSpec, WeightManifest
@@ -99,11 +100,12 @@ class RolloutWorker:
 
     def initialize(self, cfg: RunConfig) -> None:
         with self._call():
+            settings = role_settings(cfg, "rollout")
             engine = build_engine(cfg)  # slow: load outside the lock, swap in under it
             with self._engine_lock.hold():
                 self._engine = engine
-                self.model_path = cfg.actor_rollout_ref.model.path
-                self._partial_rollout = cfg.actor_rollout_ref.rollout.partial_rollout
+                self.model_path = settings.model_path
+                self._partial_rollout = settings.section.partial_rollout
 
     def generate(
         self,

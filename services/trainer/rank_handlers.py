@@ -14,6 +14,7 @@ from google.protobuf.message import Message
 from meshrl.api.v1 import common_pb2, trainer_pb2
 from meshrl.config import RunConfig, config_from_yaml
 from meshrl.config.placement import hands_gpu_memory_over
+from meshrl.config.roles import role_settings
 from meshrl.gpus import gathered_gpu_names
 from meshrl.version import package_version
 from meshrl.wire import tensor_to_proto
@@ -128,20 +129,21 @@ class RankHandlers:
     def Initialize(self, req: common_pb2.InitializeRequest) -> common_pb2.InitializeResponse:
         cfg = config_from_yaml(req.config_yaml)
         self.cfg = cfg
+        settings = role_settings(cfg, self.role_name)
         if self.publisher is not None:
             self.publisher.close()
         self.role, self.publisher = None, None
-        world = World.current(cfg.trainer.device)
+        world = World.current(settings.device)
         self.gpus = gathered_gpu_names(world.device)
         self.gives_memory_back = hands_gpu_memory_over(cfg)
-        configured = _configured_world_size(cfg, self.role_name)
+        configured = settings.world_size
         if configured != world.world_size:
             log.warning(
                 "the config asks for %d %s rank(s) but %d are running; using %d",
                 configured, self.role_name, world.world_size, world.world_size,
             )  # fmt: skip
         self.role = ROLES[self.role_name].build(cfg, world)
-        self.model_path = _model_path(cfg, self.role_name)
+        self.model_path = settings.model_path
         self.vocab_size = _vocab_size(self.role.model)
         if isinstance(self.role, ActorRole):
             rollout = cfg.actor_rollout_ref.rollout
@@ -238,17 +240,3 @@ class RankHandlers:
 def _vocab_size(model: torch.nn.Module) -> int:
     """Rows of the model's input embedding (a causal LM, or the critic's wrapped decoder)."""
     return decoder_config(model).vocab_size
-
-
-def _configured_world_size(cfg: RunConfig, role: str) -> int:
-    if role == "critic":
-        return cfg.critic.world_size
-    if role == "ref":
-        return cfg.actor_rollout_ref.ref.world_size
-    return cfg.actor_rollout_ref.actor.world_size
-
-
-def _model_path(cfg: RunConfig, role: str) -> str:
-    if role == "critic":
-        return cfg.critic.model.path or cfg.actor_rollout_ref.model.path
-    return cfg.actor_rollout_ref.model.path

@@ -608,7 +608,7 @@ def test_cov_losses_default_to_the_configs_defaults():
     # Called without them (as the tests do), the functions behave as a default config.
     import inspect
 
-    from meshrl.config.schema import PolicyLossConfig
+    from meshrl.config.sections import PolicyLossConfig
 
     cfg = PolicyLossConfig()
     for fn, names in [

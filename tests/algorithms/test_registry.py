@@ -21,7 +21,7 @@ from meshrl.algorithms.registry import (
     policy_loss,
 )
 from meshrl.config import build_config
-from meshrl.config.schema import AlgorithmConfig, PolicyLossConfig
+from meshrl.config.sections import AlgorithmConfig, PolicyLossConfig
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRIES = [*ESTIMATORS.values(), *POLICY_LOSSES.values()]

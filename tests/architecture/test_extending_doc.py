@@ -11,12 +11,7 @@ import typing
 from pathlib import Path
 
 from meshrl.algorithms.registry import ESTIMATORS, POLICY_LOSSES
-from meshrl.config.schema import (
-    AlgorithmConfig,
-    MultiTurnConfig,
-    PolicyLossConfig,
-    RolloutConfig,
-)
+from meshrl.config.sections import AlgorithmConfig, MultiTurnConfig, PolicyLossConfig, RolloutConfig
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs/extending.md"
@@ -72,7 +67,7 @@ def test_every_name_of_code_the_page_gives_is_defined_where_it_says():
         "EstimatorInputs": "meshrl/algorithms/estimators.py",
         "PolicyLossInputs": "meshrl/algorithms/loss_modes.py",
         "PolicyLossSettings": "meshrl/algorithms/loss_modes.py",
-        "combination_problems": "services/coordinator/run/preflight.py",
+        "RULES": "meshrl/config/rules.py",
         "ENGINES": "services/rollout/registry.py",
         "RolloutEngine": "services/rollout/engine.py",
         "FAMILIES": "services/reward/scorers/registry.py",

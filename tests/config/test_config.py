@@ -6,7 +6,7 @@ from meshrl.config import (
     config_from_yaml,
     config_to_yaml,
     load_config,
-    schema,
+    rules,
 )
 
 
@@ -123,7 +123,7 @@ def test_config_kl_estimators_are_the_algorithms():
     import typing
 
     from meshrl.algorithms.kl import KL_ESTIMATOR_KINDS
-    from meshrl.config.schema import KLEstimator
+    from meshrl.config.sections import KLEstimator
 
     assert set(typing.get_args(KLEstimator)) == set(KL_ESTIMATOR_KINDS)
 
@@ -255,11 +255,11 @@ def test_partial_rollouts_keeping_the_kv_cache_are_refused_with_vllm_on_a_gpu_ru
     ]
     assert build_config({}, recompute).actor_rollout_ref.rollout.partial_rollout_kv == "recompute"
     # On a CPU run with vllm installed, vLLM generates there too: refused as on a GPU ...
-    monkeypatch.setattr(schema, "vllm_installed", lambda: True)
+    monkeypatch.setattr(rules, "vllm_installed", lambda: True)
     with pytest.raises(ConfigError, match="partial_rollout_kv=keep does not go with"):
         build_config({}, vllm)
     # ... and without it, the native engine generates, which keeps it.
-    monkeypatch.setattr(schema, "vllm_installed", lambda: False)
+    monkeypatch.setattr(rules, "vllm_installed", lambda: False)
     assert build_config({}, vllm).actor_rollout_ref.rollout.partial_rollout
 
 

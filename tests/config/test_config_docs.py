@@ -1,5 +1,5 @@
 """docs/config.md is what `python -m meshrl.config.docs` writes from the schema: a key
-added, renamed or re-documented in meshrl/config/schema.py fails here until the page is
+added, renamed or re-documented in meshrl/config/sections/ fails here until the page is
 written again (`make config-docs`)."""
 
 from pathlib import Path
@@ -14,7 +14,7 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
 def test_the_checked_in_page_is_current():
     assert PAGE.read_text() == render(), (
-        f"docs/config.md is out of date with meshrl/config/schema.py: run `{COMMAND}` "
+        f"docs/config.md is out of date with meshrl/config/sections/: run `{COMMAND}` "
         "(make config-docs) and commit the page"
     )
 

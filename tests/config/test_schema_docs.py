@@ -49,5 +49,5 @@ def test_every_config_key_has_a_docstring():
     missing = undocumented_keys(RunConfig)
     assert not missing, (
         f"{len(missing)} config key(s) without a docstring (add one under the field in "
-        "meshrl/config/schema.py):\n  " + "\n  ".join(missing)
+        "meshrl/config/sections/):\n  " + "\n  ".join(missing)
     )

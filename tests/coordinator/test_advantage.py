@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from meshrl.config.schema import AlgorithmConfig
+from meshrl.config.sections import AlgorithmConfig
 from meshrl.ragged import Ragged
 from services.coordinator.generation.generated import GeneratedBatch
 from services.coordinator.step.advantage import AdvantageInputs, compute_advantages

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from meshrl.config import ConfigError
-from meshrl.config.schema import MultiTurnConfig
+from meshrl.config.sections import MultiTurnConfig
 from meshrl.data.dataset import PromptRecord
 from meshrl.ragged import Ragged
 from services.coordinator.generation.multi_turn import MultiTurnRollout, multi_turn_rollout

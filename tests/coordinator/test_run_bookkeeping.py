@@ -430,7 +430,10 @@ def test_val_only_without_validation_files_is_refused_at_start():
 
 def test_only_an_evaluation_may_leave_out_the_training_files():
     from meshrl.config import ConfigError
-    from services.coordinator.run.preflight import check_required_keys_given
+    from meshrl.config.rules import check_config
+
+    def check_required_keys_given(cfg):
+        check_config(cfg, "required")
 
     model = "actor_rollout_ref.model.path=m"
     with pytest.raises(ConfigError, match="^data.train_files is empty"):

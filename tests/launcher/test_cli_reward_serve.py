@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from meshrl.config.schema import RewardConfig, RewardModelConfig
+from meshrl.config.sections import RewardConfig, RewardModelConfig
 from meshrl.launcher.ports import free_port
 from meshrl.rpc.client import wait_for_health
 from meshrl.testing.tiny_model import make_tiny_reward_model_dir

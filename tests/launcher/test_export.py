@@ -20,7 +20,7 @@ from safetensors import safe_open
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-from meshrl.config.schema import ModelConfig
+from meshrl.config.sections import ModelConfig
 from meshrl.testing.tiny_model import make_tiny_model_dir, make_tiny_qwen2_dir
 from meshrl_app.cli import main
 from meshrl_app.export import ExportError, export_checkpoint

@@ -21,13 +21,13 @@ from typing import Any
 
 from meshrl.config import ConfigError, RunConfig, build_config
 from meshrl.config.loader import config_tree
+from meshrl.config.rules import check_config
 from meshrl.data.errors import DataError
 from meshrl.rpc.security import SecuritySettings
 from services.coordinator.metrics.sinks import ConsoleSink, MetricsSink, file_sinks
 from services.coordinator.run.lifecycle import run_lifecycle, start_line
 from services.coordinator.run.preflight import (
     check_cuda_here,
-    check_required_keys_given,
     check_run_config,
 )
 from services.coordinator.run.run_folder_lock import RunFolderInUse, check_run_folder_free
@@ -274,7 +274,7 @@ def parse_run_config(config_yaml: str, overrides: list[str]) -> RunConfig:
     """The submitted YAML + overrides, validated; errors name the key (ConfigError)."""
     cfg = build_config(config_tree(config_yaml, "the submitted config"), overrides)
     check_run_config(cfg)
-    check_required_keys_given(cfg)
+    check_config(cfg, "required")  # after the checks of this machine
     check_cuda_here(cfg)
     _check_security(cfg)
     return cfg

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from meshrl.config.schema import RewardConfig, RewardModelConfig
+from meshrl.config.sections import RewardConfig, RewardModelConfig
 from meshrl.testing.tiny_model import make_tiny_reward_model_dir
 from meshrl_app.cli import main as cli_main
 from services.reward.evaluate import (

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import LlamaForSequenceClassification, LlamaForTokenClassification
 
-from meshrl.config.schema import RewardConfig, RewardModelConfig
+from meshrl.config.sections import RewardConfig, RewardModelConfig
 from meshrl.testing.char_tokenizer import build_char_tokenizer, save_char_tokenizer
 from meshrl.testing.tiny_model import make_tiny_model_dir, tiny_llama_config
 from services.reward import reward_model

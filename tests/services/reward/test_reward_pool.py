@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from meshrl.config.schema import RewardConfig
+from meshrl.config.sections import RewardConfig
 from services.reward.convert import outcome_from_proto, outcome_to_proto
 from services.reward.pool import ScorerPool
 from services.reward.scorer_process import BadScore, coerce

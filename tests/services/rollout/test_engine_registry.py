@@ -21,7 +21,7 @@ def _cfg(model, *overrides):
 
 
 def test_every_name_of_the_schema_has_a_builder():
-    from meshrl.config.schema import RolloutConfig
+    from meshrl.config.sections import RolloutConfig
 
     names = RolloutConfig.model_fields["name"].annotation.__args__
     assert set(names) == set(registry.ENGINES)

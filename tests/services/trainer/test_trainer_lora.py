@@ -5,7 +5,7 @@ import torch
 from trainer_helpers import make_batch, plain_log_probs, trainer_config
 from transformers import AutoModelForCausalLM, GPT2Config
 
-from meshrl.config.schema import ModelConfig
+from meshrl.config.sections import ModelConfig
 from services.trainer.actor import ActorRole
 from services.trainer.checkpoint import load_checkpoint, save_checkpoint
 from services.trainer.critic import CriticRole

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from meshrl.config.schema import OptimConfig
+from meshrl.config.sections import OptimConfig
 from services.trainer.optim import LrSchedule, build_optimizer, clipped_step
 
 
