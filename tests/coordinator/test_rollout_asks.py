@@ -109,10 +109,12 @@ def test_the_actor_gets_rollout_log_probs_only_on_the_steps_that_asked_for_them(
     actor = SimpleNamespace(update_policy=lambda *a, **kw: got.append(kw["rollout_logprobs"]))
     step = SimpleNamespace(cfg=cfg, roles=SimpleNamespace(actor=actor))
     rows = Ragged.from_lists([[0.0, 0.0]])
-    batch = SimpleNamespace(
-        prompts=rows, responses=rows, old_logprobs=rows, ref_logprobs=None,
-        rollout_logprobs=rows.with_values(torch.full((2,), float("nan"))), loss_mask=None,
+    generated = SimpleNamespace(
+        prompts=rows, responses=rows, loss_mask=None,
+        rollout_logprobs=rows.with_values(torch.full((2,), float("nan"))),
     )  # fmt: skip
+    inferred = SimpleNamespace(old_logprobs=rows, ref_logprobs=None)
+    trajectory = SimpleNamespace(advantages=rows)
     for k in (1, 2):
-        PPOStep.update_actor(step, batch, rows, k)  # type: ignore[arg-type]
-    assert got[0] is batch.rollout_logprobs and got[1] is None
+        PPOStep.update_actor(step, generated, inferred, trajectory, k)  # type: ignore[arg-type]
+    assert got[0] is generated.rollout_logprobs and got[1] is None

@@ -5,6 +5,7 @@ scorer knows, samples the reward service could not score."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -348,8 +349,7 @@ def test_a_step_whose_every_ground_truth_is_empty_stops_the_run():
     """The step's own check, behind the start's: a zero of every sample is no reward."""
     from services.coordinator.step.scoring import NoGroundTruth
 
-    batch = _three_sample_batch()
-    batch.ground_truths = ["", " ", ""]
+    batch = replace(_three_sample_batch(), ground_truths=["", " ", ""])
     with pytest.raises(NoGroundTruth, match="every one of the 3 samples of this batch has an "):
         _score(batch, _FailingReward())
 
