@@ -212,7 +212,7 @@ def update_variants(
         try:
             if tag in REGATHER:
                 from services.trainer import actor as actor_module
-                from services.trainer import fsdp
+                from services.trainer.fsdp import sharding as fsdp
 
                 actor_module.shard_model = functools.partial(
                     fsdp.shard_model, reshard_after_forward=True
@@ -229,7 +229,7 @@ def update_variants(
             out[tag] = {"error": f"{type(e).__name__}: {e}"[:2000]}
         finally:
             from services.trainer import actor as actor_module
-            from services.trainer import fsdp
+            from services.trainer.fsdp import sharding as fsdp
 
             actor_module.shard_model = fsdp.shard_model
             torch.compiler.set_stance("default", skip_guard_eval_unsafe=False)

@@ -20,7 +20,7 @@ from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
 from services.trainer.distributed import World
 from services.trainer.forward import response_logprobs, rollout_temperature
-from services.trainer.fsdp import keeps_gathered, mixed_precision, reshard, shard_model
+from services.trainer.fsdp.sharding import keeps_gathered, mixed_precision, reshard, shard_model
 from services.trainer.lora import adapters_off, add_lora, iter_merged_params, named_full_shapes
 from services.trainer.micro_batches import MicroBatch, MiniBatch
 from services.trainer.model_loading import load_policy_model

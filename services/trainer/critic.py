@@ -12,7 +12,7 @@ from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
 from services.trainer.distributed import World
 from services.trainer.forward import response_values
-from services.trainer.fsdp import keeps_gathered, mixed_precision, resharded, shard_model
+from services.trainer.fsdp.sharding import keeps_gathered, mixed_precision, resharded, shard_model
 from services.trainer.lora import add_lora
 from services.trainer.micro_batches import MicroBatch, MiniBatch
 from services.trainer.model_loading import load_value_model

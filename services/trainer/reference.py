@@ -8,7 +8,7 @@ from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
 from services.trainer.distributed import World
 from services.trainer.forward import rollout_temperature
-from services.trainer.fsdp import mixed_precision, shard_model
+from services.trainer.fsdp.sharding import mixed_precision, shard_model
 from services.trainer.model_loading import freeze, load_policy_model
 from services.trainer.scoring import ForwardSettings, log_prob_settings, policy_log_probs
 from services.trainer.types import SequenceBatch
