@@ -17,6 +17,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from meshrl.algorithms.registry import ESTIMATORS, POLICY_LOSSES, advantage_estimator, describe
 
+# --- the trainer backends (strategy=megatron): their section and checks live in megatron.py
+from meshrl.config.megatron import MegatronConfig, Strategy, megatron_problems
+
 # The KL estimators of meshrl.algorithms.kl.KL_ESTIMATOR_KINDS, named here so that loading a
 # config does not import torch (tests/config checks the two lists agree). "+": straight-through.
 KLEstimator = Literal[
@@ -100,23 +103,6 @@ def _verl_warmup_steps(value: object) -> object:
     # verl's -1 (its default): take the warm-up from lr_warmup_steps_ratio, whose only value
     # accepted here is 0 (verl_keys.py): no warm-up
     return 0 if value == -1 and type(value) is int else value
-
-
-def _fsdp_only(value: object) -> object:
-    """verl's other trainer back end named, with what meshrl does instead; anything else
-    goes on to the Literal check."""
-    if value == "megatron":
-        raise ValueError(
-            "megatron is not a strategy here: each trainer role is sharded with FSDP2 over its "
-            "world_size ranks (strategy fsdp or fsdp2)"
-        )
-    return value
-
-
-# verl's `strategy` of the actor, critic and reference: "fsdp" (FSDP1 there) and "fsdp2" both
-# mean the model is fully sharded over the role's ranks, which FSDP2 does here; verl's command
-# lines pass either. The value changes nothing here; it is accepted so that they run as pasted.
-Strategy = Annotated[Literal["fsdp", "fsdp2"], BeforeValidator(_fsdp_only)]
 
 
 class Section(BaseModel):
@@ -260,8 +246,10 @@ class PolicyLossConfig(Section):
 
 class ActorConfig(Section):
     strategy: Strategy = "fsdp2"
-    """Parallelism of the trainer ranks: always FSDP2 `fully_shard` (verl's fsdp and fsdp2
-    are both accepted and run so; megatron is refused)."""
+    """The trainer backend: fsdp or fsdp2 (both FSDP2 `fully_shard` over world_size ranks),
+    or megatron (Megatron-Core, split as `megatron` says; docs/megatron.md)."""
+    megatron: MegatronConfig = Field(default_factory=MegatronConfig)
+    """With strategy=megatron: tensor and pipeline parallel sizes (verl's keys)."""
     world_size: int = Field(1, ge=1)
     """Trainer ranks (processes) behind the actor endpoint."""
     ppo_mini_batch_size: int = Field(64, gt=0)
@@ -492,7 +480,9 @@ class RolloutConfig(Section):
 
 class RefConfig(Section):
     strategy: Strategy = "fsdp2"
-    """As actor.strategy: the reference role is FSDP2-sharded (fsdp or fsdp2 accepted)."""
+    """As actor.strategy, for the reference role."""
+    megatron: MegatronConfig = Field(default_factory=MegatronConfig)
+    """As actor.megatron, for the reference role."""
     log_prob_micro_batch_size_per_gpu: int = Field(16, gt=0)
     """Responses per forward of the frozen reference."""
     log_prob_use_dynamic_bsz: bool | None = None
@@ -531,7 +521,9 @@ class CriticConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     """Empty path = start from the actor's model with a fresh value head."""
     strategy: Strategy = "fsdp2"
-    """As actor.strategy: the critic is FSDP2-sharded (fsdp or fsdp2 accepted)."""
+    """As actor.strategy, for the critic."""
+    megatron: MegatronConfig = Field(default_factory=MegatronConfig)
+    """As actor.megatron, for the critic."""
     world_size: int = Field(1, ge=1)
     """Trainer ranks (processes) behind the critic endpoint."""
     ppo_mini_batch_size: int | None = Field(None, gt=0)
@@ -975,7 +967,7 @@ class RunConfig(Section):
     @model_validator(mode="after")
     def _check_combinations(self) -> RunConfig:
         # Every problem of this kind in one message (a line each), not one per attempt.
-        problems = [*self._batch_shape_problems()]
+        problems = [*self._batch_shape_problems(), *self._backend_problems()]
         # Dynamic sampling decides how many batches a step generates from their scores, so
         # the next step's generation cannot start before this step's is judged.
         if self.trainer.one_step_off_policy and self.algorithm.filter_groups.enable:
@@ -1000,6 +992,25 @@ class RunConfig(Section):
         if problems:
             raise ValueError("\n  ".join(problems))
         return self
+
+    def _backend_problems(self) -> list[str]:
+        """strategy=megatron's sizes and what it does not go with (meshrl/config/megatron.py)."""
+        arr, critic = self.actor_rollout_ref, self.critic
+        padding_free = arr.model.use_remove_padding
+        return [
+            *megatron_problems(
+                "actor_rollout_ref.actor", arr.actor.strategy, arr.actor.megatron,
+                arr.actor.world_size, arr.model.lora_rank, padding_free,
+            ),
+            *megatron_problems(
+                "actor_rollout_ref.ref", arr.ref.strategy, arr.ref.megatron,
+                arr.ref.world_size, 0, padding_free,
+            ),
+            *megatron_problems(
+                "critic", critic.strategy, critic.megatron, critic.world_size,
+                critic.model.lora_rank, critic.model.use_remove_padding,
+            ),
+        ]  # fmt: skip
 
     def _async_training_problems(self) -> list[str]:
         problems = []
