@@ -126,7 +126,8 @@ def from_hf(
     for name in names:
         tensors = [hf[n] for n in hf_names(name)]
         if "linear_qkv" in name:
-            yield name, fuse_qkv(*tensors, a)
+            q, k, v = tensors
+            yield name, fuse_qkv(q, k, v, a)
         elif name.endswith("mlp.linear_fc1.weight"):
             yield name, torch.cat(tensors, dim=0)
         else:

@@ -55,7 +55,8 @@ def rope_theta(hf_config) -> float:
         raise ValueError(
             f"rope scaling {rope_type!r}: the Megatron backend builds plain RoPE only yet"
         )
-    return float(params.get("rope_theta") or getattr(hf_config, "rope_theta", 10000.0))
+    theta = params.get("rope_theta") or getattr(hf_config, "rope_theta", None) or 10000.0
+    return float(theta)
 
 
 def transformer_config(hf_config, recompute: bool) -> TransformerConfig:
@@ -166,7 +167,8 @@ class _Net(nn.Module):
             return self.value_head(hidden).sum(dim=-1).float()  # (b, s)
         # As transformers' logits_to_keep: an int keeps the last k positions (0: all).
         kept = hidden[:, slice(-keep, None) if isinstance(keep, int) else keep, :]
-        return self.lm_head(kept)
+        head: ChunkedLMHead = getattr(self, "lm_head")  # noqa: B009 - not a registered child
+        return head(kept)
 
 
 class MegatronLM(nn.Module):
@@ -186,7 +188,10 @@ class MegatronLM(nn.Module):
     @property
     def inner(self) -> _Net:
         net = self.net
-        return net.module if isinstance(net, nn.parallel.DistributedDataParallel) else net
+        if isinstance(net, nn.parallel.DistributedDataParallel):
+            net = net.module
+        assert isinstance(net, _Net)
+        return net
 
     @property
     def gpt(self) -> GPTModel:
