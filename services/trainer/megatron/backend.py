@@ -60,7 +60,6 @@ def _model(
     if not path or not Path(path).is_dir():
         raise ValueError(f"model path {path!r} is not a local Hugging Face folder")
     hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
-    recompute = recompute and world.device.type == "cuda"  # Megatron's recompute: CUDA RNG
     gpt = build_gpt(hf_config, recompute, with_lm_head=not value_head)
     if world.device.type == "cpu":
         on_cpu(gpt)

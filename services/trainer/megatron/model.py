@@ -23,6 +23,7 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from services.trainer.chunked_head import ChunkedLMHead
 
@@ -59,7 +60,7 @@ def rope_theta(hf_config) -> float:
     return float(theta)
 
 
-def transformer_config(hf_config, recompute: bool) -> TransformerConfig:
+def transformer_config(hf_config) -> TransformerConfig:
     """Megatron's config of a Llama or Qwen2 decoder; float32 parameters (the masters: a
     bf16 compute dtype is autocast in the forward, :class:`MegatronLM`)."""
     if hf_config.model_type not in SUPPORTED:
@@ -71,13 +72,6 @@ def transformer_config(hf_config, recompute: bool) -> TransformerConfig:
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
     # Qwen2 has q/k/v biases; Llama only with attention_bias.
     qkv_bias = hf_config.model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", 0))
-    extra = {}
-    if recompute:  # every layer's activations recomputed in backward (CUDA: its RNG tracker)
-        extra = {
-            "recompute_granularity": "full",
-            "recompute_method": "uniform",
-            "recompute_num_layers": 1,
-        }
     return TransformerConfig(
         num_layers=hf_config.num_hidden_layers,
         hidden_size=hf_config.hidden_size,
@@ -102,14 +96,13 @@ def transformer_config(hf_config, recompute: bool) -> TransformerConfig:
         masked_softmax_fusion=False,
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
-        **extra,
     )
 
 
 def build_gpt(hf_config, recompute: bool, with_lm_head: bool) -> GPTModel:
     """The decoder on the CPU, its weights uninitialised; without ``with_lm_head`` (the
     critic) no output layer is kept."""
-    config = transformer_config(hf_config, recompute)
+    config = transformer_config(hf_config)
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = SdpaAttention
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))
@@ -125,7 +118,24 @@ def build_gpt(hf_config, recompute: bool, with_lm_head: bool) -> GPTModel:
     )
     if not with_lm_head:
         gpt.output_layer = None
+    if recompute:
+        recompute_layers(gpt)
     return gpt
+
+
+def recompute_layers(gpt: GPTModel) -> None:
+    """Each decoder layer's activations recomputed in backward (the role's
+    ``enable_gradient_checkpointing``), by torch's non-reentrant checkpoint, as the FSDP2
+    backend's Hugging Face models do. Not Megatron's own recompute: its reentrant function
+    runs the recomputation outside the forward's autocast (float32 where the forward was
+    bf16) and needs CUDA's RNG tracker."""
+    for layer in gpt.decoder.layers:
+        forward = layer.forward
+
+        def checkpointed(*args, _forward=forward, **kwargs):
+            return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+
+        layer.forward = checkpointed
 
 
 def head_weight(gpt: GPTModel) -> nn.Parameter:

@@ -143,3 +143,17 @@ def test_bf16_log_probs_stay_within_bf16_of_float32(model_dir, world):
     low, _ = bf16.compute_log_probs(batch)
     diff = (low.values - exact.values).abs()
     assert 0 < diff.max() < 0.1
+
+
+def test_recomputed_layers_train_as_stored_activations(model_dir, world):
+    """enable_gradient_checkpointing: each layer recomputed in backward (torch's
+    non-reentrant checkpoint), the same update bit for bit in float32."""
+    batch = make_batch(8, seed=1)
+    metrics = []
+    for recompute in ("false", "true"):
+        over = [MEGATRON, f"actor_rollout_ref.model.enable_gradient_checkpointing={recompute}"]
+        actor = ActorRole.build(trainer_config(model_dir, over), world)
+        lp, _ = actor.compute_log_probs(batch)
+        metrics.append(actor.update_policy(batch, lp, _advantages(lp), None, None, 1))
+    assert metrics[1]["actor/grad_norm"] == metrics[0]["actor/grad_norm"]
+    assert metrics[1]["actor/pg_loss"] == metrics[0]["actor/pg_loss"]
