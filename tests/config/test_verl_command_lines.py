@@ -189,13 +189,14 @@ def test_nothing_close_gets_no_suggestion():
         (
             "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=0",  # its own key
             "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params: unknown config "
-            "key (verl's), not used here: each trainer role is always FSDP2-sharded",
+            "key (verl's), not used here: each trainer role is FSDP2-sharded",
         ),
         (
             "actor_rollout_ref.actor.fsdp_config.grad_offload=True",
             "actor_rollout_ref.actor.fsdp_config.grad_offload: unknown config key (verl's), not "
-            "used here: each trainer role is always FSDP2-sharded over its world_size ranks; its "
-            "weights and optimizer in CPU memory between calls: <role>.param_offload / "
+            "used here: each trainer role is FSDP2-sharded over its world_size ranks (or split by "
+            "Megatron-Core with strategy=megatron, <role>.megatron.*); its weights and optimizer "
+            "in CPU memory between calls: <role>.param_offload / "
             "optimizer_offload; only false, which asks for what meshrl does anyway, is accepted",
         ),
         (
