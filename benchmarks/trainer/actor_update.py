@@ -118,7 +118,7 @@ def gathered_ab(
     serve the update's first mini-batch and a foreach copy from the stepped masters the
     later ones; else every forward gathers again. The first update's loss and gradient
     norm are compared (GPU atomics make them differ in the last digits)."""
-    from services.trainer import fsdp
+    from services.trainer.fsdp import sharding as fsdp
 
     out: dict = {}
     for count in mini_batches:

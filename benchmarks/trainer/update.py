@@ -211,10 +211,10 @@ def update_variants(
         os.environ.update(env)
         try:
             if tag in REGATHER:
-                from services.trainer import actor as actor_module
-                from services.trainer import fsdp
+                from services.trainer.fsdp import backend as fsdp_backend
+                from services.trainer.fsdp import sharding as fsdp
 
-                actor_module.shard_model = functools.partial(
+                fsdp_backend.shard_model = functools.partial(
                     fsdp.shard_model, reshard_after_forward=True
                 )
             actor, batch, old, adv = _built_actor(
@@ -228,10 +228,10 @@ def update_variants(
         except Exception as e:  # noqa: BLE001
             out[tag] = {"error": f"{type(e).__name__}: {e}"[:2000]}
         finally:
-            from services.trainer import actor as actor_module
-            from services.trainer import fsdp
+            from services.trainer.fsdp import backend as fsdp_backend
+            from services.trainer.fsdp import sharding as fsdp
 
-            actor_module.shard_model = fsdp.shard_model
+            fsdp_backend.shard_model = fsdp.shard_model
             torch.compiler.set_stance("default", skip_guard_eval_unsafe=False)
             for k, v in saved.items():
                 if v is None:

@@ -170,7 +170,7 @@ def _pin(cpu: int | None) -> None:
 def run(dtype_name: str, bucket_mbs: list[float], reps: int, threads: int, pin: bool) -> dict:
     from meshrl.weight_sync import WeightGroup, WeightManifest, plan_buckets, send_weights
     from services.trainer.distributed import World, init_distributed
-    from services.trainer.fsdp import shard_model
+    from services.trainer.fsdp.sharding import shard_model
 
     torch.set_num_threads(threads)
     dtype = getattr(torch, dtype_name)

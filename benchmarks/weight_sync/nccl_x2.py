@@ -245,7 +245,7 @@ def loss_worker(rank: int, world: int, args, port: int, queue) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshrl.algorithms.policy_loss import ppo_policy_loss
-    from services.trainer.fsdp import shard_model
+    from services.trainer.fsdp.sharding import shard_model
 
     device = _device(args.device, rank)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

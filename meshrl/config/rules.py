@@ -29,6 +29,7 @@ from meshrl.algorithms.registry import ESTIMATORS, advantage_estimator
 from meshrl.config.errors import ConfigError
 from meshrl.config.sections.actor import ActorConfig
 from meshrl.config.sections.critic import CriticConfig
+from meshrl.config.sections.megatron import RUNNING_SIZES, MegatronConfig
 from meshrl.config.sections.run import RunSections
 
 When = Literal["load", "run", "required"]
@@ -166,6 +167,63 @@ def rollout_log_probs_for_their_consumers(cfg: RunSections) -> Iterator[str]:
             "the cap): set calculate_log_probs to true or leave it unset, or "
             "tis_imp_ratio_cap=-1"
         )
+
+
+def _megatron_problems(
+    section: str, strategy: str, megatron: MegatronConfig, world_size: int, lora_rank: int,
+    remove_padding: bool,
+) -> list[str]:  # fmt: skip
+    """One line per setting ``strategy=megatron`` cannot run with, for ``section``
+    (``actor_rollout_ref.actor``, ``critic``, ``actor_rollout_ref.ref``); none for FSDP."""
+    if strategy != "megatron":
+        return []
+    problems = []
+    tp, pp = megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size
+    if world_size % (tp * pp):
+        problems.append(
+            f"{section}.megatron.tensor_model_parallel_size={tp} x "
+            f"pipeline_model_parallel_size={pp} does not divide {section}.world_size="
+            f"{world_size}: the role's ranks cannot be split so"
+        )
+    for key, running in RUNNING_SIZES.items():
+        value = getattr(megatron, key)
+        if value != running:
+            problems.append(
+                f"{section}.megatron.{key}={value}: meshrl's Megatron backend runs only "
+                f"{running} yet (docs/megatron.md)"
+            )
+    model = "actor_rollout_ref.model" if section != "critic" else "critic.model"
+    if lora_rank:
+        problems.append(
+            f"{model}.lora_rank={lora_rank} does not go with {section}.strategy=megatron "
+            "(LoRA adapters are peft's, on the FSDP2 backend): set strategy=fsdp2"
+        )
+    if remove_padding:
+        problems.append(
+            f"{model}.use_remove_padding=true does not go with {section}.strategy=megatron "
+            "(padding-free rows need varlen attention, which the Megatron backend's torch "
+            "attention has not): set use_remove_padding=false"
+        )
+    return problems
+
+
+def megatron_runs_as_asked(cfg: RunSections) -> Iterator[str]:
+    """strategy=megatron: sizes the role's ranks can give and the backend runs, and what it
+    does not go with, for each trainer role."""
+    arr, critic = cfg.actor_rollout_ref, cfg.critic
+    padding_free = arr.model.use_remove_padding
+    yield from _megatron_problems(
+        "actor_rollout_ref.actor", arr.actor.strategy, arr.actor.megatron,
+        arr.actor.world_size, arr.model.lora_rank, padding_free,
+    )  # fmt: skip
+    yield from _megatron_problems(
+        "actor_rollout_ref.ref", arr.ref.strategy, arr.ref.megatron, arr.ref.world_size, 0,
+        padding_free,
+    )  # fmt: skip
+    yield from _megatron_problems(
+        "critic", critic.strategy, critic.megatron, critic.world_size,
+        critic.model.lora_rank, critic.model.use_remove_padding,
+    )  # fmt: skip
 
 
 # -- run: a PPO run's start --------------------------------------------------------------
@@ -316,6 +374,7 @@ RULES: tuple[Rule, ...] = (
     Rule(partial_rollout_kv_kept_only_off_vllm, "load"),
     Rule(async_training_alone, "load"),
     Rule(rollout_log_probs_for_their_consumers, "load"),
+    Rule(megatron_runs_as_asked, "load"),
     Rule(critic_for_the_estimator, "run"),
     Rule(fast_engine_on_a_gpu, "run"),
     Rule(critic_reads_no_tokenizer, "run"),

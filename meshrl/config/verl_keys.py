@@ -52,8 +52,9 @@ class VerlKey:
 
 
 _FSDP = (
-    "each trainer role is always FSDP2-sharded over its world_size ranks; its weights and "
-    "optimizer in CPU memory between calls: <role>.param_offload / optimizer_offload"
+    "each trainer role is FSDP2-sharded over its world_size ranks (or split by Megatron-Core "
+    "with strategy=megatron, <role>.megatron.*); its weights and optimizer in CPU memory "
+    "between calls: <role>.param_offload / optimizer_offload"
 )
 _PER_RANK = "responses per forward on each rank"
 _MASTERS = "master weights stay float32; this is the dtype forwards and backwards compute in"

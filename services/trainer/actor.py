@@ -18,12 +18,12 @@ from meshrl.algorithms.policy_loss import rollout_mismatch_metrics, truncated_is
 from meshrl.algorithms.registry import policy_loss
 from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
+from services.trainer.backends import TrainerBackend, trainer_backend
 from services.trainer.distributed import World
 from services.trainer.forward import response_logprobs, rollout_temperature
-from services.trainer.fsdp import keeps_gathered, mixed_precision, reshard, shard_model
-from services.trainer.lora import adapters_off, add_lora, iter_merged_params, named_full_shapes
+from services.trainer.fsdp.sharding import keeps_gathered
+from services.trainer.lora import adapters_off
 from services.trainer.micro_batches import MicroBatch, MiniBatch
-from services.trainer.model_loading import load_policy_model
 from services.trainer.padding_free import pack_micro_batch
 from services.trainer.scoring import ForwardSettings, log_prob_settings, policy_log_probs
 from services.trainer.sequences import ragged_to_padded, to_device
@@ -62,8 +62,9 @@ class ActorRole(TrainedRole):
         log_prob: ForwardSettings,
         world: World,
         offload: tuple[bool, bool] = (False, False),
+        backend: TrainerBackend | None = None,
     ):
-        super().__init__(model, optimization, world, offload)
+        super().__init__(model, optimization, world, offload, backend)
         self.loss = loss
         self.loss_entry = policy_loss(loss.loss_mode)  # what the loss needs (registry.py)
         self.loss_fn = self.loss_entry.load()
@@ -76,21 +77,8 @@ class ActorRole(TrainedRole):
     @staticmethod
     def build(cfg: RunConfig, world: World) -> ActorRole:
         arr = cfg.actor_rollout_ref
-        model: torch.nn.Module = load_policy_model(
-            arr.model.path,
-            "cpu",
-            bool(arr.model.enable_gradient_checkpointing),
-            arr.model.use_remove_padding,
-        )
-        # Before sharding (FSDP2 shards what it finds), on the CPU (the same draw on every rank).
-        model = add_lora(model, arr.model, cfg.trainer.seed, "actor_rollout_ref.model")
-        model = model.to(world.device)
-        model = shard_model(
-            model,
-            world.mesh,
-            mixed_precision(arr.model.dtype),
-            compile_layers=bool(arr.actor.use_torch_compile),
-        )
+        backend = trainer_backend(arr.actor.strategy)
+        model = backend.policy_model(cfg, world, trained=True)
         return ActorRole(
             model=model,
             optimization=Optimization.from_config(
@@ -107,6 +95,7 @@ class ActorRole(TrainedRole):
             log_prob=log_prob_settings(cfg, arr.rollout),
             world=world,
             offload=(arr.actor.param_offload, arr.actor.optimizer_offload),
+            backend=backend,
         )
 
     def compute_log_probs(
@@ -284,14 +273,13 @@ class ActorRole(TrainedRole):
     def named_param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         """Hugging Face names and full (un-sharded) shapes, in ``iter_full_params`` order
         (LoRA adapters are merged into their layers' weights: lora.py)."""
-        return named_full_shapes(self.model)
+        return self.backend.full_shapes(self.model)
 
     def iter_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, full tensor), one parameter at a time, so the whole model is never
         gathered at once. Each gather is a collective: every rank must drain this
-        iterator in step."""
-        reshard(self.model)  # the float32 masters, whatever a forward left gathered
-        yield from iter_merged_params(self.model)
+        iterator in step. The backend maps its own names to Hugging Face's."""
+        yield from self.backend.full_params(self.model)
 
 
 def widen(x: torch.Tensor, width: int) -> torch.Tensor:

@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from services.trainer.fsdp import reshard
+from services.trainer.fsdp.sharding import reshard
 
 META_FILE = "meta.json"
 

@@ -10,12 +10,11 @@ from meshrl.algorithms.masked import masked_mean
 from meshrl.algorithms.value_loss import clipped_value_loss
 from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
+from services.trainer.backends import TrainerBackend, trainer_backend
 from services.trainer.distributed import World
 from services.trainer.forward import response_values
-from services.trainer.fsdp import keeps_gathered, mixed_precision, resharded, shard_model
-from services.trainer.lora import add_lora
+from services.trainer.fsdp.sharding import keeps_gathered, resharded
 from services.trainer.micro_batches import MicroBatch, MiniBatch
-from services.trainer.model_loading import load_value_model
 from services.trainer.padding_free import pack_micro_batch
 from services.trainer.scoring import ForwardSettings, score_batch
 from services.trainer.sequences import ragged_to_padded, to_device
@@ -52,27 +51,17 @@ class CriticRole(TrainedRole):
         forward: ForwardSettings,
         world: World,
         offload: tuple[bool, bool] = (False, False),
+        backend: TrainerBackend | None = None,
     ):
-        super().__init__(model, optimization, world, offload)
+        super().__init__(model, optimization, world, offload, backend)
         self.loss = loss
         self.forward = forward  # value passes; their layout is the update's too
 
     @staticmethod
     def build(cfg: RunConfig, world: World) -> CriticRole:
         c = cfg.critic
-        path = c.model.path or cfg.actor_rollout_ref.model.path
-        model = load_value_model(
-            path, "cpu", bool(c.model.enable_gradient_checkpointing), c.model.use_remove_padding
-        )
-        # On the decoder (the value head stays fully trained), on the CPU: see ActorRole.build.
-        add_lora(model.model, c.model, cfg.trainer.seed, "critic.model")
-        model = model.to(world.device)
-        model = shard_model(
-            model,
-            world.mesh,
-            mixed_precision(compute_dtype(cfg)),
-            compile_layers=bool(c.use_torch_compile),
-        )
+        backend = trainer_backend(c.strategy)
+        model = backend.value_model(cfg, world)
         dynamic = c.use_dynamic_bsz
         if dynamic is None:  # verl's default: the actor's setting
             dynamic = cfg.actor_rollout_ref.actor.use_dynamic_bsz
@@ -89,6 +78,7 @@ class CriticRole(TrainedRole):
             forward=forward,
             world=world,
             offload=(c.param_offload, c.optimizer_offload),
+            backend=backend,
         )
 
     def compute_values(self, batch: SequenceBatch) -> Ragged:

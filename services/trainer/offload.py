@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from services.trainer.fsdp import reshard
+from services.trainer.fsdp.sharding import reshard
 
 
 class StateOffload:

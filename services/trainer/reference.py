@@ -6,10 +6,9 @@ import torch
 
 from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
+from services.trainer.backends import trainer_backend
 from services.trainer.distributed import World
 from services.trainer.forward import rollout_temperature
-from services.trainer.fsdp import mixed_precision, shard_model
-from services.trainer.model_loading import freeze, load_policy_model
 from services.trainer.scoring import ForwardSettings, log_prob_settings, policy_log_probs
 from services.trainer.types import SequenceBatch
 
@@ -35,20 +34,8 @@ class RefRole:
     @staticmethod
     def build(cfg: RunConfig, world: World) -> RefRole:
         arr = cfg.actor_rollout_ref
-        model = freeze(
-            load_policy_model(
-                arr.model.path, world.device, remove_padding=arr.model.use_remove_padding
-            )
-        )
-        # Frozen weights still shard: the reference is as large as the actor.
+        model = trainer_backend(arr.ref.strategy).policy_model(cfg, world, trained=False)
         offload = arr.ref.param_offload and world.device.type == "cuda"
-        model = shard_model(
-            model,
-            world.mesh,
-            mixed_precision(arr.model.dtype),
-            compile_layers=bool(arr.ref.use_torch_compile),
-            offload=offload,
-        )
         settings = log_prob_settings(cfg, arr.ref)
         role = RefRole(model, rollout_temperature(cfg), settings, world, offload)
         role.release_gpu_memory()  # the weights passed through the GPU on their way to it

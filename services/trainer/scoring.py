@@ -16,7 +16,7 @@ from meshrl.config.schema import RefConfig, RolloutConfig, RunConfig
 from meshrl.ragged import Ragged
 from services.trainer.distributed import World
 from services.trainer.forward import response_logprobs
-from services.trainer.fsdp import resharded
+from services.trainer.fsdp.sharding import resharded
 from services.trainer.micro_batches import plan_epoch
 from services.trainer.padding_free import ModelBatch, pack_micro_batch
 from services.trainer.types import SequenceBatch
@@ -78,7 +78,7 @@ def policy_log_probs(
     keep_gathered: bool = False,
 ) -> tuple[Ragged, Ragged | None]:
     """Log-probs (and entropies) of a policy model's response tokens; actor and ref.
-    ``keep_gathered``: see :func:`~services.trainer.fsdp.resharded` (the actor, whose
+    ``keep_gathered``: see :func:`~services.trainer.fsdp.sharding.resharded` (the actor, whose
     update follows; not the reference, which never updates)."""
 
     def score(packed: ModelBatch) -> tuple[torch.Tensor, ...]:

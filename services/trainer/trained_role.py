@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from meshrl.config.schema import ActorConfig, CriticConfig, RunConfig
-from services.trainer.checkpoint import load_checkpoint, save_checkpoint
+from services.trainer.backends import TrainerBackend, trainer_backend
 from services.trainer.distributed import World
 from services.trainer.lora import hf_name, lora_settings
 from services.trainer.mfu import UpdateTimer, peak_memory_metrics, perf_metrics
@@ -71,8 +71,11 @@ class TrainedRole:
         optimization: Optimization,
         world: World,
         offload: tuple[bool, bool] = (False, False),
+        backend: TrainerBackend | None = None,
     ):
-        """``offload``: (param_offload, optimizer_offload) of the role's config."""
+        """``offload``: (param_offload, optimizer_offload) of the role's config; ``backend``
+        the one that built ``model`` (None: FSDP2's)."""
+        self.backend = backend or trainer_backend("fsdp2")
         self.model = model
         self.optimizer = optimization.optimizer
         self.schedule = optimization.schedule
@@ -124,22 +127,38 @@ class TrainedRole:
         return metrics
 
     def save(self, path: str, with_optimizer: bool) -> None:
-        meta = {"role": self.name, "update_count": self.update_count}
+        meta = {
+            "role": self.name,
+            "update_count": self.update_count,
+            "backend": self.backend.NAME,
+        }
         if (lora := lora_settings(self.model)) is not None:
             meta["lora"] = lora  # what an export needs to merge the adapters
-        save_checkpoint(path, self.model, self.optimizer if with_optimizer else None, meta)
+        optimizer = self.optimizer if with_optimizer else None
+        self.backend.save_checkpoint(path, self.model, optimizer, meta)
 
     def load(self, path: str, with_optimizer: bool) -> None:
         expected = lora_settings(self.model)
-        meta = load_checkpoint(
-            path,
-            self.model,
-            self.optimizer if with_optimizer else None,
+
+        def check(meta: dict) -> None:
             # Checked before any tensor is read: DCP would only name a missing key.
-            check=lambda meta: _check_lora(path, meta.get("lora"), expected),
+            _check_backend(path, meta.get("backend", "fsdp"), self.backend.NAME)
+            _check_lora(path, meta.get("lora"), expected)
+
+        meta = self.backend.load_checkpoint(
+            path, self.model, self.optimizer if with_optimizer else None, check=check
         )
         # "weight_version": the name a checkpoint written before the rename gave it
         self.update_count = int(meta.get("update_count", meta.get("weight_version", 0)))
+
+
+def _check_backend(path: str, saved: str, here: str) -> None:
+    if saved != here:
+        raise ValueError(
+            f"{path} was saved by the {saved} trainer backend, and this role runs {here} "
+            "(its strategy): resume with the strategy it was trained with, or start this "
+            "run from the exported Hugging Face folder (meshrl export)"
+        )
 
 
 def _check_lora(path: str, saved: dict | None, expected: dict | None) -> None:

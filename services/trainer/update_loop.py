@@ -17,7 +17,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from services.trainer.distributed import World
-from services.trainer.fsdp import gathered_across_steps, keeps_gathered
+from services.trainer.fsdp.sharding import gathered_across_steps, keeps_gathered
 from services.trainer.micro_batches import MicroBatch, MiniBatch, epoch_seed, plan_epoch
 from services.trainer.optim import LrSchedule, clipped_step, set_lr
 

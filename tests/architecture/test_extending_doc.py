@@ -12,10 +12,18 @@ from pathlib import Path
 
 from meshrl.algorithms.registry import ESTIMATORS, POLICY_LOSSES
 from meshrl.config.sections import AlgorithmConfig, MultiTurnConfig, PolicyLossConfig, RolloutConfig
+from meshrl.config.sections.megatron import Strategy
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs/extending.md"
-KINDS = ("advantage estimator", "policy loss", "rollout engine", "reward scorer", "environment")
+KINDS = (
+    "advantage estimator",
+    "policy loss",
+    "rollout engine",
+    "trainer backend",
+    "reward scorer",
+    "environment",
+)
 
 
 def _sections() -> dict[str, str]:
@@ -40,6 +48,7 @@ def _module_names(path: str, name: str) -> list[str]:
 ENGINES = _module_names("services/rollout/registry.py", "ENGINES")
 FAMILIES = _module_names("services/reward/scorers/registry.py", "FAMILIES")
 ENVIRONMENTS = _module_names("services/env/registry.py", "ENVIRONMENT_NAMES")
+BACKENDS = _module_names("services/trainer/backends.py", "BACKENDS")
 
 
 def test_one_checklist_for_each_kind_of_extension():
@@ -74,6 +83,10 @@ def test_every_name_of_code_the_page_gives_is_defined_where_it_says():
         "ENVIRONMENT_NAMES": "services/env/registry.py",
         "build_environments": "services/env/registry.py",
         "Environment": "services/env/environment.py",
+        "BACKENDS": "services/trainer/backends.py",
+        "TrainerBackend": "services/trainer/backends.py",
+        "Strategy": "meshrl/config/sections/megatron.py",
+        "megatron_runs_as_asked": "meshrl/config/rules.py",
     }
     text = DOC.read_text()
     for name, path in defined.items():
@@ -96,6 +109,7 @@ def test_the_page_lists_each_registrys_entries():
     sections = _sections()
     for kind, names in [
         ("rollout engine", ENGINES),
+        ("trainer backend", BACKENDS),
         ("reward scorer", FAMILIES),
         ("environment", ENVIRONMENTS),
     ]:
@@ -112,3 +126,4 @@ def test_the_config_allows_exactly_each_registrys_names():
     assert allowed(PolicyLossConfig, "loss_mode") == list(POLICY_LOSSES)
     assert allowed(RolloutConfig, "name") == ENGINES
     assert allowed(MultiTurnConfig, "environment") == ENVIRONMENTS
+    assert list(typing.get_args(typing.get_args(Strategy)[0])) == BACKENDS

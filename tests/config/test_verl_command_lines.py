@@ -189,13 +189,14 @@ def test_nothing_close_gets_no_suggestion():
         (
             "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=0",  # its own key
             "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params: unknown config "
-            "key (verl's), not used here: each trainer role is always FSDP2-sharded",
+            "key (verl's), not used here: each trainer role is FSDP2-sharded",
         ),
         (
             "actor_rollout_ref.actor.fsdp_config.grad_offload=True",
             "actor_rollout_ref.actor.fsdp_config.grad_offload: unknown config key (verl's), not "
-            "used here: each trainer role is always FSDP2-sharded over its world_size ranks; its "
-            "weights and optimizer in CPU memory between calls: <role>.param_offload / "
+            "used here: each trainer role is FSDP2-sharded over its world_size ranks (or split by "
+            "Megatron-Core with strategy=megatron, <role>.megatron.*); its weights and optimizer "
+            "in CPU memory between calls: <role>.param_offload / "
             "optimizer_offload; only false, which asks for what meshrl does anyway, is accepted",
         ),
         (
@@ -278,10 +279,11 @@ def test_verls_resume_path_word_says_where_the_path_goes():
     )
 
 
-def test_verls_fsdp_and_fsdp2_strategies_run_as_pasted_and_megatron_says_why():
+def test_verls_fsdp_fsdp2_and_megatron_strategies_run_as_pasted():
     """Before, verl's `strategy=fsdp` (its default) failed with "Input should be 'fsdp2'",
-    and `critic.strategy` / `actor_rollout_ref.ref.strategy` were unknown keys. Both words
-    mean the role is fully sharded over its ranks, which FSDP2 does here."""
+    and `critic.strategy` / `actor_rollout_ref.ref.strategy` were unknown keys. fsdp and
+    fsdp2 both run as FSDP2 here; megatron as Megatron-Core (docs/megatron.md), with verl's
+    `megatron.tensor_model_parallel_size` and `pipeline_model_parallel_size` keys."""
     cfg = build_config(
         {},
         [
@@ -292,11 +294,21 @@ def test_verls_fsdp_and_fsdp2_strategies_run_as_pasted_and_megatron_says_why():
     )
     assert (cfg.actor_rollout_ref.actor.strategy, cfg.critic.strategy) == ("fsdp", "fsdp2")
     assert config_from_yaml(config_to_yaml(cfg)) == cfg  # what the role servers get
-    message = error_of(["critic.strategy=megatron"])
-    assert (
-        "critic.strategy: megatron is not a strategy here: each trainer role is sharded" in message
+    cfg = build_config(
+        {},
+        [
+            "actor_rollout_ref.actor.strategy=megatron",
+            "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
+            "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1",
+            "actor_rollout_ref.ref.strategy=megatron",
+            "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=1",
+            "critic.strategy=megatron",
+            "critic.megatron.pipeline_model_parallel_size=1",
+        ],
     )
-    assert "Input should be 'fsdp' or 'fsdp2' (got 'ddp')" in error_of(
+    assert (cfg.actor_rollout_ref.ref.strategy, cfg.critic.strategy) == ("megatron", "megatron")
+    assert config_from_yaml(config_to_yaml(cfg)) == cfg
+    assert "Input should be 'fsdp', 'fsdp2' or 'megatron' (got 'ddp')" in error_of(
         ["actor_rollout_ref.actor.strategy=ddp"]
     )
 

@@ -8,7 +8,8 @@ from typing import Literal
 from pydantic import Field
 
 from meshrl.algorithms.registry import POLICY_LOSSES, describe
-from meshrl.config.sections.base import KLEstimator, PolicyLossName, Section, Strategy
+from meshrl.config.sections.base import KLEstimator, PolicyLossName, Section
+from meshrl.config.sections.megatron import MegatronConfig, Strategy
 from meshrl.config.sections.optim import OptimConfig
 
 ASYNC_TIS_IMP_RATIO_CAP = 2.0
@@ -38,8 +39,10 @@ class PolicyLossConfig(Section):
 
 class ActorConfig(Section):
     strategy: Strategy = "fsdp2"
-    """Parallelism of the trainer ranks: always FSDP2 `fully_shard` (verl's fsdp and fsdp2
-    are both accepted and run so; megatron is refused)."""
+    """The trainer backend: fsdp or fsdp2 (both FSDP2 `fully_shard` over world_size ranks),
+    or megatron (Megatron-Core, split as `megatron` says; docs/megatron.md)."""
+    megatron: MegatronConfig = Field(default_factory=MegatronConfig)
+    """With strategy=megatron: tensor and pipeline parallel sizes (verl's keys)."""
     world_size: int = Field(1, ge=1)
     """Trainer ranks (processes) behind the actor endpoint."""
     ppo_mini_batch_size: int = Field(64, gt=0)

@@ -6,14 +6,17 @@ from __future__ import annotations
 from pydantic import Field
 
 from meshrl.config.sections.actor import ActorConfig
-from meshrl.config.sections.base import Section, Strategy
+from meshrl.config.sections.base import Section
+from meshrl.config.sections.megatron import MegatronConfig, Strategy
 from meshrl.config.sections.model import ModelConfig
 from meshrl.config.sections.rollout import RolloutConfig
 
 
 class RefConfig(Section):
     strategy: Strategy = "fsdp2"
-    """As actor.strategy: the reference role is FSDP2-sharded (fsdp or fsdp2 accepted)."""
+    """As actor.strategy, for the reference role."""
+    megatron: MegatronConfig = Field(default_factory=MegatronConfig)
+    """As actor.megatron, for the reference role."""
     log_prob_micro_batch_size_per_gpu: int = Field(16, gt=0)
     """Responses per forward of the frozen reference."""
     log_prob_use_dynamic_bsz: bool | None = None

@@ -71,23 +71,6 @@ def dtype_name(value: object) -> object:
     return _DTYPE_NAMES.get(value, value) if isinstance(value, str) else value
 
 
-def _fsdp_only(value: object) -> object:
-    """verl's other trainer back end named, with what meshrl does instead; anything else
-    goes on to the Literal check."""
-    if value == "megatron":
-        raise ValueError(
-            "megatron is not a strategy here: each trainer role is sharded with FSDP2 over its "
-            "world_size ranks (strategy fsdp or fsdp2)"
-        )
-    return value
-
-
-# verl's `strategy` of the actor, critic and reference: "fsdp" (FSDP1 there) and "fsdp2" both
-# mean the model is fully sharded over the role's ranks, which FSDP2 does here; verl's command
-# lines pass either. The value changes nothing here; it is accepted so that they run as pasted.
-Strategy = Annotated[Literal["fsdp", "fsdp2"], BeforeValidator(_fsdp_only)]
-
-
 class Section(BaseModel):
     """Base of every section: unknown keys fail, field docstrings are the documentation."""
 

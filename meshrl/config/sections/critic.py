@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from meshrl.config.sections.base import Section, Strategy
+from meshrl.config.sections.base import Section
+from meshrl.config.sections.megatron import MegatronConfig, Strategy
 from meshrl.config.sections.model import ModelConfig
 from meshrl.config.sections.optim import OptimConfig
 
@@ -17,7 +18,9 @@ class CriticConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     """Empty path = start from the actor's model with a fresh value head."""
     strategy: Strategy = "fsdp2"
-    """As actor.strategy: the critic is FSDP2-sharded (fsdp or fsdp2 accepted)."""
+    """As actor.strategy, for the critic."""
+    megatron: MegatronConfig = Field(default_factory=MegatronConfig)
+    """As actor.megatron, for the critic."""
     world_size: int = Field(1, ge=1)
     """Trainer ranks (processes) behind the critic endpoint."""
     ppo_mini_batch_size: int | None = Field(None, gt=0)

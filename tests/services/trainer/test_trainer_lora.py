@@ -9,7 +9,7 @@ from meshrl.config.sections import ModelConfig
 from services.trainer.actor import ActorRole
 from services.trainer.checkpoint import load_checkpoint, save_checkpoint
 from services.trainer.critic import CriticRole
-from services.trainer.fsdp import reshard
+from services.trainer.fsdp.sharding import reshard
 from services.trainer.lora import add_lora, hf_name, merged_weight
 from services.trainer.mfu import matmul_params, weighted_matmul_params
 from services.trainer.reference import RefRole

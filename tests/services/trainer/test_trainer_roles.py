@@ -246,7 +246,7 @@ def test_weights_kept_gathered_across_mini_batches_train_like_gathering_again(
     # One rank: the gathered weights outlive the old-log-prob pass and each backward, and
     # are refreshed from the stepped masters (fsdp.gathered_across_steps) instead of
     # gathered again. 8 rows in mini-batches of 4, two epochs: four optimizer steps.
-    from services.trainer import fsdp
+    from services.trainer.fsdp import sharding as fsdp
 
     monkeypatch.setenv("MESHRL_FSDP_UNITS", "model")
     overrides = ["actor_rollout_ref.actor.ppo_epochs=2", f"actor_rollout_ref.model.dtype={dtype}"]
