@@ -926,13 +926,37 @@ def test_fully_async_with_partial_rollouts_syncs_without_draining(closing):
     source = FullyAsyncBatches(producer, partial_rollout=True)
     m.step.rollout_pool.gate.try_enter()  # a request in flight: a drain would wait for it
     timer = PhaseTimer()
-    assert source.sync_weights(5, m.step, timer) == {"sync/mb": 3.0}
+    synced = []
+    syncing = threading.Thread(target=lambda: synced.append(source.sync_weights(5, m.step, timer)))
+    syncing.start()
+    syncing.join(5)
+    m.step.rollout_pool.gate.leave()  # a drain, had there been one, ends here
+    syncing.join()
+    assert synced == [{"sync/mb": 3.0}] and "gen_drain" not in timer.seconds
     assert m.calls.of("syncer", "sync") == [{"version": 5}] and producer.synced == [5]
     assert set(timer.seconds) == {"sync_weights"}
-    m.step.rollout_pool.gate.leave()
     drained = FullyAsyncBatches(producer, partial_rollout=False)
     drained.sync_weights(6, m.step, timer)
     assert producer.synced == [5, 6] and set(timer.seconds) == {"sync_weights", "gen_drain"}
+
+
+def test_each_source_gives_the_step_its_prompts_records(closing):
+    # the records are what the greedy baseline (ReMax) generates from
+    m = mesh()
+    closing(m.step)
+    batch = generated_batch(m.step)
+    recs = records()
+    ahead = SimpleNamespace(take=lambda step: SimpleNamespace(batch=batch, seconds=0.25))
+    taken = OneStepOffBatches(ahead, lambda: None).take(2, recs, m.step, PhaseTimer())
+    assert taken.generated is batch and taken.records is recs and taken.scores is None
+    produced = SimpleNamespace(
+        batch=batch, records=recs, metrics={"a": 1.0}, gen_seconds=0.5, epoch=3
+    )
+    producer = SimpleNamespace(take=lambda step: produced)
+    timer = PhaseTimer()
+    taken = FullyAsyncBatches(producer, False).take(2, [], m.step, timer)
+    assert taken.generated is batch and taken.records is recs and taken.scores is None
+    assert taken.metrics == {"a": 1.0, "training/epoch": 3.0} and timer.seconds == {"gen": 0.5}
 
 
 def test_the_sources_start_next_and_settle(closing):
