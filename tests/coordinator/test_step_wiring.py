@@ -829,6 +829,21 @@ def test_a_remax_step_subtracts_the_greedy_score(closing):
     assert "gen_max" in timing_keys(metrics)
 
 
+def test_a_step_whose_trainers_skipped_optimizer_steps_says_so(closing, caplog):
+    m = mesh("algorithm.adv_estimator=grpo", critic=True)
+    closing(m.step)
+    m.step.roles.actor.update_policy = lambda *a, **kw: {"actor/nonfinite_grad_steps": 2.0}
+    m.step.roles.critic.update_value = lambda *a, **kw: {"critic/nonfinite_grad_steps": 1.0}
+    with caplog.at_level("WARNING", logger=ppo_step_module.log.name):
+        m.step.run(records(), 3, SynchronousBatches(m.step.cfg.algorithm.filter_groups, 2))
+    assert caplog.messages == [
+        "step 3: the actor skipped 2 optimizer step(s): the gradient norm was not finite "
+        "(NaN/inf loss); its weights did not change in them",
+        "step 3: the critic skipped 1 optimizer step(s): the gradient norm was not finite "
+        "(NaN/inf loss); its weights did not change in them",
+    ]
+
+
 def test_a_failed_weight_sync_keeps_the_steps_metrics(closing):
     class Unavailable(grpc.RpcError):
         def code(self):
@@ -949,6 +964,9 @@ def test_each_source_gives_the_step_its_prompts_records(closing):
     ahead = SimpleNamespace(take=lambda step: SimpleNamespace(batch=batch, seconds=0.25))
     taken = OneStepOffBatches(ahead, lambda: None).take(2, recs, m.step, PhaseTimer())
     assert taken.generated is batch and taken.records is recs and taken.scores is None
+    nothing_ahead = SimpleNamespace(take=lambda step: None)
+    taken = OneStepOffBatches(nothing_ahead, lambda: None).take(2, recs, m.step, PhaseTimer())
+    assert taken.records is recs and plain(taken.generated.prompts) == PROMPTS
     produced = SimpleNamespace(
         batch=batch, records=recs, metrics={"a": 1.0}, gen_seconds=0.5, epoch=3
     )
