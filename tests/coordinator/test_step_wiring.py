@@ -45,7 +45,7 @@ from services.coordinator.step.batch_sources import (
     SynchronousBatches,
 )
 from services.coordinator.step.ppo_step import PPOStep, WeightSyncFailed
-from services.coordinator.step.stages import Inferred, Scores, Trajectory
+from services.coordinator.step.stages import Inferred, ScoredBatch, Scores, Trajectory
 from services.coordinator.step.timing import PhaseTimer
 from services.reward.types import ScoreItem, ScoreOutcome
 from services.rollout.types import GenerationResult, SamplingParams
@@ -993,3 +993,145 @@ def test_the_sources_start_next_and_settle(closing):
     assert set(timer.seconds) == {"gen_wait"}
     with pytest.raises(ValueError, match="dynamic sampling needs draw_records"):
         SynchronousBatches(fg.model_copy(update={"enable": True}), 2)
+
+
+# --- the stages: a batch's groups selected and batches concatenated, every field -------------
+def _full_batch(first: int, groups: int, version: int, token_versions: bool) -> GeneratedBatch:
+    """``groups`` prompts of 2 samples, every optional field filled; numbers from ``first``."""
+    n = 2 * groups
+    ids = [first + k for k in range(n)]
+    return GeneratedBatch(
+        prompts=Ragged.from_lists([[i] for i in ids]),
+        responses=Ragged.from_lists([[i, i] for i in ids]),
+        rollout_logprobs=Ragged.from_lists([[-i, -i] for i in ids], dtype=torch.float32),
+        finish_reasons=["stop" if i % 2 else "length" for i in ids],
+        group_ids=torch.arange(n) // 2,
+        data_sources=[f"ds{i}" for i in ids],
+        ground_truths=[f"gt{i}" for i in ids],
+        extra_infos=[{"i": i} for i in ids],
+        weight_version=version,
+        token_versions=Ragged.from_lists([[i, i + 1] for i in ids]) if token_versions else None,
+        chats=[f"chat{i}" for i in ids],
+        loss_mask=Ragged.from_lists([[1, i % 2] for i in ids], dtype=torch.uint8),
+        turn_rewards=Ragged.from_lists([[0.0, i / 10] for i in ids], dtype=torch.float32),
+        rollout_metrics={"multi_turn/turns": float(first)},
+    )
+
+
+def _fields(batch: GeneratedBatch) -> dict:
+    return {
+        f.name: plain(getattr(batch, f.name)) if f.name != "group_ids" else batch.group_ids.tolist()
+        for f in dataclasses.fields(batch)
+    }
+
+
+def test_select_groups_keeps_every_field_of_the_chosen_rows():
+    batch = _full_batch(0, 3, 4, token_versions=True)
+    picked = batch.select_groups([2, 0])
+    assert picked.group_ids.dtype == torch.int64
+    assert _fields(picked) == {
+        "prompts": [[4], [5], [0], [1]],
+        "responses": [[4, 4], [5, 5], [0, 0], [1, 1]],
+        "rollout_logprobs": [[-4, -4], [-5, -5], [0, 0], [-1, -1]],
+        "finish_reasons": ["length", "stop", "length", "stop"],
+        "group_ids": [0, 0, 1, 1],
+        "data_sources": ["ds4", "ds5", "ds0", "ds1"],
+        "ground_truths": ["gt4", "gt5", "gt0", "gt1"],
+        "extra_infos": [{"i": 4}, {"i": 5}, {"i": 0}, {"i": 1}],
+        "weight_version": 4,
+        "token_versions": [[4, 5], [5, 6], [0, 1], [1, 2]],
+        "chats": ["chat4", "chat5", "chat0", "chat1"],
+        "loss_mask": [[1, 0], [1, 1], [1, 0], [1, 1]],
+        "turn_rewards": [[0.0, 0.4], [0.0, 0.5], [0.0, 0.0], [0.0, 0.1]],
+        "rollout_metrics": {"multi_turn/turns": 0.0},
+    }
+    bare = dataclasses.replace(
+        batch, chats=[], token_versions=None, loss_mask=None, turn_rewards=None
+    )
+    picked = bare.select_groups([1])
+    assert (picked.chats, picked.token_versions, picked.loss_mask, picked.turn_rewards) == (
+        [],
+        None,
+        None,
+        None,
+    )
+
+
+def test_concat_numbers_the_groups_on_and_keeps_every_field():
+    a = _full_batch(0, 1, 2, token_versions=False)
+    empty = a.select_groups([])
+    b = dataclasses.replace(_full_batch(10, 2, 3, token_versions=True), chats=[])
+    both = GeneratedBatch.concat([a, empty, b])
+    assert _fields(both) == {
+        "prompts": [[0], [1], [10], [11], [12], [13]],
+        "responses": [[0, 0], [1, 1], [10, 10], [11, 11], [12, 12], [13, 13]],
+        "rollout_logprobs": [[0, 0], [-1, -1], [-10, -10], [-11, -11], [-12, -12], [-13, -13]],
+        "finish_reasons": ["length", "stop", "length", "stop", "length", "stop"],
+        "group_ids": [0, 0, 1, 1, 2, 2],
+        "data_sources": ["ds0", "ds1", "ds10", "ds11", "ds12", "ds13"],
+        "ground_truths": ["gt0", "gt1", "gt10", "gt11", "gt12", "gt13"],
+        "extra_infos": [{"i": 0}, {"i": 1}, {"i": 10}, {"i": 11}, {"i": 12}, {"i": 13}],
+        "weight_version": 3,
+        # a part without token versions: each token of its weight version
+        "token_versions": [[2, 2], [2, 2], [10, 11], [11, 12], [12, 13], [13, 14]],
+        "chats": ["chat0", "chat1", "", "", "", ""],  # a part without chats: ""
+        "loss_mask": [[1, 0], [1, 1], [1, 0], [1, 1], [1, 0], [1, 1]],
+        "turn_rewards": [[0.0, 0.0], [0.0, 0.1], [0.0, 1.0], [0.0, 1.1], [0.0, 1.2], [0.0, 1.3]],
+        "rollout_metrics": {"multi_turn/turns": 10.0},
+    }
+    plain_parts = [dataclasses.replace(a, token_versions=None, loss_mask=None), a]
+    joined = GeneratedBatch.concat(plain_parts)
+    assert joined.token_versions is None and joined.loss_mask is None
+
+
+def _scores(values, extra=True, failures=True, failed=0) -> Scores:
+    return Scores(
+        scores=torch.tensor(values),
+        reward_scores=torch.tensor(values) + 1,
+        extra=[{"v": v} for v in values] if extra else [],
+        failures=[f"f{v}" for v in values] if failures else [],
+        failed=failed,
+    )
+
+
+def test_scores_select_and_concat_keep_every_field():
+    s = _scores([0.0, 1.0, 2.0], failed=2)
+    picked = s.select([2, 0])
+    assert picked.scores.tolist() == [2.0, 0.0] and picked.reward_scores.tolist() == [3.0, 1.0]
+    assert picked.extra == [{"v": 2.0}, {"v": 0.0}] and picked.failures == ["f2.0", "f0.0"]
+    assert picked.failed == 2  # what the phase met, kept whole
+    bare = _scores([0.0, 1.0], extra=False, failures=False).select([1])
+    assert bare.extra == [] and bare.failures == []
+    both = Scores.concat([s, _scores([5.0], failed=1)])
+    assert both.scores.tolist() == [0.0, 1.0, 2.0, 5.0]
+    assert both.reward_scores.tolist() == [1.0, 2.0, 3.0, 6.0]
+    assert both.extra == [{"v": 0.0}, {"v": 1.0}, {"v": 2.0}, {"v": 5.0}]
+    assert both.failures == ["f0.0", "f1.0", "f2.0", "f5.0"] and both.failed == 3
+
+
+def test_a_scored_batch_selects_and_concatenates_its_scores_row_for_row():
+    batch = _full_batch(0, 2, 1, token_versions=False)
+    scored = ScoredBatch(batch, _scores([0.0, 1.0, 2.0, 3.0], failed=1))
+    assert len(scored) == 4
+    picked = scored.select_groups([1])
+    assert plain(picked.generated.prompts) == [[2], [3]]
+    assert picked.scores.scores.tolist() == [2.0, 3.0] and picked.scores.failed == 1
+    both = ScoredBatch.concat([picked, scored.select_groups([0])])
+    assert both.generated.group_ids.tolist() == [0, 0, 1, 1]
+    assert plain(both.generated.prompts) == [[2], [3], [0], [1]]
+    assert both.scores.scores.tolist() == [2.0, 3.0, 0.0, 1.0] and both.scores.failed == 2
+
+
+def test_the_environments_turn_rewards_reach_the_advantages(closing):
+    # REINFORCE-style return-to-go over a multi-turn response: an env reward 0.5 on the
+    # first turn's last token adds to the return of the tokens up to it
+    m = mesh("algorithm.adv_estimator=reinforce_plus_plus", "algorithm.whiten_advantages=false")
+    closing(m.step)
+    batch = dataclasses.replace(
+        generated_batch(m.step),
+        turn_rewards=Ragged.from_lists([[0.0], [0.5, 0.0], [0.0], [0.0, 0.0]], dtype=torch.float32),
+    )
+    scores = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    scored = ScoredBatch(batch, Scores(scores=scores, reward_scores=scores))
+    out = m.step.advantages(scored, _inferred(ref=False, values=False), None, PhaseTimer())
+    assert plain(out.returns) == [[1.0], [0.5, 0.0], [1.0], [0.0, 0.0]]
