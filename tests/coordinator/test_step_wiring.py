@@ -1135,3 +1135,101 @@ def test_the_environments_turn_rewards_reach_the_advantages(closing):
     scored = ScoredBatch(batch, Scores(scores=scores, reward_scores=scores))
     out = m.step.advantages(scored, _inferred(ref=False, values=False), None, PhaseTimer())
     assert plain(out.returns) == [[1.0], [0.5, 0.0], [1.0], [0.0, 0.0]]
+
+
+# --- what the step is built with ----------------------------------------------------------------
+def test_requests_carry_the_configured_prompts_each(closing):
+    m = mesh("actor_rollout_ref.rollout.prompts_per_request=1")
+    closing(m.step)
+    m.step.generate(records(), 3)
+    assert [c["prompts"] for c in m.calls.of("rollout", "generate")] == [[[11, 12]], [[13]]]
+
+
+def test_the_kv_cache_hand_over_asks_the_pools_live_replicas():
+    from meshrl.config.placement import hands_gpu_memory_over
+
+    cfg = build_config({}, BASE_OVERRIDES)
+    calls = Calls()
+    roles = Roles(rollouts=[Replica(calls)], actor=Trainer(calls, "actor"), reward=Reward(calls))
+    step = PPOStep(cfg, roles, Tokenizer(), None, KLController())
+    try:
+        assert step.memory.rollouts is step.rollout_pool
+        assert step.memory.enabled == hands_gpu_memory_over(cfg)
+    finally:
+        step.close()
+
+
+def test_a_multi_turn_rollout_generates_with_the_pool_and_the_environment(closing, monkeypatch):
+    made = []
+
+    class MultiTurn:
+        def generate(self, recs, sampling_params):
+            made.append((recs, sampling_params))
+            return "the batch"
+
+    def multi_turn_rollout(cfg, env, generate, tokenizer):
+        made.append((cfg, env, generate, tokenizer))
+        return MultiTurn()
+
+    monkeypatch.setattr(ppo_step_module, "multi_turn_rollout", multi_turn_rollout)
+    m = mesh()
+    closing(m.step)
+    [(cfg, env, generate, tokenizer)] = made
+    assert cfg is m.step.cfg.actor_rollout_ref.rollout.multi_turn
+    assert env is m.step.roles.env and tokenizer is m.step.tokenizer
+    assert generate == m.step.rollout_pool.generate
+    recs = records()
+    assert m.step.generate(recs, 3) == "the batch"
+    assert made[1] == (recs, sampling(3))
+    assert not m.calls.of("rollout", "generate")
+
+
+def test_close_cancels_the_queued_phases_and_does_not_wait_for_the_running_ones():
+    m = mesh()
+    release = threading.Event()
+    running = [m.step.pool.submit(release.wait, 10) for _ in range(8)]
+    queued = m.step.pool.submit(lambda: None)
+    m.step.close()
+    assert queued.cancelled() and not any(f.done() for f in running)
+    release.set()
+
+
+# --- the reward phase's judgements ----------------------------------------------------------------
+def test_a_batch_without_ground_truths_stops_the_run(closing):
+    from services.coordinator.step.scoring import NoGroundTruth
+
+    m = mesh()
+    closing(m.step)
+    recs = records()
+    for r in recs:
+        r.ground_truth = " "
+    with pytest.raises(NoGroundTruth) as caught:
+        m.step.score(m.step.generate(recs, 1))
+    assert str(caught.value) == (
+        "reward: every one of the 4 samples of this batch has an empty ground truth, so the "
+        "rule scorers would score each 0; the run stops here rather than train on zeros "
+        "(data.unscorable_rows refuses or leaves out such rows at the start)"
+    )
+    assert not m.calls.of("reward", "score")
+
+
+def test_a_batch_the_reward_service_scored_none_of_stops_the_run(closing, caplog):
+    from services.coordinator.step.scoring import RewardFailedEverySample
+
+    m = mesh(fail_rows=(0, 1, 2, 3))
+    closing(m.step)
+    with pytest.raises(RewardFailedEverySample) as caught:
+        m.step.score(generated_batch(m.step))
+    assert str(caught.value) == (
+        "reward: 4 of 4 samples could not be scored and count as 0 (first: a 'ds0' sample: "
+        "boom). No sample of this batch has a reward, so the run stops here rather than train "
+        "on zeros: fix the reward function (reward.custom_function) or the reward service, "
+        "then resume"
+    )
+    some = mesh(fail_rows=(3,))
+    closing(some.step)
+    with caplog.at_level("WARNING", logger=ppo_step_module.log.name):
+        some.step.score(generated_batch(some.step))
+    assert caplog.messages == [
+        "reward: 1 of 4 samples could not be scored and count as 0 (first: a 'ds1' sample: boom)"
+    ]
