@@ -1061,7 +1061,9 @@ def test_concat_numbers_the_groups_on_and_keeps_every_field():
     a = _full_batch(0, 1, 2, token_versions=False)
     empty = a.select_groups([])
     b = dataclasses.replace(_full_batch(10, 2, 3, token_versions=True), chats=[])
+    assert len(empty) == 0 and empty.group_ids.dtype == torch.int64  # not torch's float default
     both = GeneratedBatch.concat([a, empty, b])
+    assert both.group_ids.dtype == torch.int64
     assert _fields(both) == {
         "prompts": [[0], [1], [10], [11], [12], [13]],
         "responses": [[0, 0], [1, 1], [10, 10], [11, 11], [12, 12], [13, 13]],
