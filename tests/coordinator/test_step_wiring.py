@@ -991,7 +991,7 @@ def test_the_sources_start_next_and_settle(closing):
     timer = PhaseTimer()
     OneStepOffBatches(RolloutAhead(), lambda: None).settle(timer)
     assert set(timer.seconds) == {"gen_wait"}
-    with pytest.raises(ValueError, match="dynamic sampling needs draw_records"):
+    with pytest.raises(ValueError, match="^dynamic sampling needs draw_records$"):
         SynchronousBatches(fg.model_copy(update={"enable": True}), 2)
 
 
@@ -1175,6 +1175,10 @@ def test_a_multi_turn_rollout_generates_with_the_pool_and_the_environment(closin
 
     monkeypatch.setattr(ppo_step_module, "multi_turn_rollout", multi_turn_rollout)
     m = mesh()
+    closing(m.step)
+    made.clear()
+    m.step.roles.env = object()  # the environment server's client
+    m.step = PPOStep(m.step.cfg, m.step.roles, Tokenizer(), m.syncer, m.kl_ctrl)
     closing(m.step)
     [(cfg, env, generate, tokenizer)] = made
     assert cfg is m.step.cfg.actor_rollout_ref.rollout.multi_turn
