@@ -11,8 +11,9 @@ Two things mutmut does not do by itself, done here:
   the truncated IS weights are ``@torch.no_grad()`` functions. The trampoline mutmut puts
   in front of a function keeps its decorators, so allowing that one decorator is safe;
   ``run`` does.
-- It mutates whole files; the trainer's and the coordinator's files are restricted to the
-  functions that assemble the losses and the advantages (MUTANTS).
+- It mutates whole files; the trainer's files are restricted to the functions that
+  assemble the losses, the coordinator's to the step (PPOStep's phases, the batch sources,
+  the stages) and the advantages (MUTANTS).
 """
 
 from __future__ import annotations
@@ -32,9 +33,17 @@ MUTANTS = [
     "services.trainer.actor.x_widen__mutmut_*",
     "services.trainer.critic.xǁValueLossSettingsǁfrom_config__mutmut_*",
     "services.trainer.critic.xǁCriticRoleǁupdate_value__mutmut_*",
-    # the coordinator's advantage and reward plumbing
+    # the coordinator's step: its advantage plumbing, every phase of PPOStep, the batch
+    # sources and the stages passed between the phases
     "services.coordinator.step.advantage.*",
-    "services.coordinator.step.ppo_step.xǁPPOStepǁadvantages__mutmut_*",
+    "services.coordinator.step.ppo_step.xǁPPOStepǁ*",
+    "services.coordinator.step.batch_sources.x_*",  # not the Protocols' stubs (never run)
+    "services.coordinator.step.batch_sources.xǁSynchronousBatchesǁ*",
+    "services.coordinator.step.batch_sources.xǁOneStepOffBatchesǁ*",
+    "services.coordinator.step.batch_sources.xǁFullyAsyncBatchesǁ*",
+    "services.coordinator.step.stages.*",
+    "services.coordinator.generation.generated.xǁGeneratedBatchǁselect_groups__mutmut_*",
+    "services.coordinator.generation.generated.xǁGeneratedBatchǁconcat__mutmut_*",
     # the weight-sync receiver
     "meshrl.weight_sync.receiver.*",
 ]

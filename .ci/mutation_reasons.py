@@ -20,11 +20,11 @@ MANUAL = {
     "services.coordinator.step.advantage.x_compute_advantages__mutmut_23": "equivalent: as above (1.0 times a zero KL)",
     "services.coordinator.step.advantage.x_compute_advantages__mutmut_26": "equivalent: without KL in the reward `rewards.kl` is zero, so the sequence reward is the score",
     "services.coordinator.step.advantage.x_compute_advantages__mutmut_112": "equivalent: without KL in the reward `rewards.kl_mean` is 0",
-    "services.coordinator.step.ppo_step.xǁPPOStepǁadvantages__mutmut_2": "equivalent: a width of None pads to the longest response, which is the mask's width",
-    "services.coordinator.step.ppo_step.xǁPPOStepǁadvantages__mutmut_28": "equivalent: as above",
-    "services.coordinator.step.ppo_step.xǁPPOStepǁadvantages__mutmut_33": "equivalent: as above",
-    "services.coordinator.step.ppo_step.xǁPPOStepǁadvantages__mutmut_39": "equivalent: as above",
-    "services.coordinator.step.ppo_step.xǁPPOStepǁadvantages__mutmut_76": "equivalent: as above",
+    "services.coordinator.step.ppo_step.xǁPPOStepǁadvantages__mutmut_6": "equivalent: a width of None pads to the longest response, which is the mask's width",
+    "services.coordinator.step.ppo_step.xǁPPOStepǁadvantages__mutmut_12": "equivalent: a width of None pads to the longest response, the mask's width",
+    "services.coordinator.step.ppo_step.xǁPPOStepǁadvantages__mutmut_40": "equivalent: a width of None pads to the longest response, the mask's width",
+    "services.coordinator.step.ppo_step.xǁPPOStepǁadvantages__mutmut_46": "equivalent: a width of None pads to the longest response, the mask's width",
+    "services.coordinator.step.ppo_step.xǁPPOStepǁadvantages__mutmut_50": "equivalent: a width of None pads to the longest response, the mask's width (the turn rewards are aligned with the responses)",
     "services.trainer.critic.xǁCriticRoleǁupdate_value__mutmut_12": "equivalent: a width of None pads to the longest response, which is `width`",
     "services.trainer.critic.xǁCriticRoleǁupdate_value__mutmut_17": "equivalent: as above",
     "services.trainer.critic.xǁCriticRoleǁupdate_value__mutmut_24": "equivalent in results: None packs padded rows instead of packed ones, and the two give the same values (`test_trainer_packing.py`); only speed differs",
@@ -125,3 +125,22 @@ MANUAL["services.trainer.actor.xǁActorRoleǁ_targets__mutmut_44"] = (
 MANUAL["services.trainer.actor.xǁActorRoleǁ_micro_loss__mutmut_200"] = (
     "not killed (metric only): `actor/pg_clipfrac_lower` divided instead of multiplied by the micro-batch's share; no test reads it with several micro-batches"
 )
+# the coordinator's step (PPOStep, the batch sources, the stages)
+_STEP = "services.coordinator.step.ppo_step.xǁPPOStepǁ"
+MANUAL[_STEP + "__init____mutmut_1"] = (
+    "equivalent: `perf/throughput` divides by max(num_gpus, 1), so a default of 1 gives what 0 does"
+)
+for n in (11, 13, 15, 16):
+    MANUAL[_STEP + f"__init____mutmut_{n}"] = (
+        "label: the name of the phases' threads (seen in stack dumps only)"
+    )
+MANUAL[_STEP + "close__mutmut_1"] = (
+    "equivalent: None is false like False (`shutdown` does not wait either way)"
+)
+MANUAL[_STEP + "update_critic__mutmut_1"] = (
+    "equivalent: an assertion weakened that holds either way: the critic's update runs only with a critic, whose values the step always computes"
+)
+for n in (19, 21):
+    MANUAL[_STEP + f"score__mutmut_{n}"] = (
+        "equivalent (dtype): the reward client's scores are Python floats, for which torch's default dtype is float32"
+    )

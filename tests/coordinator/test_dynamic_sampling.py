@@ -87,8 +87,10 @@ def _varied(step: PPOStep, records: list, number: int, draw) -> tuple[ScoredBatc
     """Step ``number``'s batch from the synchronous source with dynamic sampling."""
     cfg = step.cfg
     source = SynchronousBatches(cfg.algorithm.filter_groups, cfg.data.train_batch_size, draw)
-    taken = source.take(number, records, step, PhaseTimer())
+    timer = PhaseTimer()
+    taken = source.take(number, records, step, timer)
     assert taken.scores is not None and taken.records == records  # scored by the source
+    assert set(timer.seconds) == {"gen", "reward"}
     return ScoredBatch(taken.generated, taken.scores), taken.metrics
 
 
@@ -151,18 +153,25 @@ def _records(first: int, count: int = 4):
             for p in range(first, first + count)]  # fmt: skip
 
 
-def test_the_step_generates_until_it_has_a_batch_of_varied_groups():
-    step, replica = _step([])
+@pytest.mark.parametrize("limit", [10, 0])  # 0: no limit
+def test_the_step_generates_until_it_has_a_batch_of_varied_groups(caplog, limit):
+    step, replica = _step([f"algorithm.filter_groups.max_num_gen_batches={limit}"])
     drawn = []
 
     def draw(i):
+        assert 0 < i < 10, "a runaway draw"
         drawn.append(i)
         return _records(4 * i)
 
     try:
-        batch, metrics = _varied(step, _records(0), 5, draw)
+        with caplog.at_level("INFO", logger="services.coordinator.step.batch_sources"):
+            batch, metrics = _varied(step, _records(0), 5, draw)
     finally:
         step.close()
+    assert caplog.messages == [
+        "step 5: 1 of 4 prompts with varied acc after 1 generation batches; generating more",
+        "step 5: 2 of 4 prompts with varied acc after 2 generation batches; generating more",
+    ]
     # varied prompts: 2 | 5 | 8, 11 -> four after three generation batches
     assert drawn == [1, 2]
     assert [row[0] for row in batch.generated.prompts.tolist()[::2]] == [2, 5, 8, 11]
@@ -213,8 +222,10 @@ def test_a_step_past_max_num_gen_batches_fails_naming_the_key_and_shortfall():
     step, _ = _step(["algorithm.filter_groups.max_num_gen_batches=2"])
     try:
         with pytest.raises(FilterGroupsExhausted, match=r"step 3: 2 of the 4 prompts .*"
-                           r"max_num_gen_batches=2"):  # fmt: skip
-            _varied(step, _records(0), 3, lambda i: _records(4 * i))
+                           r"max_num_gen_batches=2\); the data is too easy or too hard for "
+                           r"the model: raise the limit, change the data, or set "
+                           r"algorithm.filter_groups.enable=false$"):  # fmt: skip
+            _varied(step, _records(0), 3, lambda i: _records(4 * i) if 0 < i < 10 else None)
     finally:
         step.close()
 
@@ -331,7 +342,7 @@ def test_groups_differing_only_by_the_overlong_penalty_are_kept_by_seq_reward_no
 
         step.generate = generate
         try:
-            return _varied(step, records, 1, lambda i: records)
+            return _varied(step, records, 1, lambda i: records if 0 < i < 10 else None)
         finally:
             step.close()
 
