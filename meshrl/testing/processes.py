@@ -20,3 +20,15 @@ def role_server_pids(root_pid: int) -> set[int]:
         if any(m in line for m in _SERVER_MODULES):
             found.add(proc.pid)
     return found
+
+
+def without_exit_warnings(stderr: str) -> str:
+    """A run's stderr without the warning Python's resource tracker (a process of its own,
+    shared with the role servers the launcher forked) may print after the run's last line,
+    about semaphores of servers that were killed: what the run itself said, last line last."""
+    lines = stderr.rstrip().splitlines()
+    while lines and (
+        "resource_tracker" in lines[-1] or lines[-1].lstrip().startswith("warnings.warn(")
+    ):
+        lines.pop()
+    return "\n".join(lines)

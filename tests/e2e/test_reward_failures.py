@@ -9,6 +9,8 @@ import sys
 import pytest
 import yaml
 
+from meshrl.testing.processes import without_exit_warnings
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 OLD_SIGNATURE = """
@@ -35,10 +37,7 @@ def test_a_reward_function_that_fails_every_sample_stops_the_run(
            f"trainer.default_local_dir={run_dir}"]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
     assert out.returncode == 1, out.stderr[-3000:]
-    # the run's last line; Python's own warning at exit about a worker's semaphore (seen on
-    # a loaded machine) may follow it
-    lines = [line for line in out.stderr.strip().splitlines() if "resource_tracker" not in line]
-    last = lines[-1]
+    last = without_exit_warnings(out.stderr).splitlines()[-1]
     assert last.startswith("meshrl: reward: 16 of 16 samples could not be scored"), last
     assert "compute_score() takes 2 positional arguments but 4 were given" in last
     assert "the run stops here rather than train on zeros" in last
