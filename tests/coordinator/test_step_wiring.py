@@ -914,7 +914,7 @@ def test_fully_async_the_step_takes_the_producers_batch_and_its_records(closing)
     drawn = iter([(4, records(), {})])
     producer.start(0, 1, lambda: next(drawn), m.step.generate_async)
     try:
-        source = FullyAsyncBatches(producer, partial_rollout=False)
+        source = FullyAsyncBatches(producer, partial_rollout=False, start=lambda: None)
         metrics = m.step.run([], 1, source)
     finally:
         producer.close()
@@ -938,7 +938,7 @@ def test_fully_async_with_partial_rollouts_syncs_without_draining(closing):
     m = mesh("algorithm.adv_estimator=grpo", "trainer.async_training.enable=true")
     closing(m.step)
     producer = SimpleNamespace(synced=[], weights_synced=lambda v: producer.synced.append(v))
-    source = FullyAsyncBatches(producer, partial_rollout=True)
+    source = FullyAsyncBatches(producer, partial_rollout=True, start=lambda: None)
     m.step.rollout_pool.gate.try_enter()  # a request in flight: a drain would wait for it
     timer = PhaseTimer()
     synced = []
@@ -950,7 +950,7 @@ def test_fully_async_with_partial_rollouts_syncs_without_draining(closing):
     assert synced == [{"sync/mb": 3.0}] and "gen_drain" not in timer.seconds
     assert m.calls.of("syncer", "sync") == [{"version": 5}] and producer.synced == [5]
     assert set(timer.seconds) == {"sync_weights"}
-    drained = FullyAsyncBatches(producer, partial_rollout=False)
+    drained = FullyAsyncBatches(producer, partial_rollout=False, start=lambda: None)
     drained.sync_weights(6, m.step, timer)
     assert producer.synced == [5, 6] and set(timer.seconds) == {"sync_weights", "gen_drain"}
 
@@ -972,7 +972,7 @@ def test_each_source_gives_the_step_its_prompts_records(closing):
     )
     producer = SimpleNamespace(take=lambda step: produced)
     timer = PhaseTimer()
-    taken = FullyAsyncBatches(producer, False).take(2, [], m.step, timer)
+    taken = FullyAsyncBatches(producer, False, lambda: None).take(2, [], m.step, timer)
     assert taken.generated is batch and taken.records is recs and taken.scores is None
     assert taken.metrics == {"a": 1.0, "training/epoch": 3.0} and timer.seconds == {"gen": 0.5}
 
@@ -982,7 +982,7 @@ def test_the_sources_start_next_and_settle(closing):
     closing(m.step)
     fg = m.step.cfg.algorithm.filter_groups
     assert SynchronousBatches(fg, 2).start_next(1, m.step) is False
-    assert FullyAsyncBatches(SimpleNamespace(), False).start_next(1, m.step) is True
+    assert FullyAsyncBatches(SimpleNamespace(), False, lambda: None).start_next(1, m.step) is True
     ahead = RolloutAhead(stopping=lambda: True)
     assert (
         OneStepOffBatches(ahead, lambda: lambda: (0, records(), {})).start_next(1, m.step) is False
@@ -1239,3 +1239,78 @@ def test_a_batch_the_reward_service_scored_none_of_stops_the_run(closing, caplog
     assert caplog.messages == [
         "reward: 1 of 4 samples could not be scored and count as 0 (first: a 'ds1' sample: boom)"
     ]
+
+
+# --- the run's side of a source: prompts, recovery, close ----------------------------------
+class _Loader:
+    def __init__(self):
+        self.drawn = 0
+
+    def next_batch(self):
+        self.drawn += 1
+        return 7, [f"loader{self.drawn}"]
+
+
+class _Recorder:
+    """Every call made on it, by name and arguments; ``held()`` a context that records too."""
+
+    def __init__(self, **answers):
+        self.calls: list[tuple] = []
+        self.answers = answers
+
+    def __getattr__(self, name):
+        def call(*args):
+            self.calls.append((name, *args))
+            return self.answers.get(name)
+
+        return call
+
+    def held(self):
+        recorder = self
+
+        class Held:
+            def __enter__(self):
+                recorder.calls.append(("held",))
+
+            def __exit__(self, *exc):
+                recorder.calls.append(("released",))
+
+        return Held()
+
+
+def test_the_synchronous_source_draws_from_the_loader_and_holds_nothing():
+    source, loader = SynchronousBatches(build_config({}).algorithm.filter_groups, 4), _Loader()
+    assert source.prompts(3, loader) == (7, ["loader1"]) and loader.drawn == 1
+    with source.held():
+        pass
+    source.before_recovery()
+    source.after_recovery(synced=2)
+    source.close()  # nothing runs in the background: nothing to end or retry
+
+
+def test_one_step_off_takes_the_prompts_drawn_ahead_and_drops_its_batch_before_a_recovery():
+    ahead = _Recorder(prompts_for=(2, ["ahead"]))
+    source, loader = OneStepOffBatches(ahead, lambda: None), _Loader()  # type: ignore[arg-type]
+    assert source.prompts(5, loader) == (2, ["ahead"]) and loader.drawn == 0
+    ahead.answers["prompts_for"] = None  # none drawn for that step: the loader's next
+    assert source.prompts(6, loader) == (7, ["loader1"])
+    source.before_recovery()
+    source.after_recovery(synced=6)
+    source.close()
+    assert ahead.calls == [("prompts_for", 5), ("prompts_for", 6), ("drop",), ("close",)]
+
+
+def test_fully_async_starts_its_producer_holds_it_and_retries_after_a_recovery():
+    producer, started = _Recorder(), []
+    source = FullyAsyncBatches(producer, False, lambda: started.append(True))  # type: ignore[arg-type]
+    loader = _Loader()
+    assert source.prompts(4, loader) == (0, []) and started == [True] and loader.drawn == 0
+    with source.held():
+        producer.calls.append(("inside",))
+    source.after_recovery()  # a failed step: its batch is made again
+    source.after_recovery(synced=4)  # a failed sync the recovery completed: version 4 served
+    source.close()
+    assert producer.calls == [
+        ("held",), ("inside",), ("released",),
+        ("retry",), ("retry",), ("weights_synced", 4), ("close",),
+    ]  # fmt: skip
