@@ -37,7 +37,7 @@ MUTANTS = [
     # sources and the stages passed between the phases
     "services.coordinator.step.advantage.*",
     "services.coordinator.step.ppo_step.xǁPPOStepǁ*",
-    "services.coordinator.step.batch_sources.x_*",  # not the Protocols' stubs (never run)
+    "services.coordinator.step.batch_source.xǁBatchSourceǁ*",  # the defaults (not StepPhases)
     "services.coordinator.step.batch_sources.xǁSynchronousBatchesǁ*",
     "services.coordinator.step.batch_sources.xǁOneStepOffBatchesǁ*",
     "services.coordinator.step.batch_sources.xǁFullyAsyncBatchesǁ*",

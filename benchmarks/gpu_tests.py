@@ -60,12 +60,13 @@ def gpu_test_files() -> list[str]:
     )
 
 
-def run_pytest(out: Path, timeout_s: int) -> dict:
-    """pytest -m gpu; each test's outcome from its JUnit XML."""
+def run_pytest(out: Path, timeout_s: int, files: list[str] | None = None) -> dict:
+    """pytest -m gpu over ``files`` (None: every file with a gpu test); each test's outcome
+    from its JUnit XML."""
     xml = out / "test_gpu_junit.xml"
     cmd = [
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu",
-        "-o", "addopts=", f"--junitxml={xml}", *gpu_test_files(),
+        "-o", "addopts=", f"--junitxml={xml}", *(files or gpu_test_files()),
     ]  # fmt: skip
     start = time.monotonic()
     done = subprocess.run(
@@ -178,6 +179,7 @@ def main() -> int:
     parser.add_argument("--workdir", default="/tmp/meshrl_test_gpu")
     parser.add_argument("--pytest-timeout-s", type=int, default=330)
     parser.add_argument("--runs", default=",".join(r[0] for r in RUNS))
+    parser.add_argument("--tests", nargs="*", help="these test files only (default: every one)")
     args = parser.parse_args()
     out, workdir = Path(args.out), Path(args.workdir)
     out.mkdir(parents=True, exist_ok=True)
@@ -192,7 +194,7 @@ def main() -> int:
         "vllm": _version("vllm"),
     }
     try:
-        report["pytest"] = run_pytest(out, args.pytest_timeout_s)
+        report["pytest"] = run_pytest(out, args.pytest_timeout_s, args.tests)
     except subprocess.TimeoutExpired:
         report["pytest"] = {"error": f"past {args.pytest_timeout_s} s", "passed": 0, "failed": 1}
     _save(out, report)
