@@ -16,71 +16,8 @@ from __future__ import annotations
 from pydantic import model_validator
 
 from meshrl.config.rules import config_problems
-from meshrl.config.sections import (
-    ASYNC_TIS_IMP_RATIO_CAP,
-    ActorConfig,
-    ActorRolloutRefConfig,
-    AlgorithmConfig,
-    AsyncTrainingConfig,
-    CriticConfig,
-    DataConfig,
-    FileList,
-    FilterGroupsConfig,
-    KLCtrlConfig,
-    KLEstimator,
-    LauncherConfig,
-    ModelConfig,
-    MultiTurnConfig,
-    OneOrList,
-    OptimConfig,
-    OverlongBufferConfig,
-    PathText,
-    PolicyLossConfig,
-    RefConfig,
-    ResourcePoolConfig,
-    RewardConfig,
-    RewardModelConfig,
-    RolloutConfig,
-    SecurityConfig,
-    TrainerConfig,
-    ValKwargs,
-    WeightSyncConfig,
-)
+from meshrl.config.sections import ASYNC_TIS_IMP_RATIO_CAP
 from meshrl.config.sections.run import RunSections
-
-# The sections by the names their importers knew them by here (services/trainer and
-# services/coordinator still import them from this module).
-__all__ = [
-    "ASYNC_TIS_IMP_RATIO_CAP",
-    "ActorConfig",
-    "ActorRolloutRefConfig",
-    "AlgorithmConfig",
-    "AsyncTrainingConfig",
-    "CriticConfig",
-    "DataConfig",
-    "FileList",
-    "FilterGroupsConfig",
-    "KLCtrlConfig",
-    "KLEstimator",
-    "LauncherConfig",
-    "ModelConfig",
-    "MultiTurnConfig",
-    "OneOrList",
-    "OptimConfig",
-    "OverlongBufferConfig",
-    "PathText",
-    "PolicyLossConfig",
-    "RefConfig",
-    "ResourcePoolConfig",
-    "RewardConfig",
-    "RewardModelConfig",
-    "RolloutConfig",
-    "RunConfig",
-    "SecurityConfig",
-    "TrainerConfig",
-    "ValKwargs",
-    "WeightSyncConfig",
-]
 
 
 class RunConfig(RunSections):

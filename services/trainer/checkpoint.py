@@ -45,10 +45,7 @@ def save_checkpoint(
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optimizer": optim_state}
     dcp.save(state, checkpoint_id=str(path))
-    if dist.get_rank() == 0:
-        meta = {**(meta or {}), "with_optimizer": optimizer is not None}
-        (Path(path) / META_FILE).write_text(json.dumps(meta, indent=1))
-    dist.barrier()  # meta.json exists on return, on every rank
+    write_meta(path, meta, with_optimizer=optimizer is not None)
 
 
 def load_checkpoint(
@@ -60,14 +57,7 @@ def load_checkpoint(
     """Restores what ``save_checkpoint`` wrote (resharding as needed); returns its meta.
 
     ``check(meta)`` may refuse the checkpoint (raise) before anything is loaded."""
-    meta_file = Path(path) / META_FILE
-    if not meta_file.is_file():
-        raise ValueError(f"{path} is not a trainer checkpoint (no {META_FILE})")
-    meta = json.loads(meta_file.read_text())
-    if check is not None:
-        check(meta)
-    if optimizer is not None and not meta.get("with_optimizer"):
-        raise ValueError(f"{path} was saved without optimizer state")
+    meta = read_meta(path, check, with_optimizer=optimizer is not None)
     reshard(model)  # loads into the float32 masters; a gathered copy would go stale
     try:
         _load(path, model, optimizer)
@@ -96,3 +86,28 @@ def _load(
         set_state_dict(
             model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
         )
+
+
+def write_meta(path: str | os.PathLike, meta: dict | None, with_optimizer: bool) -> None:
+    """Rank 0 writes the checkpoint's ``meta.json`` (after its tensors); every rank returns
+    once it exists. Every backend's checkpoints have it."""
+    if dist.get_rank() == 0:
+        meta = {**(meta or {}), "with_optimizer": with_optimizer}
+        (Path(path) / META_FILE).write_text(json.dumps(meta, indent=1))
+    dist.barrier()
+
+
+def read_meta(
+    path: str | os.PathLike, check: Callable[[dict], None] | None, with_optimizer: bool
+) -> dict:
+    """A checkpoint's ``meta.json``, refused before any tensor is read: not a checkpoint,
+    ``check(meta)`` raising, or optimizer state asked for that it was saved without."""
+    meta_file = Path(path) / META_FILE
+    if not meta_file.is_file():
+        raise ValueError(f"{path} is not a trainer checkpoint (no {META_FILE})")
+    meta = json.loads(meta_file.read_text())
+    if check is not None:
+        check(meta)
+    if with_optimizer and not meta.get("with_optimizer"):
+        raise ValueError(f"{path} was saved without optimizer state")
+    return meta

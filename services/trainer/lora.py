@@ -25,7 +25,7 @@ from peft.tuners.lora import LoraLayer
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from meshrl.config.schema import ModelConfig
+from meshrl.config.sections import ModelConfig
 
 ADAPTER = "default"  # peft's name for the one adapter a role has
 BASE = ".base_layer."

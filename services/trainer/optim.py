@@ -10,7 +10,7 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.profiler import record_function
 
-from meshrl.config.schema import OptimConfig
+from meshrl.config.sections import OptimConfig
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.AdamW:

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from meshrl.config.schema import RefConfig, RolloutConfig, RunConfig
+from meshrl.config.schema import RunConfig
+from meshrl.config.sections import RefConfig, RolloutConfig
 from meshrl.ragged import Ragged
 from services.trainer.distributed import World
 from services.trainer.forward import response_logprobs

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from meshrl.config.schema import ActorConfig, CriticConfig, RunConfig
+from meshrl.config.schema import RunConfig
+from meshrl.config.sections import ActorConfig, CriticConfig
 from services.trainer.backends import TrainerBackend, trainer_backend
 from services.trainer.distributed import World
 from services.trainer.lora import hf_name, lora_settings

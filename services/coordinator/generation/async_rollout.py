@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from meshrl.config.schema import AsyncTrainingConfig
+from meshrl.config.sections import AsyncTrainingConfig
 from services.coordinator.generation.generated import GeneratedBatch
 from services.coordinator.generation.rollout_ahead import DrawnPrompts
 from services.coordinator.generation.staleness import sample_lags, staleness_metrics

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from meshrl.config import ConfigError
-from meshrl.config.schema import MultiTurnConfig
+from meshrl.config.sections import MultiTurnConfig
 from meshrl.ragged import Ragged
 from services.coordinator.generation.generated import GeneratedBatch
 from services.coordinator.generation.tool_calls import parse_tool_calls, tokens_through_first_call

@@ -28,7 +28,8 @@ from meshrl.algorithms.registry import advantage_estimator, policy_loss
 from meshrl.config.loader import ConfigError, config_to_yaml
 from meshrl.config.memory_plan import GIB, ModelShape, check_plan_fits
 from meshrl.config.rules import config_problems, raise_problems
-from meshrl.config.schema import ModelConfig, RunConfig
+from meshrl.config.schema import RunConfig
+from meshrl.config.sections import ModelConfig
 from meshrl.data.dataset import PromptDataset
 from meshrl.data.errors import DataError
 from meshrl.launcher.external import external_endpoints

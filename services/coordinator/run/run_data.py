@@ -14,7 +14,7 @@ from pathlib import Path
 
 from meshrl.config import RunConfig
 from meshrl.config.placement import rollout_may_share_trainer_gpus
-from meshrl.config.schema import KLCtrlConfig
+from meshrl.config.sections import KLCtrlConfig
 from meshrl.data.dataset import PromptDataset
 from meshrl.data.errors import DataError
 from meshrl.data.loader import PromptLoader

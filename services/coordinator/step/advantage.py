@@ -11,7 +11,7 @@ import torch
 from meshrl.algorithms.estimators import EstimatorInputs
 from meshrl.algorithms.registry import advantage_estimator
 from meshrl.algorithms.rewards import token_level_rewards
-from meshrl.config.schema import AlgorithmConfig
+from meshrl.config.sections import AlgorithmConfig
 
 
 class AdvantageInputs(NamedTuple):

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
-from meshrl.config.schema import FilterGroupsConfig
+from meshrl.config.sections import FilterGroupsConfig
 from meshrl.data.loader import PromptLoader
 from services.coordinator.generation.async_rollout import AsyncRollout
 from services.coordinator.generation.rollout_ahead import RolloutAhead

@@ -7,12 +7,10 @@ Only this package imports megatron-core (an optional extra: ``pip install .[mega
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from megatron.core import parallel_state, tensor_parallel
 from torch.distributed.checkpoint.api import CheckpointException
@@ -26,7 +24,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from meshrl.config.schema import RunConfig
 from meshrl.config.sections.megatron import MegatronConfig
 from meshrl.model_files import naming_bad_weights
-from services.trainer.checkpoint import META_FILE
+from services.trainer.checkpoint import read_meta, write_meta
 from services.trainer.distributed import World
 from services.trainer.megatron.mapping import AttentionShape, from_hf, to_hf
 from services.trainer.megatron.model import MegatronLM, build_gpt, on_cpu
@@ -146,10 +144,7 @@ def save_checkpoint(
     if optimizer is not None:
         state["optimizer"] = get_optimizer_state_dict(model.inner, optimizer, options=_OPTIONS)
     dcp.save(state, checkpoint_id=str(path))
-    if dist.get_rank() == 0:
-        meta = {**meta, "with_optimizer": optimizer is not None}
-        (Path(path) / META_FILE).write_text(json.dumps(meta, indent=1))
-    dist.barrier()
+    write_meta(path, meta, with_optimizer=optimizer is not None)
 
 
 _OPTIONS = StateDictOptions(ignore_frozen_params=True)
@@ -161,14 +156,7 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer | None,
     check: Callable[[dict], None] | None = None,
 ) -> dict:
-    meta_file = Path(path) / META_FILE
-    if not meta_file.is_file():
-        raise ValueError(f"{path} is not a trainer checkpoint (no {META_FILE})")
-    meta = json.loads(meta_file.read_text())
-    if check is not None:
-        check(meta)
-    if optimizer is not None and not meta.get("with_optimizer"):
-        raise ValueError(f"{path} was saved without optimizer state")
+    meta = read_meta(path, check, with_optimizer=optimizer is not None)
     state: dict = {"model": {n: torch.empty_like(t) for n, t in full_params(model)}}
     if optimizer is not None:
         state["optimizer"] = get_optimizer_state_dict(model.inner, optimizer, options=_OPTIONS)
