@@ -93,7 +93,7 @@ class ActorRole(TrainedRole):
             loss=PolicyLossSettings.from_config(cfg),
             temperature=rollout_temperature(cfg),
             log_prob=log_prob_settings(cfg, arr.rollout),
-            world=world,
+            world=backend.data_world(model, world),
             offload=(arr.actor.param_offload, arr.actor.optimizer_offload),
             backend=backend,
         )

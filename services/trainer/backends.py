@@ -34,6 +34,12 @@ class TrainerBackend(Protocol):
         """The critic's: ``model(input_ids=...)`` -> ``(b, t)`` float32 values."""
         ...
 
+    def data_world(self, model: nn.Module, world: World) -> World:
+        """The ranks a role's batch is split over, from the model's: ``world`` itself, or
+        the data-parallel ranks of a model split over several ranks per share
+        (``World.data_parallel``)."""
+        ...
+
     def full_params(self, model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         """(Hugging Face name, full tensor), one at a time; every rank drains it in step."""
         ...

@@ -15,6 +15,7 @@ precision dtype). Without pending labels it is a plain linear layer.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -28,9 +29,15 @@ def _chunk_scores(
     temperature: float,
     with_entropy: bool,
     entropy_grad: bool = True,
+    gather_logits: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """h (n, hidden), labels (n,) -> (n, 2): log-prob of the label and entropy (float32)."""
-    logits = (h @ weight.t()).float()
+    """h (n, hidden), labels (n,) -> (n, 2): log-prob of the label and entropy (float32).
+    ``gather_logits``: ``weight`` is a block of the vocabulary's rows (tensor parallelism);
+    it maps this block's logits to the whole vocabulary's."""
+    logits = h @ weight.t()
+    if gather_logits is not None:
+        logits = gather_logits(logits)
+    logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
     lse = torch.logsumexp(logits, dim=-1)
@@ -66,6 +73,9 @@ class ChunkedLMHead(nn.Module):
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.chunk_rows = chunk_rows
+        # Set when ``weight`` is this rank's block of a vocabulary-parallel head: maps the
+        # block's logits to the whole vocabulary's (a collective; never compiled).
+        self.gather_logits: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._pending: tuple[torch.Tensor, float, bool, bool] | None = None
 
     def expect(
@@ -82,18 +92,20 @@ class ChunkedLMHead(nn.Module):
     def _chunk(self, fn, flat_h, flat_y, start, temperature, with_entropy, entropy_grad):
         h = flat_h[start : start + self.chunk_rows]
         y = flat_y[start : start + self.chunk_rows]
+        args = (h, self.weight, y, temperature, with_entropy, entropy_grad)
+        if self.gather_logits is not None:
+            args += (self.gather_logits,)
         if torch.is_grad_enabled() and (h.requires_grad or self.weight.requires_grad):
             # Recomputed in backward: only one chunk's float32 logits exist at a time.
-            return checkpoint(
-                fn, h, self.weight, y, temperature, with_entropy, entropy_grad, use_reentrant=False
-            )
-        return fn(h, self.weight, y, temperature, with_entropy, entropy_grad)
+            return checkpoint(fn, *args, use_reentrant=False)
+        return fn(*args)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (b, k, h) -> logits (b, k, V), or (b, k, 2) [log-prob, entropy] after
         :meth:`expect`."""
         if self._pending is None:
-            return nn.functional.linear(hidden, self.weight, self.bias)
+            logits = nn.functional.linear(hidden, self.weight, self.bias)
+            return logits if self.gather_logits is None else self.gather_logits(logits)
         labels, temperature, with_entropy, entropy_grad = self._pending
         self._pending = None
         if self.bias is not None:
@@ -106,7 +118,8 @@ class ChunkedLMHead(nn.Module):
         parts = []
         fn = _chunk_scores
         try:
-            fn = _scores_fn(flat_h.device)
+            if self.gather_logits is None:
+                fn = _scores_fn(flat_h.device)
             for start in range(0, b * k, self.chunk_rows):
                 parts.append(
                     self._chunk(fn, flat_h, flat_y, start, temperature, with_entropy, entropy_grad)

@@ -76,7 +76,7 @@ class CriticRole(TrainedRole):
             optimization=Optimization.from_config(model, c, cfg, dynamic),
             loss=ValueLossSettings.from_config(cfg),
             forward=forward,
-            world=world,
+            world=backend.data_world(model, world),
             offload=(c.param_offload, c.optimizer_offload),
             backend=backend,
         )

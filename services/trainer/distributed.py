@@ -7,6 +7,7 @@ same FSDP code path runs in both cases.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -31,12 +32,19 @@ def init_distributed() -> None:
 
 @dataclass(frozen=True)
 class World:
-    """This rank's place in the trainer world, and the device its model lives on."""
+    """This rank's place in the trainer world, and the device its model lives on.
+
+    A role's batch is split over ``world_size`` ranks (``rank`` is this one's place): all the
+    role's ranks, or, when a backend splits each layer over several ranks (Megatron's tensor
+    parallelism), its data-parallel ranks only (:meth:`data_parallel`), whose reductions run
+    over ``group``; each of them then stands for ``model_parallel`` devices."""
 
     rank: int
     world_size: int
     device: torch.device
     mesh: DeviceMesh
+    group: dist.ProcessGroup | None = None  # None: the default group (all ranks)
+    model_parallel: int = 1
 
     @staticmethod
     def current(device_type: str = "cpu") -> World:
@@ -50,8 +58,25 @@ class World:
             device = torch.device("cpu")
         return World(rank, size, device, init_device_mesh(device.type, (size,)))
 
+    def data_parallel(self, rank: int, size: int, group: dist.ProcessGroup) -> World:
+        """The world the batch is split over when every ``self.world_size / size`` ranks
+        (a model-parallel group) compute one share together: this rank's data-parallel
+        ``rank`` of ``size``, reduced over ``group``."""
+        if size == self.world_size:
+            return self
+        return dataclasses.replace(
+            self, rank=rank, world_size=size, group=group,
+            model_parallel=self.world_size // size,
+        )  # fmt: skip
+
+    @property
+    def devices(self) -> int:
+        """The role's devices (every rank of every model-parallel group)."""
+        return self.world_size * self.model_parallel
+
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        """In-place sum over ranks (a no-op on one rank); returns ``tensor``."""
+        """In-place sum over the ranks of the batch (a no-op on one); returns ``tensor``.
+        Model-parallel ranks of one share computed the same sum: it is counted once."""
         if self.world_size > 1:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
         return tensor

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -185,18 +186,39 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
-def global_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+# A plain-tensor parameter that is one rank's part of a tensor split over a process group
+# (Megatron's tensor parallelism) carries that group under this attribute: its gradient's
+# squares are summed over the group, where the other parameters' are counted once.
+SPLIT_OVER = "meshrl_split_over"
+
+
+def global_grad_norm(
+    grads: list[torch.Tensor], split_over: list[Any] | None = None
+) -> torch.Tensor:
     """The 2-norm of ``grads`` over all ranks, a float32 scalar on their device.
 
     Computed on the local shards (a few foreach kernels) plus one all-reduce of the sum of
     squares: ``clip_grad_norm_`` on DTensors dispatches each op through DTensor, which
     took ~10 ms of host time per step on the H200 while the GPU waited. FSDP2 shards
     every gradient along dim 0 (no replicas), so the shards' squares sum to the total.
+
+    ``split_over``: for each gradient, the process group its parameter is split over
+    (:data:`SPLIT_OVER`), or None where every rank holds the same whole gradient.
     """
     if not grads:
         return torch.zeros(())
     norms = torch._foreach_norm([_local(g) for g in grads], 2.0)
-    total = torch.stack([n.float() for n in norms]).square().sum()
+    squares = torch.stack([n.float() for n in norms]).square()
+    groups = split_over or [None] * len(grads)
+    split = [g for g in dict.fromkeys(groups) if g is not None]
+    if not split:
+        total = squares.sum()
+    else:  # one all-reduce per group, of its shards' squares; the replicated ones once
+        total = squares[[i for i, g in enumerate(groups) if g is None]].sum()
+        for group in split:
+            part = squares[[i for i, g in enumerate(groups) if g is group]].sum()
+            torch.distributed.all_reduce(part, group=group)
+            total = total + part
     mesh = next((g.device_mesh for g in grads if isinstance(g, DTensor)), None)
     if mesh is not None and mesh.size() > 1:
         torch.distributed.all_reduce(total, group=mesh.get_group())
@@ -208,8 +230,11 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.T
     """Scales the gradients in place so their global norm is at most ``max_norm`` (as
     ``torch.nn.utils.clip_grad_norm_``: factor ``max_norm / (norm + 1e-6)``, capped at 1);
     returns the norm before clipping, on the device (no host sync)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    norm = global_grad_norm(grads)
+    with_grad = [p for p in params if p.grad is not None]
+    grads = [p.grad for p in with_grad if p.grad is not None]
+    split_over = [getattr(p, SPLIT_OVER, None) for p in with_grad]
+    split = any(g is not None for g in split_over)
+    norm = global_grad_norm(grads, split_over if split else None)
     if grads:
         coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
         local = [_local(g) for g in grads]

@@ -6,10 +6,11 @@ import torch
 
 from meshrl.config.schema import RunConfig
 from meshrl.ragged import Ragged
-from services.trainer.backends import trainer_backend
+from services.trainer.backends import TrainerBackend, trainer_backend
 from services.trainer.distributed import World
 from services.trainer.forward import rollout_temperature
 from services.trainer.scoring import ForwardSettings, log_prob_settings, policy_log_probs
+from services.trainer.trained_role import full_parameter_count
 from services.trainer.types import SequenceBatch
 
 
@@ -23,7 +24,10 @@ class RefRole:
         forward: ForwardSettings,
         world: World,
         offload: bool = False,
+        backend: TrainerBackend | None = None,
     ):
+        """``backend``: the one that built ``model`` (None: FSDP2's)."""
+        self.backend = backend or trainer_backend("fsdp2")
         self.model = model
         self.temperature = temperature
         self.forward = forward
@@ -34,10 +38,12 @@ class RefRole:
     @staticmethod
     def build(cfg: RunConfig, world: World) -> RefRole:
         arr = cfg.actor_rollout_ref
-        model = trainer_backend(arr.ref.strategy).policy_model(cfg, world, trained=False)
+        backend = trainer_backend(arr.ref.strategy)
+        model = backend.policy_model(cfg, world, trained=False)
         offload = arr.ref.param_offload and world.device.type == "cuda"
         settings = log_prob_settings(cfg, arr.ref)
-        role = RefRole(model, rollout_temperature(cfg), settings, world, offload)
+        data = backend.data_world(model, world)
+        role = RefRole(model, rollout_temperature(cfg), settings, data, offload, backend)
         role.release_gpu_memory()  # the weights passed through the GPU on their way to it
         return role
 
@@ -53,7 +59,7 @@ class RefRole:
 
     @property
     def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
+        return full_parameter_count(self.backend, self.model)
 
     def compute_log_probs(
         self,

@@ -7,6 +7,7 @@ never trained, has none of this.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -15,8 +16,13 @@ from meshrl.config.schema import RunConfig
 from meshrl.config.sections import ActorConfig, CriticConfig
 from services.trainer.backends import TrainerBackend, trainer_backend
 from services.trainer.distributed import World
-from services.trainer.lora import hf_name, lora_settings
-from services.trainer.mfu import UpdateTimer, peak_memory_metrics, perf_metrics
+from services.trainer.lora import lora_settings
+from services.trainer.mfu import (
+    UpdateTimer,
+    peak_memory_metrics,
+    perf_metrics,
+    weighted_matmul_params,
+)
 from services.trainer.offload import StateOffload
 from services.trainer.optim import LrSchedule, build_optimizer
 from services.trainer.types import SequenceBatch
@@ -91,8 +97,7 @@ class TrainedRole:
     def num_parameters(self) -> int:
         """The model's parameters, as ServerInfo reports them: a LoRA run's adapters are not
         counted (outside the trainer they are merged into the weights they adapt)."""
-        named = self.model.named_parameters()
-        return sum(p.numel() for name, p in named if hf_name(name) is not None)
+        return full_parameter_count(self.backend, self.model)
 
     def _run_update(
         self, batch: SequenceBatch, global_step: int, micro_loss: MicroLoss
@@ -120,7 +125,10 @@ class TrainedRole:
                 (batch.prompts.lengths + batch.responses.lengths).tolist(),
                 self.update.epochs,
                 timer.seconds,
-                self.world.world_size,
+                # Per device: each model-parallel rank holds 1/model_parallel of the matmul
+                # weights (its replicated norms, a sliver, are counted model_parallel times).
+                self.world.devices,
+                n_params=weighted_matmul_params(self.model) * self.world.model_parallel,
             )
         )
         metrics.update(peak_memory_metrics(self.name, self.world.device))
@@ -151,6 +159,12 @@ class TrainedRole:
         )
         # "weight_version": the name a checkpoint written before the rename gave it
         self.update_count = int(meta.get("update_count", meta.get("weight_version", 0)))
+
+
+def full_parameter_count(backend: TrainerBackend, model: torch.nn.Module) -> int:
+    """The elements of the model's full Hugging Face tensors (those weight sync sends),
+    whatever the ranks hold of them."""
+    return sum(math.prod(shape) for _, shape in backend.full_shapes(model))
 
 
 def _check_backend(path: str, saved: str, here: str) -> None:

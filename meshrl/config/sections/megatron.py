@@ -25,8 +25,9 @@ class MegatronConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     tensor_model_parallel_size: int = Field(1, ge=1)
-    """Ranks one layer's matmuls are split over (Megatron's tensor parallelism). Only 1 runs
-    yet; world_size / (tensor * pipeline sizes) ranks are data parallel."""
+    """Ranks one layer's matmuls are split over (Megatron's tensor parallelism); it must
+    divide the role's world_size and the model's attention heads, KV heads and vocabulary.
+    world_size / (tensor * pipeline sizes) ranks are data parallel."""
     pipeline_model_parallel_size: int = Field(1, ge=1)
     """Stages the layers are split into (Megatron's pipeline parallelism). Only 1 runs yet."""
     context_parallel_size: int = Field(1, ge=1, le=1)
@@ -37,6 +38,26 @@ class MegatronConfig(BaseModel):
     """verl's key; null or 1 (no interleaved pipeline)."""
 
 
-# What runs now: more would need sharded weight loading, export and checkpoints per rank
-# (docs/megatron.md, "Not yet").
-RUNNING_SIZES = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1}
+# What runs now: pipeline stages would need Megatron's pipeline schedule around the roles'
+# forwards and losses (docs/megatron.md, "Not yet").
+RUNNING_SIZES = {"pipeline_model_parallel_size": 1}
+
+# config.json's key -> what it counts: what tensor parallelism splits evenly over its ranks.
+_SPLIT_COUNTS = {
+    "num_attention_heads": "attention heads",
+    "num_key_value_heads": "KV heads",
+    "vocab_size": "vocabulary entries",
+}
+
+
+def tensor_split_problems(key: str, tp: int, model_config: dict, where: str) -> list[str]:
+    """One line for each count of a model's config.json (``model_config``, read from
+    ``where``) that ``tp`` tensor-parallel ranks cannot split evenly; ``key`` is the role's
+    ``<section>.megatron.tensor_model_parallel_size``."""
+    counts = dict(model_config)
+    counts.setdefault("num_key_value_heads", counts.get("num_attention_heads"))
+    return [
+        f"{key}={tp} does not divide the model's {counts[name]} {what} ({name} of {where})"
+        for name, what in _SPLIT_COUNTS.items()
+        if isinstance(counts.get(name), int) and counts[name] % tp
+    ]

@@ -29,7 +29,8 @@ from meshrl.config.loader import ConfigError, config_to_yaml
 from meshrl.config.memory_plan import GIB, ModelShape, check_plan_fits
 from meshrl.config.rules import config_problems, raise_problems
 from meshrl.config.schema import RunConfig
-from meshrl.config.sections import ModelConfig
+from meshrl.config.sections import ActorConfig, CriticConfig, ModelConfig, RefConfig
+from meshrl.config.sections.megatron import tensor_split_problems
 from meshrl.data.dataset import PromptDataset
 from meshrl.data.errors import DataError
 from meshrl.launcher.external import external_endpoints
@@ -196,6 +197,7 @@ def check_run_config(cfg: RunConfig) -> None:
     if warning := vllm_on_cpu_warning(cfg):
         log.warning("%s", warning)
     check_lora_targets(cfg)
+    check_megatron_splits(cfg)
     check_custom_function(cfg)
     check_launcher_host(cfg)
 
@@ -329,6 +331,35 @@ def combination_problems(cfg: RunConfig) -> list[str]:
         where = "is a file, not a folder" if Path(rm.path).exists() else "does not exist"
         problems.append(f"reward.reward_model.path={rm.path} {where}")
     return problems
+
+
+def check_megatron_splits(cfg: RunConfig) -> None:
+    """Raises ConfigError, one line per count, when a Megatron role's
+    ``tensor_model_parallel_size`` does not divide its model's attention heads, KV heads or
+    vocabulary (config.json); a model folder not on this machine is left to the trainer,
+    which refuses it in the same words."""
+    arr = cfg.actor_rollout_ref
+    roles: list[tuple[str, ActorConfig | RefConfig | CriticConfig, str]] = [
+        ("actor_rollout_ref.actor", arr.actor, ""),
+        ("actor_rollout_ref.ref", arr.ref, ""),
+    ]
+    if cfg.use_critic:
+        roles.append(("critic", cfg.critic, cfg.critic.model.path))
+    problems = []
+    for key, section, own_path in roles:
+        tp = section.megatron.tensor_model_parallel_size
+        config_file = Path(own_path or cfg.actor_rollout_ref.model.path) / "config.json"
+        if section.strategy != "megatron" or tp == 1 or not config_file.is_file():
+            continue
+        try:
+            model_config = json.loads(config_file.read_text())
+        except (OSError, ValueError):
+            continue  # the servers say what is wrong with it
+        if isinstance(model_config, dict):
+            problems += tensor_split_problems(
+                f"{key}.megatron.tensor_model_parallel_size", tp, model_config, str(config_file)
+            )
+    raise_problems(problems)
 
 
 def check_lora_targets(cfg: RunConfig) -> None:

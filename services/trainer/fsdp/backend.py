@@ -19,7 +19,7 @@ from services.trainer.lora import add_lora, iter_merged_params, named_full_shape
 from services.trainer.model_loading import freeze, load_policy_model, load_value_model
 
 NAME = "fsdp"
-__all__ = ["NAME", "full_params", "full_shapes", "load_checkpoint", "policy_model",
+__all__ = ["NAME", "data_world", "full_params", "full_shapes", "load_checkpoint", "policy_model",
            "save_checkpoint", "value_model"]  # fmt: skip
 
 
@@ -72,6 +72,11 @@ def value_model(cfg: RunConfig, world: World) -> nn.Module:
         mixed_precision(compute_dtype(cfg)),
         compile_layers=bool(c.use_torch_compile),
     )
+
+
+def data_world(model: nn.Module, world: World) -> World:
+    """FSDP2 shards each unit over all the role's ranks: every one takes its share."""
+    return world
 
 
 def full_params(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

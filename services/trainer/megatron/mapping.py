@@ -20,6 +20,13 @@ Every tensor maps exactly (splits and concatenations only, no arithmetic):
 ``SelfAttention.get_query_key_value_tensors`` splits them so). mbridge's
 ``Bridge._weight_to_mcore_format`` does the same; its tables name the TE spec's fused norms
 (``linear_qkv.layer_norm_weight``), the local spec keeps them apart (``input_layernorm``).
+
+With tensor parallelism (size ``tp``) each rank holds a shard of the column- and row-parallel
+weights (:func:`split_dim`; the rest is replicated): rank ``r`` holds block ``r`` of ``tp``
+equal blocks along that dimension. The fused QKV rows are group-major, so block ``r`` is the
+query groups ``r*G/tp .. (r+1)*G/tp - 1`` with their heads, keys, values (and Qwen2's biases);
+``linear_fc1`` is a gated pair, so rank ``r`` holds its block of the gate rows then its block
+of the up rows (Megatron's MLP chunks the local output in two).
 """
 
 from __future__ import annotations
@@ -41,6 +48,61 @@ _TOP = {
     "decoder.final_layernorm.weight": "model.norm.weight",
     "output_layer.weight": "lm_head.weight",
 }
+
+
+# Megatron name suffix -> the dimension tensor parallelism splits (column-parallel: the
+# output rows, 0; row-parallel: the input columns, 1; vocab-parallel: the rows, 0).
+_SPLIT = {
+    "self_attention.linear_qkv.weight": 0,
+    "self_attention.linear_qkv.bias": 0,
+    "mlp.linear_fc1.weight": 0,
+    "self_attention.linear_proj.weight": 1,
+    "mlp.linear_fc2.weight": 1,
+    "embedding.word_embeddings.weight": 0,
+    "output_layer.weight": 0,
+}
+
+
+def split_dim(name: str) -> int | None:
+    """The dimension a Megatron parameter is split along across the tensor-parallel ranks;
+    None: every rank holds all of it (norms, a value head)."""
+    if name in _TOP:
+        return _SPLIT.get(name)
+    if name.startswith(LAYER):
+        return _SPLIT.get(name[len(LAYER) :].split(".", 1)[1])
+    return None
+
+
+def shard(name: str, full: torch.Tensor, tp: int, rank: int) -> torch.Tensor:
+    """Rank ``rank``'s part of the full Megatron tensor ``full`` (itself when replicated)."""
+    dim = split_dim(name)
+    if tp == 1 or dim is None:
+        return full
+    if name.endswith("mlp.linear_fc1.weight"):
+        gate, up = full.chunk(2, dim=0)
+        return torch.cat([gate.chunk(tp, dim=0)[rank], up.chunk(tp, dim=0)[rank]], dim=0)
+    if full.shape[dim] % tp:
+        raise ValueError(f"{name}: {full.shape[dim]} rows/columns do not split over {tp} ranks")
+    return full.chunk(tp, dim=dim)[rank]
+
+
+def unshard(name: str, shards: list[torch.Tensor]) -> torch.Tensor:
+    """The inverse of :func:`shard`: every rank's part, in rank order -> the full tensor."""
+    dim = split_dim(name)
+    if len(shards) == 1 or dim is None:
+        return shards[0]
+    if name.endswith("mlp.linear_fc1.weight"):
+        halves = [s.chunk(2, dim=0) for s in shards]
+        return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
+    return torch.cat(shards, dim=dim)
+
+
+def full_shape(name: str, local: tuple[int, ...], tp: int) -> tuple[int, ...]:
+    """The full shape of a parameter whose shard on one of ``tp`` ranks is ``local``."""
+    dim = split_dim(name)
+    if tp == 1 or dim is None:
+        return tuple(local)
+    return tuple(n * tp if i == dim else n for i, n in enumerate(local))
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,11 @@ core attention is swapped for torch's ``scaled_dot_product_attention`` (flash at
 GPU; Megatron's local one builds the full ``(b, heads, s, s)`` scores in a CUDA buffer).
 Rows are right-padded (``sequences.pack_sequences``), so a causal mask is the whole mask: a
 real token never sees a padding token after it, and the padding positions are never read.
+
+With tensor parallelism the linear layers are Megatron's column- and row-parallel ones and
+the embedding and output layer are split by vocabulary; the LM head gathers each chunk's
+vocabulary-parallel logits (:class:`VocabGather`) and scores them as one rank does, so the
+log-probs and entropies are those of the unsplit model.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ import types
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from megatron.core import parallel_state, tensor_parallel
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.module import MegatronModule
@@ -60,9 +67,10 @@ def rope_theta(hf_config) -> float:
     return float(theta)
 
 
-def transformer_config(hf_config) -> TransformerConfig:
-    """Megatron's config of a Llama or Qwen2 decoder; float32 parameters (the masters: a
-    bf16 compute dtype is autocast in the forward, :class:`MegatronLM`)."""
+def transformer_config(hf_config, tensor_parallel: int = 1) -> TransformerConfig:
+    """Megatron's config of a Llama or Qwen2 decoder, split over ``tensor_parallel`` ranks;
+    float32 parameters (the masters: a bf16 compute dtype is autocast in the forward,
+    :class:`MegatronLM`)."""
     if hf_config.model_type not in SUPPORTED:
         raise ValueError(
             f"model_type {hf_config.model_type!r}: the Megatron backend builds "
@@ -73,6 +81,7 @@ def transformer_config(hf_config) -> TransformerConfig:
     # Qwen2 has q/k/v biases; Llama only with attention_bias.
     qkv_bias = hf_config.model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", 0))
     return TransformerConfig(
+        tensor_model_parallel_size=tensor_parallel,
         num_layers=hf_config.num_hidden_layers,
         hidden_size=hf_config.hidden_size,
         num_attention_heads=heads,
@@ -99,10 +108,11 @@ def transformer_config(hf_config) -> TransformerConfig:
     )
 
 
-def build_gpt(hf_config, recompute: bool, with_lm_head: bool) -> GPTModel:
-    """The decoder on the CPU, its weights uninitialised; without ``with_lm_head`` (the
-    critic) no output layer is kept."""
-    config = transformer_config(hf_config)
+def build_gpt(hf_config, recompute: bool, with_lm_head: bool, tensor_parallel: int = 1) -> GPTModel:
+    """This rank's shard of the decoder on the CPU, its weights uninitialised; without
+    ``with_lm_head`` (the critic) no output layer is kept. ``tensor_parallel`` must be the
+    size of Megatron's tensor-parallel group (``parallel_state``)."""
+    config = transformer_config(hf_config, tensor_parallel)
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = SdpaAttention
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))
@@ -145,6 +155,31 @@ def head_weight(gpt: GPTModel) -> nn.Parameter:
     return gpt.output_layer.weight
 
 
+class VocabGather(torch.autograd.Function):
+    """``(..., V/tp)`` logits of this rank's vocabulary block -> ``(..., V)`` on every rank of
+    the tensor-parallel group; backward keeps this rank's block of the gradient (the loss
+    after it is computed alike on every rank of the group, Megatron's convention).
+
+    Megatron's ``gather_from_tensor_model_parallel_region`` allocates on
+    ``torch.cuda.current_device()``; this one runs over gloo too."""
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, group) -> torch.Tensor:
+        ctx.rank, ctx.size = dist.get_rank(group), dist.get_world_size(group)
+        parts = [torch.empty_like(local) for _ in range(ctx.size)]
+        dist.all_gather(parts, local.contiguous(), group=group)
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad.chunk(ctx.size, dim=-1)[ctx.rank].contiguous(), None
+
+
+def gather_vocab(local: torch.Tensor) -> torch.Tensor:
+    """Full-vocabulary logits from this rank's block (see :class:`VocabGather`)."""
+    return VocabGather.apply(local, parallel_state.get_tensor_model_parallel_group())
+
+
 @dataclass(frozen=True)
 class CausalLMOutput:
     logits: torch.Tensor  # (b, k, V), or (b, k, 2) scores after lm_head.expect
@@ -164,8 +199,12 @@ class _Net(nn.Module):
             shell = nn.Linear(1, 1, bias=False, device="meta")  # carries the shared weight
             shell.weight = head_weight(gpt)
             shell.in_features, shell.out_features = shell.weight.shape[1], shell.weight.shape[0]
+            head = ChunkedLMHead(shell)
+            if gpt.config.tensor_model_parallel_size > 1:  # the weight is a vocabulary block
+                head.gather_logits = gather_vocab
+                head.out_features *= gpt.config.tensor_model_parallel_size
             # Not registered as a child: its weight is already gpt's (no second name).
-            object.__setattr__(self, "lm_head", ChunkedLMHead(shell))
+            object.__setattr__(self, "lm_head", head)
 
     def forward(self, input_ids: torch.Tensor, keep: int | torch.Tensor) -> torch.Tensor:
         s = input_ids.shape[1]
@@ -177,6 +216,10 @@ class _Net(nn.Module):
             return self.value_head(hidden).sum(dim=-1).float()  # (b, s)
         # As transformers' logits_to_keep: an int keeps the last k positions (0: all).
         kept = hidden[:, slice(-keep, None) if isinstance(keep, int) else keep, :]
+        if self.gpt.config.tensor_model_parallel_size > 1:
+            # Each rank's vocabulary block gives a part of the hidden states' gradient: their
+            # sum over the group in backward (Megatron's column-parallel input).
+            kept = tensor_parallel.copy_to_tensor_model_parallel_region(kept)
         head: ChunkedLMHead = getattr(self, "lm_head")  # noqa: B009 - not a registered child
         return head(kept)
 
@@ -214,11 +257,12 @@ class MegatronLM(nn.Module):
     def get_input_embeddings(self) -> nn.Module:
         return self.gpt.embedding.word_embeddings
 
-    def data_parallel(self, device: torch.device) -> None:
-        """Gradients averaged over the ranks in backward, as FSDP2's reduce does."""
+    def data_parallel(self, device: torch.device, group=None) -> None:
+        """Gradients averaged over the data-parallel ranks (``group``; None: all) in
+        backward, as FSDP2's reduce does; tensor-parallel shards keep their own."""
         ids = [device.index] if device.type == "cuda" else None
         self.net = nn.parallel.DistributedDataParallel(
-            self.net, device_ids=ids, broadcast_buffers=False
+            self.net, device_ids=ids, broadcast_buffers=False, process_group=group
         )
 
     def forward(
