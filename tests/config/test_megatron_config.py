@@ -2,6 +2,9 @@
 split into, and what the Megatron backend does not run, are refused at start, one line each
 naming the key."""
 
+import json
+
+import pytest
 from test_verl_command_lines import error_of
 
 from meshrl.config import build_config
@@ -68,3 +71,36 @@ def test_verls_other_megatron_keys_are_accepted_only_with_what_runs():
     assert "sequence_parallel" in error_of(
         [*MEGATRON, "actor_rollout_ref.actor.megatron.sequence_parallel=true"]
     )
+
+
+def test_tensor_parallel_sizes_that_divide_the_role_s_ranks_run():
+    for world_size in (2, 4):  # tp 2 alone, tp 2 x dp 2
+        cfg = build_config({}, [*MEGATRON, f"actor_rollout_ref.actor.world_size={world_size}",
+                                "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"])  # fmt: skip
+        assert cfg.actor_rollout_ref.actor.megatron.tensor_model_parallel_size == 2
+
+
+def test_a_tensor_parallel_size_that_does_not_split_the_model_is_refused_naming_the_key(
+    tmp_path,
+):
+    """At a run's start (preflight reads the model folder's config.json), one line a count."""
+    from meshrl.config.errors import ConfigError
+    from services.coordinator.run.preflight import check_megatron_splits
+
+    (tmp_path / "config.json").write_text(
+        json.dumps({"num_attention_heads": 6, "num_key_value_heads": 2, "vocab_size": 22})
+    )
+    key = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size"
+    cfg = build_config({}, [*MEGATRON, f"actor_rollout_ref.model.path={tmp_path}",
+                            "actor_rollout_ref.actor.world_size=4", f"{key}=4"])  # fmt: skip
+    with pytest.raises(ConfigError) as e:
+        check_megatron_splits(cfg)
+    where = tmp_path / "config.json"
+    assert str(e.value).splitlines()[1:] == [
+        f"  {key}=4 does not divide the model's 6 attention heads (num_attention_heads of {where})",
+        f"  {key}=4 does not divide the model's 2 KV heads (num_key_value_heads of {where})",
+        f"  {key}=4 does not divide the model's 22 vocabulary entries (vocab_size of {where})",
+    ]
+    ok = build_config({}, [*MEGATRON, f"actor_rollout_ref.model.path={tmp_path}",
+                           "actor_rollout_ref.actor.world_size=2", f"{key}=2"])  # fmt: skip
+    check_megatron_splits(ok)  # 6 heads, 2 KV heads, 22 entries: all split in two

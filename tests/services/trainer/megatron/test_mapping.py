@@ -10,10 +10,14 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from services.trainer.megatron.mapping import (
     AttentionShape,
     from_hf,
+    full_shape,
     fuse_qkv,
     hf_names,
+    shard,
+    split_dim,
     split_qkv,
     to_hf,
+    unshard,
 )
 
 SHAPE = dict(vocab_size=40, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -92,3 +96,38 @@ def test_gate_and_up_are_linear_fc1_halves_and_unknown_names_are_refused():
     assert hf_names("value_head.weight") == ["value_head.weight"]  # the critic's, as is
     with pytest.raises(KeyError, match="no Hugging Face name"):
         hf_names("decoder.layers.0.self_attention.q_layernorm.weight")
+
+
+def test_tensor_parallel_shards_split_as_megatron_lays_them_out_and_join_back_exactly():
+    """Block r of the fused QKV rows is query groups r*G/tp.. with their heads, keys and
+    values; fc1's is its gate block then its up block; o/down split by columns."""
+    a = AttentionShape(heads=4, groups=2, head_dim=3)
+    q, k, v = (torch.randn(n * 3, 8) for n in (4, 2, 2))
+    qkv = fuse_qkv(q, k, v, a)
+    one_group = AttentionShape(heads=2, groups=1, head_dim=3)
+    for r in range(2):
+        part = shard("decoder.layers.0.self_attention.linear_qkv.weight", qkv, 2, r)
+        assert torch.equal(part, fuse_qkv(q[r * 6 : r * 6 + 6], k[r * 3 : r * 3 + 3],
+                                          v[r * 3 : r * 3 + 3], one_group))  # fmt: skip
+    gate, up = torch.randn(6, 8), torch.randn(6, 8)
+    fc1 = "decoder.layers.1.mlp.linear_fc1.weight"
+    assert torch.equal(shard(fc1, torch.cat([gate, up]), 2, 1), torch.cat([gate[3:], up[3:]]))
+    fc2 = torch.randn(8, 6)
+    assert torch.equal(shard("decoder.layers.1.mlp.linear_fc2.weight", fc2, 2, 0), fc2[:, :3])
+    names = {
+        "embedding.word_embeddings.weight": torch.randn(22, 8),
+        "output_layer.weight": torch.randn(22, 8),
+        "decoder.layers.0.self_attention.linear_qkv.bias": torch.randn(24),
+        "decoder.layers.0.self_attention.linear_qkv.weight": qkv,
+        "decoder.layers.0.self_attention.linear_proj.weight": torch.randn(8, 12),
+        fc1: torch.cat([gate, up]),
+        "decoder.layers.0.input_layernorm.weight": torch.randn(8),
+        "decoder.final_layernorm.weight": torch.randn(8),
+        "value_head.weight": torch.randn(1, 8),
+    }
+    for name, full in names.items():
+        parts = [shard(name, full, 2, r) for r in range(2)]
+        assert torch.equal(unshard(name, parts), full), name
+        assert full_shape(name, tuple(parts[0].shape), 2) == tuple(full.shape), name
+        if split_dim(name) is None:  # replicated: every rank the whole tensor
+            assert all(p is full for p in parts), name

@@ -157,3 +157,16 @@ def test_recomputed_layers_train_as_stored_activations(model_dir, world):
         metrics.append(actor.update_policy(batch, lp, _advantages(lp), None, None, 1))
     assert metrics[1]["actor/grad_norm"] == metrics[0]["actor/grad_norm"]
     assert metrics[1]["actor/pg_loss"] == metrics[0]["actor/pg_loss"]
+
+
+def test_a_tensor_parallel_size_that_does_not_split_the_heads_is_refused_naming_the_key(
+    model_dir, world
+):
+    """The trainer's own refusal (a role server started without a run's preflight), before
+    any Megatron group is made."""
+    key = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size"
+    cfg = trainer_config(model_dir, [MEGATRON, "actor_rollout_ref.actor.world_size=3", f"{key}=3"])
+    with pytest.raises(
+        ValueError, match=rf"^{key}=3 does not divide the model's 4 attention heads"
+    ):
+        ActorRole.build(cfg, world)

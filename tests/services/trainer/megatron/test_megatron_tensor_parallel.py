@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 from test_megatron_backend import _randomised
-from trainer_helpers import REPO, trainer_config
+from tp_worker import _advantages
+from trainer_helpers import REPO, make_batch, trainer_config
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from meshrl.ragged import Ragged
 from meshrl.testing.tiny_model import make_tiny_model_dir, make_tiny_qwen2_dir
+from services.trainer.actor import ActorRole
 
 pytest.importorskip("megatron.core")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -37,20 +39,38 @@ def _run(model_dir: Path, out: Path, nproc: int, tp: int) -> dict:
     return torch.load(out, weights_only=False)
 
 
+def _model_dir(kind: str, path: Path) -> Path:
+    if kind == "qwen2_bias_tied":  # 4 query heads over 2 KV heads, q/k/v biases, tied
+        return _randomised(make_tiny_qwen2_dir(path, hidden=64, layers=2))
+    make_tiny_model_dir(path, hidden=64, layers=2, heads=4)
+    config = LlamaConfig.from_pretrained(path)
+    config.num_key_value_heads = 2  # grouped-query attention
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    return _randomised(path)
+
+
+@pytest.fixture(scope="module")
+def run_of(tmp_path_factory):
+    """(model kind, ranks, tp) -> (model folder, that run's results), each run once."""
+    folders: dict[str, Path] = {}
+    results: dict[tuple[str, int, int], dict] = {}
+
+    def run(kind: str, nproc: int, tp: int) -> tuple[Path, dict]:
+        if kind not in folders:
+            folders[kind] = _model_dir(kind, tmp_path_factory.mktemp(kind) / "model")
+        if (kind, nproc, tp) not in results:
+            out = folders[kind].parent / f"ranks{nproc}_tp{tp}.pt"
+            results[kind, nproc, tp] = _run(folders[kind], out, nproc, tp)
+        return folders[kind], results[kind, nproc, tp]
+
+    return run
+
+
 @pytest.fixture(scope="module", params=["llama_gqa", "qwen2_bias_tied"])
-def runs(request, tmp_path_factory):
-    """(model folder, the tp 1 run, the tp 2 run)."""
-    path = tmp_path_factory.mktemp(request.param)
-    if request.param == "qwen2_bias_tied":
-        model_dir = _randomised(make_tiny_qwen2_dir(path / "model", hidden=64, layers=2))
-    else:
-        make_tiny_model_dir(path / "model", hidden=64, layers=2, heads=4)
-        config = LlamaConfig.from_pretrained(path / "model")
-        config.num_key_value_heads = 2
-        AutoModelForCausalLM.from_config(config).save_pretrained(path / "model")
-        model_dir = _randomised(path / "model")
-    one = _run(model_dir, path / "tp1.pt", nproc=1, tp=1)
-    two = _run(model_dir, path / "tp2.pt", nproc=2, tp=2)
+def runs(request, run_of):
+    """(model folder, the tp 1 run on 1 rank, the tp 2 run on 2 ranks)."""
+    model_dir, one = run_of(request.param, 1, 1)
+    _, two = run_of(request.param, 2, 2)
     return model_dir, one, two
 
 
@@ -96,10 +116,6 @@ def test_a_tensor_parallel_checkpoint_resumes_and_loads_on_one_rank(runs, world)
     assert two["restored_metrics"]["actor/grad_norm"] == two["next_metrics"]["actor/grad_norm"]
     assert _max_diff(two["restored_after"], two["next_after"]) == 0.0
     # the whole tensors are saved: tp 1 reads the tp 2 checkpoint, moments included
-    from services.trainer.actor import ActorRole
-    from tp_worker import _advantages
-    from trainer_helpers import make_batch
-
     cfg = trainer_config(model_dir, ["actor_rollout_ref.actor.strategy=megatron",
                                      "actor_rollout_ref.actor.grad_clip=0.5"])  # fmt: skip
     actor = ActorRole.build(cfg, world)
@@ -113,3 +129,17 @@ def test_a_tensor_parallel_checkpoint_resumes_and_loads_on_one_rank(runs, world)
         assert again[key] == pytest.approx(two["next_metrics"][key], rel=1e-5, abs=1e-7), key
     after = {n: t.clone() for n, t in actor.iter_full_params()}
     assert _max_diff(after, two["next_after"]) < 1e-5
+
+
+def test_two_tensor_parallel_groups_split_the_batch_as_one_rank(run_of):
+    """4 ranks: tp 2 x dp 2. Each group scores and trains on half the batch; the gradients
+    are averaged over the data-parallel ranks only (each shard with its own)."""
+    _, one = run_of("qwen2_bias_tied", 1, 1)
+    _, four = run_of("qwen2_bias_tied", 4, 2)
+    assert four["data_ranks"] == 2
+    for key in ("logprobs", "entropy", "ref", "values", "after"):
+        torch.testing.assert_close(four[key], one[key], rtol=0, atol=2e-6, msg=key)
+    for key in METRICS:
+        assert four["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5, abs=1e-7), key
+    assert _max_diff(four["weights"], one["weights"]) < 1e-5
+    assert _max_diff(four["restored_after"], four["next_after"]) == 0.0
