@@ -3,6 +3,7 @@ around it, meet the source of its batches (the three sources: ``batch_sources.py
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ class StepBatch:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-class BatchSource:
+class BatchSource(ABC):
     """The points where a step, and the run's loop and recovery around it, meet the source.
     The defaults are those of a source that generates nothing outside its step."""
 
@@ -53,9 +54,9 @@ class BatchSource:
         """(epoch, records): the prompts the loop draws for ``step``."""
         return loader.next_batch()
 
+    @abstractmethod
     def take(self, step: int, records: list, phases: StepPhases, timer: PhaseTimer) -> StepBatch:
         """Step ``step``'s batch; ``records``: the prompts the loop drew for it."""
-        raise NotImplementedError
 
     def start_next(self, step: int, phases: StepPhases) -> bool:
         """Called once the batch is taken; whether rollout goes on generating while the
@@ -64,6 +65,7 @@ class BatchSource:
 
     def settle(self, timer: PhaseTimer) -> None:
         """Before the weights move: what must end first has ended."""
+        return None
 
     def sync_weights(self, step: int, phases: StepPhases, timer: PhaseTimer) -> dict[str, float]:
         """The actor's weights to rollout as version ``step``."""
@@ -78,10 +80,13 @@ class BatchSource:
     def before_recovery(self) -> None:
         """A failed step is to be recovered from: what was generated for later steps by a
         server that may be restarted now is dropped (it is made again)."""
+        return None
 
     def after_recovery(self, synced: int | None = None) -> None:
         """The recovery is done; ``synced``: the version rollout serves now, when a failed
         weight sync was completed by it (the step is not run again)."""
+        return None
 
     def close(self) -> None:
         """The run ends: whatever generates in the background is left to end."""
+        return None

@@ -203,9 +203,8 @@ class PPOStep:
             )  # only scored: its log-probs are used nowhere
             prompts = Ragged.from_lists([rec.prompt_ids for rec in records])
             out = self.rollout_pool.generate(prompts, greedy)
-            n = self.cfg.actor_rollout_ref.rollout.n
-            repeat = [i for i in range(len(records)) for _ in range(n)]
-            greedy_responses = out.responses.select(repeat)
+            # each sample's prompt's greedy response (group k is records[k])
+            greedy_responses = out.responses.select(generated.group_ids.tolist())
             items = generated.reward_items(self.tokenizer, greedy_responses)
             baseline = torch.tensor([r.score for r in self.roles.reward.score(items)])
             # shaped as the samples' scores are, or a length alone would move the advantage
